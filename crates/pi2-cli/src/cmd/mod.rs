@@ -1,0 +1,93 @@
+//! One module per subcommand, plus what they share: loading a model and building an engine.
+
+pub mod chat;
+pub mod info;
+pub mod perplexity;
+pub mod run;
+pub mod tokenize;
+
+use crate::{fetch, ModelArgs, SampleArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pi2_kernels::Tier;
+use pi2_model::Model;
+use pi2_sched::{Engine, EngineConfig, Sampler, SamplerConfig};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct FetchArgs {
+    /// Folder to put the model in (default: $PI2_MODELS_DIR or ./models)
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Replace a file of the same name whose checksum differs
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn fetch(a: FetchArgs) -> Result<()> {
+    let path = fetch::fetch_default(&a.dir.unwrap_or_else(fetch::models_dir), a.force)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// The model path from `-m`, or the default model (fetched if missing).
+pub fn model_path(a: &ModelArgs) -> Result<PathBuf> {
+    match &a.model {
+        Some(p) => Ok(p.clone()),
+        None => fetch::default_model(),
+    }
+}
+
+pub fn load_model(a: &ModelArgs) -> Result<Model> {
+    let path = model_path(a)?;
+    Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))
+}
+
+pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
+    let tier = match &a.kernel_tier {
+        None => None,
+        Some(name) => {
+            let t = Tier::from_name(name).with_context(|| {
+                let names: Vec<_> = Tier::ALL.iter().map(|t| t.name()).collect();
+                format!("unknown kernel tier `{name}` (known: {})", names.join(", "))
+            })?;
+            if !t.is_supported() {
+                bail!(
+                    "kernel tier `{name}` is not supported by this CPU (best: {})",
+                    Tier::detect().name()
+                );
+            }
+            Some(t)
+        }
+    };
+    let threads = match a.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(t) => t,
+        None => EngineConfig::default().threads,
+    };
+    Ok(EngineConfig {
+        threads,
+        n_ctx: a.ctx_size,
+        tier,
+    })
+}
+
+pub fn engine<'m>(model: &'m Model, a: &ModelArgs) -> Result<Engine<'m>> {
+    Ok(Engine::new(model, &engine_config(a)?)?)
+}
+
+pub fn sampler(a: &SampleArgs) -> Sampler {
+    Sampler::new(SamplerConfig {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed: a.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        }),
+    })
+}

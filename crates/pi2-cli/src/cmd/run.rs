@@ -1,0 +1,138 @@
+//! `pi2 run`: one prompt in, streamed text out (or one JSON object with `--json`).
+
+use super::{engine, load_model, sampler};
+use crate::{rss, utf8::Utf8Stream, ModelArgs, SampleArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use pi2_model::Message;
+use pi2_sched::{generate, GenerateConfig};
+use serde_json::json;
+use std::io::Write;
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Prompt text
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: String,
+    /// Tokens to generate (-1 = until end of generation or a full context)
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
+    pub n_predict: i64,
+    /// Wrap the prompt as a user message in the model's chat template
+    #[arg(long)]
+    pub chat: bool,
+    /// Keep generating past end-of-generation tokens
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (ids, text, timings, peak RSS) instead of streaming
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let mut engine = engine(&model, &a.model)?;
+    let mut sampler = sampler(&a.sample);
+    let tok = &model.tokenizer;
+    let prompt_text = if a.chat {
+        model
+            .chat_template()?
+            .render(&[Message::new("user", &a.prompt)], true)?
+    } else {
+        a.prompt.clone()
+    };
+    // Chat-rendered text carries control tokens; plain prompts are tokenized as text.
+    let prompt = tok.encode(&prompt_text, true, a.chat);
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if prompt.len() >= engine.n_ctx() {
+        bail!(
+            "the prompt is {} tokens, longer than the context of {} (raise -c/--ctx-size)",
+            prompt.len(),
+            engine.n_ctx()
+        );
+    }
+    let cfg = GenerateConfig {
+        max_tokens: if a.n_predict < 0 {
+            None
+        } else {
+            Some(a.n_predict as usize)
+        },
+        ignore_eos: a.ignore_eos,
+    };
+    let mut stream = Utf8Stream::default();
+    let mut stdout = std::io::stdout().lock();
+    if !a.json {
+        write!(stdout, "{}", a.prompt)?;
+        stdout.flush()?;
+    }
+    let mut cached = Vec::new();
+    let g = generate(
+        &mut engine,
+        &mut sampler,
+        &mut cached,
+        &prompt,
+        &cfg,
+        |id| {
+            if !a.json {
+                let text = stream.push(&tok.token_bytes(id, false));
+                let _ = write!(stdout, "{text}");
+                let _ = stdout.flush();
+            }
+            true
+        },
+    )?;
+    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
+    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
+    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let peak = rss::peak_rss_bytes();
+    if a.json {
+        let text = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
+        let out = json!({
+            "prompt_ids": prompt,
+            "generated_ids": g.tokens,
+            "text": text,
+            "stop": format!("{:?}", g.stop),
+            "timings": {
+                "prompt_n": g.prompt_n,
+                "prompt_ms": prompt_ms,
+                "prompt_per_second": per_second(g.prompt_n, prompt_ms),
+                "predicted_n": g.tokens.len(),
+                "predicted_ms": predicted_ms,
+                "predicted_per_second": per_second(g.tokens.len(), predicted_ms),
+            },
+            "peak_rss_bytes": peak,
+            "threads": engine.threads(),
+            "kernel_tier": engine.tier().name(),
+        });
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&out)?)?;
+    } else {
+        writeln!(stdout, "{}", stream.finish())?;
+        eprintln!();
+        eprintln!(
+            "prompt eval: {:>8.2} ms / {:>4} tokens ({:>8.2} tokens per second)",
+            prompt_ms,
+            g.prompt_n,
+            per_second(g.prompt_n, prompt_ms)
+        );
+        eprintln!(
+            "       eval: {:>8.2} ms / {:>4} tokens ({:>8.2} tokens per second)",
+            predicted_ms,
+            g.tokens.len(),
+            per_second(g.tokens.len(), predicted_ms)
+        );
+        if let Some(p) = peak {
+            eprintln!("   peak RSS: {}", rss::human(p));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! `pi2`: run, chat with, tokenize, measure and inspect GGUF models. Errors end the process with
+//! one line on stderr and a non-zero exit code.
+
+mod cmd;
+mod fetch;
+mod rss;
+mod utf8;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "pi2",
+    version,
+    about = "LLM inference for devices whose memory is smaller than the model"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options shared by every command that loads a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use)
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Compute threads (default: all cores)
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (0 = the model's training context)
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Force a kernel tier lower than the detected one (scalar, avx2)
+    #[arg(long = "kernel-tier")]
+    pub kernel_tier: Option<String>,
+}
+
+/// Sampling options (llama.cpp names and defaults).
+#[derive(Args, Clone, Debug)]
+pub struct SampleArgs {
+    /// Temperature; 0 = greedy
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off)
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1.0 = off)
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Repetition penalty (1.0 = off)
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (default: random)
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt
+    Run(cmd::run::RunArgs),
+    /// Interactive chat with the model's chat template
+    Chat(cmd::chat::ChatArgs),
+    /// Print the token ids of a text as JSON
+    Tokenize(cmd::tokenize::TokenizeArgs),
+    /// Perplexity of a text file (llama-perplexity's method and output)
+    Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Architecture, sizes, tensor types and memory needed
+    Info(cmd::info::InfoArgs),
+    /// Download the default model into the models folder and verify it
+    FetchModel(cmd::FetchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::FetchModel(a) => cmd::fetch(a),
+    };
+    if let Err(e) = result {
+        // One line: the context chain joined.
+        eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,77 @@
+//! Row dot-product and matmul throughput per format and tier (bytes/s of weights read).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef, QuantType, Tier};
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        })
+        .collect()
+}
+
+/// Random blocks with small finite f16 scales (random bytes could make NaN/inf scales).
+fn matrix_bytes(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut b = random_bytes(ty.row_bytes(cols).unwrap() * rows, 7);
+    if ty != QuantType::F32 {
+        let scale = 0x2C00u16.to_le_bytes(); // 1/16 as f16
+        match ty {
+            QuantType::F16 => b
+                .chunks_exact_mut(2)
+                .for_each(|c| c.copy_from_slice(&scale)),
+            QuantType::Q6_K => b
+                .chunks_exact_mut(210)
+                .for_each(|c| c[208..].copy_from_slice(&scale)),
+            QuantType::Q4_1 | QuantType::Q4_K | QuantType::Q5_K => {
+                b.chunks_exact_mut(ty.block_bytes()).for_each(|c| {
+                    c[..2].copy_from_slice(&scale);
+                    c[2..4].copy_from_slice(&scale);
+                })
+            }
+            _ => b
+                .chunks_exact_mut(ty.block_bytes())
+                .for_each(|c| c[..2].copy_from_slice(&scale)),
+        }
+    } else {
+        b.chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&0.5f32.to_le_bytes()));
+    }
+    b
+}
+
+fn bench_matvec(c: &mut Criterion) {
+    let (rows, cols) = (1536, 1024);
+    let mut g = c.benchmark_group("matvec_1536x1024");
+    for ty in QuantType::ALL {
+        let bytes = matrix_bytes(ty, rows, cols);
+        let w = MatRef::new(ty, rows, cols, &bytes).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.01).sin()).collect();
+        let mut acts = ActBuf::new();
+        acts.quantize(ty.act_kind(), &x, cols);
+        let mut out = vec![0.0; rows];
+        g.throughput(Throughput::Bytes(bytes.len() as u64));
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else {
+                continue;
+            };
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            g.bench_with_input(
+                BenchmarkId::new(format!("{ty}"), tier.name()),
+                &ks,
+                |b, ks| b.iter(|| pool.install(|| matmul(ks, &w, &acts, &mut out))),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_matvec);
+criterion_main!(benches);

@@ -1,0 +1,18 @@
+//! pi2-kernels: quantized neuron kernels for LLM inference on CPUs.
+//!
+//! The unit of work is a weight *row* (a neuron's gate or up row, or a row of a dense matrix)
+//! stored in one of the GGML block formats ([`QuantType`]). Activations are quantized once into an
+//! [`ActBuf`] in the format the row's integer dot product consumes, and [`KernelSet`] holds the
+//! dot products for the best instruction set detected at run time (scalar reference always).
+//!
+//! This crate does no I/O and allocates nothing in its hot paths: callers own the buffers.
+
+pub mod quant;
+mod simd;
+mod types;
+
+mod ops;
+
+pub use ops::{dot_row, matmul, ActBuf, ActRow, MatRef};
+pub use simd::{KernelSet, Tier};
+pub use types::{ActKind, KernelError, QuantType};

@@ -1,0 +1,312 @@
+//! Matrix views, activation buffers and the row-parallel matmul built on a [`KernelSet`].
+
+use crate::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
+use crate::{ActKind, KernelError, KernelSet, QuantType};
+use rayon::prelude::*;
+
+/// A borrowed row-major weight matrix: `rows` rows of `cols` elements of type `ty`
+/// (GGML layout: a row is contiguous; the row index is the output dimension).
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    data: &'a [u8],
+}
+
+impl<'a> MatRef<'a> {
+    /// View `data` as a matrix, checking size and alignment once so row access cannot fail.
+    pub fn new(
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let row_bytes = ty
+            .row_bytes(cols)
+            .ok_or(KernelError::RowNotBlockAligned { ty, cols })?;
+        let expected = row_bytes.checked_mul(rows).unwrap_or(usize::MAX);
+        if data.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                ty,
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        if data.as_ptr() as usize % ty.align() != 0 {
+            return Err(KernelError::Misaligned {
+                ty,
+                align: ty.align(),
+            });
+        }
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The raw bytes of row `r`.
+    #[inline]
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// All bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// Row `r` expanded to f32 (`out.len() == cols`).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        self.ty.dequantize_row(self.row(r), out)
+    }
+}
+
+/// One quantized activation vector, in the format a weight type's dot product consumes.
+#[derive(Clone, Copy, Debug)]
+pub enum ActRow<'a> {
+    F32(&'a [f32]),
+    Q8(&'a [BlockQ8]),
+    Q8K(&'a [BlockQ8K]),
+}
+
+/// Activations of `n` tokens quantized for one [`ActKind`]. Reused across calls: buffers only grow.
+#[derive(Debug)]
+pub struct ActBuf {
+    kind: ActKind,
+    cols: usize,
+    n: usize,
+    f32: Vec<f32>,
+    q8: Vec<BlockQ8>,
+    q8k: Vec<BlockQ8K>,
+}
+
+impl Default for ActBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ActBuf {
+    pub fn new() -> Self {
+        Self {
+            kind: ActKind::F32,
+            cols: 0,
+            n: 0,
+            f32: Vec::new(),
+            q8: Vec::new(),
+            q8k: Vec::new(),
+        }
+    }
+
+    /// Quantize `x` (`n` rows of `cols`, token-major) for `kind`.
+    pub fn quantize(&mut self, kind: ActKind, x: &[f32], cols: usize) {
+        assert!(
+            cols > 0 && x.len() % cols == 0,
+            "ActBuf::quantize: {} not a multiple of {cols}",
+            x.len()
+        );
+        self.kind = kind;
+        self.cols = cols;
+        self.n = x.len() / cols;
+        match kind {
+            ActKind::F32 => {
+                self.f32.clear();
+                self.f32.extend_from_slice(x);
+            }
+            ActKind::Q8 => {
+                assert_eq!(cols % QK, 0);
+                self.q8.resize(x.len() / QK, BlockQ8::default());
+                quant::q8_act::quantize_q8(x, &mut self.q8);
+            }
+            ActKind::Q8K => {
+                assert_eq!(cols % QK_K, 0);
+                self.q8k.resize(x.len() / QK_K, BlockQ8K::default());
+                quant::q8_act::quantize_q8k(x, &mut self.q8k);
+            }
+        }
+    }
+
+    pub fn kind(&self) -> ActKind {
+        self.kind
+    }
+
+    /// Number of token rows held.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Token `t`'s activations.
+    #[inline]
+    pub fn row(&self, t: usize) -> ActRow<'_> {
+        match self.kind {
+            ActKind::F32 => ActRow::F32(&self.f32[t * self.cols..(t + 1) * self.cols]),
+            ActKind::Q8 => {
+                let b = self.cols / QK;
+                ActRow::Q8(&self.q8[t * b..(t + 1) * b])
+            }
+            ActKind::Q8K => {
+                let b = self.cols / QK_K;
+                ActRow::Q8K(&self.q8k[t * b..(t + 1) * b])
+            }
+        }
+    }
+}
+
+/// Dot product of one weight row (raw bytes of type `ty`) with activations in the matching format.
+///
+/// Panics if the activation format does not match `ty.act_kind()` (a programming error).
+#[inline]
+pub fn dot_row(ks: &KernelSet, ty: QuantType, row: &[u8], act: ActRow<'_>) -> f32 {
+    use bytemuck::cast_slice as c;
+    match (ty, act) {
+        (QuantType::F32, ActRow::F32(x)) => (ks.f32)(c(row), x),
+        (QuantType::F16, ActRow::F32(x)) => (ks.f16)(c(row), x),
+        (QuantType::Q4_0, ActRow::Q8(x)) => (ks.q4_0)(c(row), x),
+        (QuantType::Q4_1, ActRow::Q8(x)) => (ks.q4_1)(c(row), x),
+        (QuantType::Q8_0, ActRow::Q8(x)) => (ks.q8_0)(c(row), x),
+        (QuantType::Q4_K, ActRow::Q8K(x)) => (ks.q4_k)(c(row), x),
+        (QuantType::Q5_K, ActRow::Q8K(x)) => (ks.q5_k)(c(row), x),
+        (QuantType::Q6_K, ActRow::Q8K(x)) => (ks.q6_k)(c(row), x),
+        (ty, act) => panic!("dot_row: {ty} weights cannot take {act:?} activations"),
+    }
+}
+
+/// Raw output pointer shared by row-range tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint (row, token) elements; the borrow of `out` outlives the scope.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out[t * w.rows + r] = dot(w.row(r), acts.row(t))` for every token `t` and row `r`,
+/// split by row ranges over the current rayon pool.
+///
+/// `acts` must have been quantized with `w.ty.act_kind()`; `out.len() == acts.len() * w.rows`.
+pub fn matmul(ks: &KernelSet, w: &MatRef<'_>, acts: &ActBuf, out: &mut [f32]) {
+    let n = acts.len();
+    assert_eq!(
+        acts.kind(),
+        w.ty.act_kind(),
+        "matmul: activation kind mismatch"
+    );
+    assert_eq!(acts.cols, w.cols, "matmul: width mismatch");
+    assert_eq!(out.len(), n * w.rows, "matmul: output size");
+    let threads = rayon::current_num_threads().max(1);
+    // Enough tasks to balance, each a multiple of 8 rows.
+    let chunk = (w.rows.div_ceil(threads * 4)).next_multiple_of(8).max(8);
+    if n == 1 {
+        out.par_chunks_mut(chunk).enumerate().for_each(|(ci, o)| {
+            let act = acts.row(0);
+            for (i, y) in o.iter_mut().enumerate() {
+                *y = dot_row(ks, w.ty, w.row(ci * chunk + i), act);
+            }
+        });
+        return;
+    }
+    let ptr = OutPtr(out.as_mut_ptr());
+    let rows = w.rows;
+    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+        let ptr = ptr;
+        let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
+        for r in r0..r1 {
+            let row = w.row(r);
+            for t in 0..n {
+                let v = dot_row(ks, w.ty, row, acts.row(t));
+                // SAFETY: (t, r) is written by exactly this task; t < n, r < rows.
+                unsafe { *ptr.0.add(t * rows + r) = v };
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::BlockQ4_1;
+
+    fn q4_1_matrix(rows: usize, cols: usize) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for r in 0..rows {
+            for b in 0..cols / 32 {
+                let x: Vec<f32> = (0..32)
+                    .map(|i| ((r * 7 + b * 3 + i) % 13) as f32 - 6.0)
+                    .collect();
+                bytes.extend_from_slice(bytemuck::bytes_of(&BlockQ4_1::quantize(&x)));
+            }
+        }
+        bytes
+    }
+
+    #[test]
+    fn matrix_view_rejects_bad_geometry() {
+        let bytes = q4_1_matrix(2, 64);
+        assert!(MatRef::new(QuantType::Q4_1, 2, 64, &bytes).is_ok());
+        assert!(matches!(
+            MatRef::new(QuantType::Q4_1, 3, 64, &bytes),
+            Err(KernelError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            MatRef::new(QuantType::Q4_1, 2, 48, &bytes),
+            Err(KernelError::RowNotBlockAligned { .. })
+        ));
+    }
+
+    #[test]
+    fn matmul_equals_dequantized_reference() {
+        let (rows, cols, n) = (37, 96, 3);
+        let bytes = q4_1_matrix(rows, cols);
+        let w = MatRef::new(QuantType::Q4_1, rows, cols, &bytes).unwrap();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 17) % 29) as f32 / 10.0 - 1.4)
+            .collect();
+        let mut acts = ActBuf::new();
+        acts.quantize(QuantType::Q4_1.act_kind(), &x, cols);
+        let mut out = vec![0.0; n * rows];
+        matmul(KernelSet::best(), &w, &acts, &mut out);
+        // Reference: dequantized weights times dequantized (quantized) activations, in f64.
+        let mut xq = vec![0.0f32; n * cols];
+        for t in 0..n {
+            let ActRow::Q8(blocks) = acts.row(t) else {
+                unreachable!()
+            };
+            for (b, o) in blocks.iter().zip(xq[t * cols..].chunks_mut(32)) {
+                b.dequantize(o);
+            }
+        }
+        let mut wr = vec![0.0; cols];
+        for r in 0..rows {
+            w.dequantize_row(r, &mut wr);
+            for t in 0..n {
+                let xt = &xq[t * cols..(t + 1) * cols];
+                let want: f64 = wr.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let magnitude: f64 = wr
+                    .iter()
+                    .zip(xt)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let got = out[t * rows + r] as f64;
+                // the Q4_1 min term uses the activation sum rounded to f16 (as ggml does)
+                assert!(
+                    (got - want).abs() < 1e-3 * magnitude.max(1.0),
+                    "r{r} t{t}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}

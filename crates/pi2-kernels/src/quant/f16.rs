@@ -1,0 +1,38 @@
+//! F16 weights: dot with f32 activations, accumulated in f32.
+
+/// Scalar reference: `sum(w[i] as f32 * x[i])`.
+pub fn vec_dot_ref(w: &[u16], x: &[f32]) -> f32 {
+    w.iter()
+        .zip(x)
+        .map(|(&h, &v)| super::f16_to_f32(h) * v)
+        .sum()
+}
+
+/// Scalar reference: `y[i] += a * x[i]`.
+pub fn axpy_ref(a: f32, x: &[u16], y: &mut [f32]) {
+    for (o, &h) in y.iter_mut().zip(x) {
+        *o += a * super::f16_to_f32(h);
+    }
+}
+
+/// Expand f16 bits to f32.
+pub fn dequantize(w: &[u16], out: &mut [f32]) {
+    for (o, &h) in out.iter_mut().zip(w) {
+        *o = super::f16_to_f32(h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hand_built_values() {
+        let w = [0x3C00u16, 0xC000, 0x3800]; // 1.0, -2.0, 0.5
+        assert_eq!(super::vec_dot_ref(&w, &[1.0, 2.0, 4.0]), 1.0 - 4.0 + 2.0);
+        let mut out = [0.0; 3];
+        super::dequantize(&w, &mut out);
+        assert_eq!(out, [1.0, -2.0, 0.5]);
+        let mut y = [1.0, 1.0, 1.0];
+        super::axpy_ref(2.0, &w, &mut y);
+        assert_eq!(y, [3.0, -3.0, 2.0]);
+    }
+}

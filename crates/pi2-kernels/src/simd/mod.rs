@@ -1,0 +1,152 @@
+//! Run-time kernel selection: a [`KernelSet`] is a table of row dot products for one instruction
+//! set tier, chosen once from the detected CPU features (or forced lower by the caller).
+
+use crate::quant::{
+    self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K, BlockQ8_0,
+    QuantBlock,
+};
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+/// An instruction-set tier, lowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// Portable Rust: the reference every other tier is tested against.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 2] = [Tier::Scalar, Tier::Avx2];
+
+    /// Whether this CPU can run the tier.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Tier::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The best tier this CPU supports.
+    pub fn detect() -> Tier {
+        Tier::ALL
+            .into_iter()
+            .rev()
+            .find(|t| t.is_supported())
+            .unwrap_or(Tier::Scalar)
+    }
+
+    /// Lower-case name as used on command lines (`scalar`, `avx2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
+        }
+    }
+
+    /// Parse a name from [`Tier::name`].
+    pub fn from_name(s: &str) -> Option<Tier> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+}
+
+/// Row dot products for one tier. Every entry computes the same value as the scalar reference up
+/// to float summation order.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSet {
+    pub tier: Tier,
+    pub f32: fn(&[f32], &[f32]) -> f32,
+    pub f16: fn(&[u16], &[f32]) -> f32,
+    /// `y += a * x` with f16 `x` (attention over an f16 value cache).
+    pub axpy_f16: fn(f32, &[u16], &mut [f32]),
+    pub q4_0: fn(&[BlockQ4_0], &[BlockQ8]) -> f32,
+    pub q4_1: fn(&[BlockQ4_1], &[BlockQ8]) -> f32,
+    pub q8_0: fn(&[BlockQ8_0], &[BlockQ8]) -> f32,
+    pub q4_k: fn(&[BlockQ4K], &[BlockQ8K]) -> f32,
+    pub q5_k: fn(&[BlockQ5K], &[BlockQ8K]) -> f32,
+    pub q6_k: fn(&[BlockQ6K], &[BlockQ8K]) -> f32,
+}
+
+static BEST: OnceLock<KernelSet> = OnceLock::new();
+
+impl KernelSet {
+    /// The scalar reference set.
+    pub fn scalar() -> KernelSet {
+        KernelSet {
+            tier: Tier::Scalar,
+            f32: quant::f32::vec_dot_ref,
+            f16: quant::f16::vec_dot_ref,
+            axpy_f16: quant::f16::axpy_ref,
+            q4_0: BlockQ4_0::vec_dot_ref,
+            q4_1: BlockQ4_1::vec_dot_ref,
+            q8_0: BlockQ8_0::vec_dot_ref,
+            q4_k: BlockQ4K::vec_dot_ref,
+            q5_k: BlockQ5K::vec_dot_ref,
+            q6_k: BlockQ6K::vec_dot_ref,
+        }
+    }
+
+    /// The set for `tier`, or `None` if this CPU cannot run it.
+    pub fn for_tier(tier: Tier) -> Option<KernelSet> {
+        if !tier.is_supported() {
+            return None;
+        }
+        Some(match tier {
+            Tier::Scalar => Self::scalar(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => avx2::kernel_set(),
+            #[allow(unreachable_patterns)]
+            _ => return None,
+        })
+    }
+
+    /// The best set for this CPU, detected once per process.
+    pub fn best() -> &'static KernelSet {
+        BEST.get_or_init(|| Self::for_tier(Tier::detect()).unwrap_or_else(Self::scalar))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispatcher_picks_a_supported_tier() {
+        let best = KernelSet::best();
+        assert!(best.tier.is_supported());
+        // Nothing better than the chosen tier is supported.
+        for t in Tier::ALL {
+            if t > best.tier {
+                assert!(
+                    !t.is_supported(),
+                    "{t:?} supported but {:?} chosen",
+                    best.tier
+                );
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            assert!(best.tier >= Tier::Avx2);
+        }
+    }
+
+    #[test]
+    fn tier_names_round_trip() {
+        for t in Tier::ALL {
+            assert_eq!(Tier::from_name(t.name()), Some(t));
+        }
+        assert_eq!(Tier::from_name("nope"), None);
+    }
+}

@@ -1,0 +1,223 @@
+//! The tensor element types the kernels understand, and their byte geometry.
+
+use crate::quant::{self, QK, QK_K};
+use std::fmt;
+
+/// Errors from building kernel views over caller-provided bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// A row length that is not a whole number of blocks.
+    RowNotBlockAligned { ty: QuantType, cols: usize },
+    /// The byte slice does not hold `rows x cols` elements of the type.
+    SizeMismatch {
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    /// The bytes are not aligned for the block type's fields.
+    Misaligned { ty: QuantType, align: usize },
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RowNotBlockAligned { ty, cols } => {
+                write!(
+                    f,
+                    "{ty} rows must be a multiple of {} elements, got {cols}",
+                    ty.block_len()
+                )
+            }
+            Self::SizeMismatch {
+                ty,
+                rows,
+                cols,
+                expected,
+                got,
+            } => {
+                write!(
+                    f,
+                    "{ty} matrix {rows}x{cols} needs {expected} bytes, got {got}"
+                )
+            }
+            Self::Misaligned { ty, align } => write!(f, "{ty} data must be {align}-byte aligned"),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+/// A weight element type (GGML numbering, see [`QuantType::from_ggml_id`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// The activation format a weight type's dot product consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActKind {
+    /// Plain f32 (F32 and F16 weights).
+    F32,
+    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q8_0).
+    Q8,
+    /// [`quant::BlockQ8K`], 256 per block (k-quants).
+    Q8K,
+}
+
+impl QuantType {
+    pub const ALL: [QuantType; 8] = [
+        Self::F32,
+        Self::F16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q8_0,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+    ];
+
+    /// Map a GGML type id (as stored in GGUF tensor infos) to a supported type.
+    pub fn from_ggml_id(id: u32) -> Option<Self> {
+        Some(match id {
+            0 => Self::F32,
+            1 => Self::F16,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            8 => Self::Q8_0,
+            12 => Self::Q4_K,
+            13 => Self::Q5_K,
+            14 => Self::Q6_K,
+            _ => return None,
+        })
+    }
+
+    /// The GGML type id.
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q8_0 => 8,
+            Self::Q4_K => 12,
+            Self::Q5_K => 13,
+            Self::Q6_K => 14,
+        }
+    }
+
+    /// Elements per block.
+    pub fn block_len(self) -> usize {
+        match self {
+            Self::F32 | Self::F16 => 1,
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => QK,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        use std::mem::size_of;
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+            Self::Q4_0 => size_of::<quant::BlockQ4_0>(),
+            Self::Q4_1 => size_of::<quant::BlockQ4_1>(),
+            Self::Q8_0 => size_of::<quant::BlockQ8_0>(),
+            Self::Q4_K => size_of::<quant::BlockQ4K>(),
+            Self::Q5_K => size_of::<quant::BlockQ5K>(),
+            Self::Q6_K => size_of::<quant::BlockQ6K>(),
+        }
+    }
+
+    /// Alignment the block's fields need when viewed in place.
+    pub fn align(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            _ => 2,
+        }
+    }
+
+    /// Bytes of a row of `cols` elements, or `None` if `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if cols % self.block_len() != 0 {
+            return None;
+        }
+        (cols / self.block_len()).checked_mul(self.block_bytes())
+    }
+
+    /// The activation format this type's dot product consumes.
+    pub fn act_kind(self) -> ActKind {
+        match self {
+            Self::F32 | Self::F16 => ActKind::F32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => ActKind::Q8,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => ActKind::Q8K,
+        }
+    }
+
+    /// Expand one row to f32 (`out.len()` elements, a whole number of blocks).
+    pub fn dequantize_row(self, row: &[u8], out: &mut [f32]) {
+        use crate::quant::QuantBlock;
+        fn blocks<B: QuantBlock>(row: &[u8], out: &mut [f32]) {
+            let bs: &[B] = bytemuck::cast_slice(row);
+            for (b, o) in bs.iter().zip(out.chunks_exact_mut(B::LEN)) {
+                b.dequantize(o);
+            }
+        }
+        match self {
+            Self::F32 => out.copy_from_slice(bytemuck::cast_slice(&row[..out.len() * 4])),
+            Self::F16 => quant::f16::dequantize(bytemuck::cast_slice(&row[..out.len() * 2]), out),
+            Self::Q4_0 => blocks::<quant::BlockQ4_0>(row, out),
+            Self::Q4_1 => blocks::<quant::BlockQ4_1>(row, out),
+            Self::Q8_0 => blocks::<quant::BlockQ8_0>(row, out),
+            Self::Q4_K => blocks::<quant::BlockQ4K>(row, out),
+            Self::Q5_K => blocks::<quant::BlockQ5K>(row, out),
+            Self::Q6_K => blocks::<quant::BlockQ6K>(row, out),
+        }
+    }
+}
+
+impl fmt::Display for QuantType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Q4_K => "Q4_K",
+            Self::Q5_K => "Q5_K",
+            Self::Q6_K => "Q6_K",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        for t in QuantType::ALL {
+            assert_eq!(QuantType::from_ggml_id(t.ggml_id()), Some(t));
+        }
+        assert_eq!(QuantType::from_ggml_id(6), None); // Q5_0 unsupported
+    }
+
+    #[test]
+    fn row_bytes() {
+        assert_eq!(QuantType::Q4_1.row_bytes(576), Some(18 * 20));
+        assert_eq!(QuantType::Q6_K.row_bytes(512), Some(420));
+        assert_eq!(QuantType::Q4_K.row_bytes(576), None);
+        assert_eq!(QuantType::F16.row_bytes(3), Some(6));
+    }
+}

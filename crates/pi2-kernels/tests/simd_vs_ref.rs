@@ -1,0 +1,118 @@
+//! Every SIMD tier against the scalar reference, per format, on random blocks and activations.
+//! A tier the CPU lacks is skipped for that CPU (the aarch64 tiers run under qemu in CI).
+
+use pi2_kernels::{dot_row, ActBuf, KernelSet, QuantType, Tier};
+use proptest::prelude::*;
+
+/// Allowed |simd - ref| relative to sum(|w_i * x_i|): the integer sums are exact, only the f32
+/// accumulation order differs, so the budget is a few ulps of the magnitude sum.
+const INT_DOT_BUDGET: f32 = 1e-5;
+/// F32/F16 weights: FMA and reassociation over the whole row.
+const FLOAT_DOT_BUDGET: f32 = 1e-5;
+
+/// A row of `blocks` random blocks of `ty` with finite, moderate f16 scales.
+fn row_bytes(ty: QuantType, blocks: usize, seed: &[u8]) -> Vec<u8> {
+    let n = ty.block_bytes() * blocks;
+    let mut b: Vec<u8> = (0..n)
+        .map(|i| seed[i % seed.len()].wrapping_add((i * 131 / seed.len()) as u8))
+        .collect();
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let scale = |i: usize| f16(0.001 + (seed[i % seed.len()] as f32) / 2000.0);
+    match ty {
+        QuantType::F32 => {
+            for (i, c) in b.chunks_exact_mut(4).enumerate() {
+                c.copy_from_slice(&((seed[i % seed.len()] as f32 - 128.0) / 64.0).to_le_bytes());
+            }
+        }
+        QuantType::F16 => {
+            for (i, c) in b.chunks_exact_mut(2).enumerate() {
+                c.copy_from_slice(&f16((seed[i % seed.len()] as f32 - 128.0) / 64.0));
+            }
+        }
+        QuantType::Q6_K => {
+            for (i, c) in b.chunks_exact_mut(210).enumerate() {
+                c[208..].copy_from_slice(&scale(i));
+            }
+        }
+        QuantType::Q4_1 | QuantType::Q4_K | QuantType::Q5_K => {
+            for (i, c) in b.chunks_exact_mut(ty.block_bytes()).enumerate() {
+                c[..2].copy_from_slice(&scale(i));
+                c[2..4].copy_from_slice(&scale(i + 1));
+            }
+        }
+        QuantType::Q4_0 | QuantType::Q8_0 => {
+            for (i, c) in b.chunks_exact_mut(ty.block_bytes()).enumerate() {
+                c[..2].copy_from_slice(&scale(i));
+            }
+        }
+    }
+    b
+}
+
+fn check(ty: QuantType, blocks: usize, seed: Vec<u8>, x: Vec<f32>) -> Result<(), TestCaseError> {
+    let cols = ty.block_len() * blocks;
+    let x: Vec<f32> = x.iter().cycle().take(cols).copied().collect();
+    let row = row_bytes(ty, blocks, &seed);
+    let mut acts = ActBuf::new();
+    acts.quantize(ty.act_kind(), &x, cols);
+    let scalar = KernelSet::scalar();
+    let want = dot_row(&scalar, ty, &row, acts.row(0));
+    let mut w = vec![0.0; cols];
+    ty.dequantize_row(&row, &mut w);
+    let magnitude: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-6;
+    let budget = if matches!(ty, QuantType::F32 | QuantType::F16) {
+        FLOAT_DOT_BUDGET
+    } else {
+        INT_DOT_BUDGET
+    };
+    for tier in Tier::ALL {
+        let Some(ks) = KernelSet::for_tier(tier) else {
+            continue;
+        };
+        let got = dot_row(&ks, ty, &row, acts.row(0));
+        prop_assert!(
+            (got - want).abs() <= budget * magnitude * 4.0,
+            "{ty} {tier:?}: got {got}, reference {want}, magnitude {magnitude}"
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn every_tier_matches_reference(
+        ty_i in 0usize..QuantType::ALL.len(),
+        blocks in 1usize..12,
+        seed in proptest::collection::vec(any::<u8>(), 1..64),
+        x in proptest::collection::vec(-8.0f32..8.0, 1..300),
+    ) {
+        let ty = QuantType::ALL[ty_i];
+        // keep float rows long enough to exercise the vector body and the tail
+        let blocks = if ty.block_len() == 1 { blocks * 37 } else { blocks };
+        check(ty, blocks, seed, x)?;
+    }
+}
+
+proptest! {
+    #[test]
+    fn axpy_f16_every_tier_matches_reference(
+        a in -4.0f32..4.0,
+        x in proptest::collection::vec(-100.0f32..100.0, 0..100),
+    ) {
+        let xh: Vec<u16> = x.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+        let y0: Vec<f32> = (0..x.len()).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let mut want = y0.clone();
+        (KernelSet::scalar().axpy_f16)(a, &xh, &mut want);
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else { continue };
+            let mut got = y0.clone();
+            (ks.axpy_f16)(a, &xh, &mut got);
+            for (g, w) in got.iter().zip(&want) {
+                // FMA rounds once where the reference rounds twice.
+                prop_assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{tier:?}: {g} vs {w}");
+            }
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! Llama-family architectures: hyper-parameters from GGUF metadata and the tensor directory,
+//! checked for presence, shape and type at load so the engine never meets a surprise.
+
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, Value};
+use pi2_kernels::{MatRef, QuantType};
+
+/// Supported architectures (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 1/2/3, Mistral, SmolLM2: RoPE on adjacent pairs (GGML "normal").
+    Llama,
+    /// Qwen2: biases on Q/K/V, RoPE on split halves (GGML "neox").
+    Qwen2,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// How RoPE pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// (x[2i], x[2i+1]) rotate together.
+    Norm,
+    /// (x[i], x[i + n_rot/2]) rotate together.
+    Neox,
+}
+
+/// Hyper-parameters of a llama-family transformer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Dimensions of each head that RoPE rotates.
+    pub n_rot: usize,
+    pub rope_kind: RopeKind,
+    pub rope_base: f32,
+    /// Linear position scaling (1.0 = none).
+    pub rope_freq_scale: f32,
+    pub rms_eps: f32,
+}
+
+/// Where a tensor lives in the file and what it holds, checked at load.
+#[derive(Clone, Debug)]
+pub struct TensorView {
+    pub name: String,
+    pub ty: QuantType,
+    /// Output dimension (GGML dims[1], or 1 for vectors).
+    pub rows: usize,
+    /// Contiguous dimension (GGML dims[0]).
+    pub cols: usize,
+    index: usize,
+}
+
+/// The tensors of one transformer block.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: TensorView,
+    pub wq: TensorView,
+    pub wk: TensorView,
+    pub wv: TensorView,
+    pub bq: Option<TensorView>,
+    pub bk: Option<TensorView>,
+    pub bv: Option<TensorView>,
+    pub wo: TensorView,
+    pub ffn_norm: TensorView,
+    /// FFN neurons: row i of gate and up, column i of down, form neuron i.
+    pub gate: TensorView,
+    pub up: TensorView,
+    pub down: TensorView,
+}
+
+/// All weight views of a model.
+#[derive(Clone, Debug)]
+pub struct Weights {
+    pub token_embd: TensorView,
+    pub output_norm: TensorView,
+    /// The LM head; the token embedding when the model ties them.
+    pub output: TensorView,
+    pub tied_output: bool,
+    /// Llama-3 style per-frequency RoPE divisors (`rope_freqs.weight`), if present.
+    pub rope_freqs: Option<TensorView>,
+    pub layers: Vec<LayerWeights>,
+}
+
+fn key<'a>(f: &'a GgufFile, k: &str) -> Result<&'a Value> {
+    f.get(k)
+        .ok_or_else(|| ModelError::MissingKey(k.to_string()))
+}
+
+pub(crate) fn get_usize(f: &GgufFile, k: &str) -> Result<usize> {
+    let v = key(f, k)?;
+    v.as_u64()
+        .and_then(|x| usize::try_from(x).ok())
+        .ok_or(ModelError::WrongKeyType {
+            key: k.into(),
+            expected: "unsigned integer",
+            got: v.type_name(),
+        })
+}
+
+fn get_usize_or(f: &GgufFile, k: &str, default: usize) -> Result<usize> {
+    if f.get(k).is_some() {
+        get_usize(f, k)
+    } else {
+        Ok(default)
+    }
+}
+
+fn get_f32_or(f: &GgufFile, k: &str, default: f32) -> Result<f32> {
+    match f.get(k) {
+        None => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .map(|x| x as f32)
+            .ok_or(ModelError::WrongKeyType {
+                key: k.into(),
+                expected: "float",
+                got: v.type_name(),
+            }),
+    }
+}
+
+/// Sanity bound for sizes read from metadata (guards against absurd allocations).
+const MAX_DIM: usize = 1 << 20;
+
+impl ModelConfig {
+    /// Read and validate the hyper-parameters.
+    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let arch_name =
+            key(f, "general.architecture")?
+                .as_str()
+                .ok_or(ModelError::WrongKeyType {
+                    key: "general.architecture".into(),
+                    expected: "string",
+                    got: "other",
+                })?;
+        let arch = match arch_name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            other => return Err(ModelError::UnsupportedArch(other.to_string())),
+        };
+        let a = arch.name();
+        let k = |s: &str| format!("{a}.{s}");
+        if get_usize_or(f, &k("expert_count"), 0)? > 0 {
+            return Err(ModelError::Unsupported(format!(
+                "mixture-of-experts models ({} = {}) are not supported yet",
+                k("expert_count"),
+                get_usize(f, &k("expert_count"))?
+            )));
+        }
+        let n_embd = get_usize(f, &k("embedding_length"))?;
+        let n_layer = get_usize(f, &k("block_count"))?;
+        let n_ff = get_usize(f, &k("feed_forward_length"))?;
+        let n_head = get_usize(f, &k("attention.head_count"))?;
+        let n_head_kv = get_usize_or(f, &k("attention.head_count_kv"), n_head)?;
+        let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
+        for (name, v) in [
+            ("embedding_length", n_embd),
+            ("block_count", n_layer),
+            ("feed_forward_length", n_ff),
+            ("attention.head_count", n_head),
+            ("attention.head_count_kv", n_head_kv),
+        ] {
+            if v == 0 || v > MAX_DIM {
+                return Err(ModelError::Corrupt(format!(
+                    "{a}.{name} = {v} is out of range"
+                )));
+            }
+        }
+        if n_embd % n_head != 0 && f.get(&k("attention.key_length")).is_none() {
+            return Err(ModelError::Corrupt(format!(
+                "embedding length {n_embd} is not divisible by {n_head} heads"
+            )));
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(ModelError::Corrupt(format!(
+                "{n_head} heads are not a multiple of {n_head_kv} KV heads"
+            )));
+        }
+        let head_dim = get_usize_or(f, &k("attention.key_length"), n_embd / n_head)?;
+        let v_dim = get_usize_or(f, &k("attention.value_length"), head_dim)?;
+        if v_dim != head_dim {
+            return Err(ModelError::Unsupported(format!(
+                "value head size {v_dim} differs from key head size {head_dim}"
+            )));
+        }
+        let n_rot = get_usize_or(f, &k("rope.dimension_count"), head_dim)?;
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::Corrupt(format!(
+                "rope.dimension_count {n_rot} is invalid for head size {head_dim}"
+            )));
+        }
+        let rope_base = get_f32_or(f, &k("rope.freq_base"), 10000.0)?;
+        let mut rope_freq_scale = get_f32_or(f, &k("rope.scale_linear"), 1.0)?.recip();
+        match f.get(&k("rope.scaling.type")).and_then(Value::as_str) {
+            None | Some("none") => {}
+            Some("linear") => {
+                rope_freq_scale = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?.recip()
+            }
+            Some(other) => {
+                return Err(ModelError::Unsupported(format!(
+                    "RoPE scaling type `{other}`"
+                )))
+            }
+        }
+        let rms_eps = get_f32_or(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?;
+        let n_vocab = match f.get(&k("vocab_size")) {
+            Some(_) => get_usize(f, &k("vocab_size"))?,
+            None => f
+                .get("tokenizer.ggml.tokens")
+                .and_then(Value::as_array)
+                .map(|a| a.len())
+                .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?,
+        };
+        Ok(Self {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot,
+            rope_kind: match arch {
+                Arch::Llama => RopeKind::Norm,
+                Arch::Qwen2 => RopeKind::Neox,
+            },
+            rope_base,
+            rope_freq_scale,
+            rms_eps,
+        })
+    }
+
+    /// Width of the Q projection output.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of the K and V projection outputs.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
+fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
+    let index = f
+        .tensor_position(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let t = &f.tensors[index];
+    let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    if t.dims != want {
+        return Err(ModelError::TensorShape {
+            name: name.into(),
+            expected: want,
+            got: t.dims.clone(),
+        });
+    }
+    let ty =
+        QuantType::from_ggml_id(t.ggml_type).ok_or_else(|| ModelError::UnsupportedTensorType {
+            name: name.into(),
+            ty: t.type_name().into(),
+        })?;
+    let (cols, rows) = (dims[0], dims.get(1).copied().unwrap_or(1));
+    MatRef::new(ty, rows, cols, f.tensor_data(t))
+        .map_err(|e| ModelError::Corrupt(format!("tensor `{name}`: {e}")))?;
+    Ok(TensorView {
+        name: name.into(),
+        ty,
+        rows,
+        cols,
+        index,
+    })
+}
+
+/// A vector tensor that the engine reads as plain f32 (norms, biases).
+fn f32_view(f: &GgufFile, name: &str, len: usize) -> Result<TensorView> {
+    let v = view(f, name, &[len])?;
+    if v.ty != QuantType::F32 {
+        return Err(ModelError::Unsupported(format!(
+            "tensor `{name}` must be F32, found {}",
+            v.ty
+        )));
+    }
+    Ok(v)
+}
+
+fn optional<T>(r: Result<T>) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(ModelError::MissingTensor(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl Weights {
+    /// Find and check every tensor the architecture needs.
+    pub fn from_gguf(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
+        let token_embd = view(f, "token_embd.weight", &[c.n_embd, c.n_vocab])?;
+        let output_norm = f32_view(f, "output_norm.weight", c.n_embd)?;
+        let (output, tied_output) =
+            match optional(view(f, "output.weight", &[c.n_embd, c.n_vocab]))? {
+                Some(o) => (o, false),
+                None => (token_embd.clone(), true),
+            };
+        let rope_freqs = optional(f32_view(f, "rope_freqs.weight", c.n_rot / 2))?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let bias = |s: &str, len| -> Result<Option<TensorView>> {
+                let b = optional(f32_view(f, &n(s), len))?;
+                if c.arch == Arch::Qwen2 && b.is_none() {
+                    return Err(ModelError::MissingTensor(n(s)));
+                }
+                Ok(b)
+            };
+            layers.push(LayerWeights {
+                attn_norm: f32_view(f, &n("attn_norm.weight"), c.n_embd)?,
+                wq: view(f, &n("attn_q.weight"), &[c.n_embd, c.q_dim()])?,
+                wk: view(f, &n("attn_k.weight"), &[c.n_embd, c.kv_dim()])?,
+                wv: view(f, &n("attn_v.weight"), &[c.n_embd, c.kv_dim()])?,
+                bq: bias("attn_q.bias", c.q_dim())?,
+                bk: bias("attn_k.bias", c.kv_dim())?,
+                bv: bias("attn_v.bias", c.kv_dim())?,
+                wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
+                ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
+                gate: view(f, &n("ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
+                up: view(f, &n("ffn_up.weight"), &[c.n_embd, c.n_ff])?,
+                down: view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd])?,
+            });
+        }
+        Ok(Self {
+            token_embd,
+            output_norm,
+            output,
+            tied_output,
+            rope_freqs,
+            layers,
+        })
+    }
+}
+
+impl TensorView {
+    /// The matrix view of this tensor inside `f` (the file it was checked against).
+    pub fn mat<'a>(&self, f: &'a GgufFile) -> MatRef<'a> {
+        MatRef::new(
+            self.ty,
+            self.rows,
+            self.cols,
+            f.tensor_data(&f.tensors[self.index]),
+        )
+        .expect("tensor geometry was validated at load")
+    }
+
+    /// The tensor as f32 values (F32 tensors only, checked at load).
+    pub fn f32s<'a>(&self, f: &'a GgufFile) -> &'a [f32] {
+        bytemuck::cast_slice(f.tensor_data(&f.tensors[self.index]))
+    }
+
+    /// Bytes of data.
+    pub fn bytes(&self, f: &GgufFile) -> u64 {
+        f.tensors[self.index].size
+    }
+}

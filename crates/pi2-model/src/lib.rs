@@ -1,0 +1,92 @@
+//! pi2-model: everything about a model file that is not computation.
+//!
+//! - [`gguf`]: zero-copy GGUF reader with caps against hostile files; [`writer`] writes GGUF.
+//! - [`arch`]: llama-family hyper-parameters and the checked tensor directory.
+//! - [`tokenizer`]: GGUF vocabularies (byte-level BPE, SentencePiece-style).
+//! - [`chat`]: chat templates from `tokenizer.chat_template`.
+//!
+//! [`Model::load`] ties them together.
+
+pub mod arch;
+pub mod chat;
+pub mod error;
+pub mod gguf;
+pub mod tokenizer;
+pub mod writer;
+
+pub use arch::{Arch, LayerWeights, ModelConfig, RopeKind, TensorView, Weights};
+pub use chat::{ChatTemplate, Message};
+pub use error::{ModelError, Result};
+pub use gguf::{GgufFile, TensorInfo, Value};
+pub use tokenizer::{TokenId, Tokenizer};
+
+use std::path::Path;
+
+/// A loaded model: the mapped file, its configuration, checked weight views and tokenizer.
+#[derive(Debug)]
+pub struct Model {
+    pub file: GgufFile,
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub tokenizer: Tokenizer,
+    /// `tokenizer.chat_template`, if the file has one.
+    pub chat_template: Option<String>,
+    /// `general.name`, if set.
+    pub name: Option<String>,
+}
+
+impl Model {
+    /// Open, parse and check a GGUF model.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_file(GgufFile::open(path)?)
+    }
+
+    /// Check an already parsed file.
+    pub fn from_file(file: GgufFile) -> Result<Self> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::from_gguf(&file, &config)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        if tokenizer.vocab_size() != config.n_vocab {
+            return Err(ModelError::Corrupt(format!(
+                "tokenizer has {} tokens but the embedding has {} rows",
+                tokenizer.vocab_size(),
+                config.n_vocab
+            )));
+        }
+        let chat_template = file
+            .get("tokenizer.chat_template")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let name = file
+            .get("general.name")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        Ok(Self {
+            file,
+            config,
+            weights,
+            tokenizer,
+            chat_template,
+            name,
+        })
+    }
+
+    /// The chat template (the model's own, or ChatML if it has none).
+    pub fn chat_template(&self) -> Result<ChatTemplate> {
+        let text = |id: Option<TokenId>| {
+            id.and_then(|i| self.tokenizer.token_text(i))
+                .unwrap_or("")
+                .to_string()
+        };
+        ChatTemplate::new(
+            self.chat_template.as_deref().unwrap_or(chat::CHATML),
+            &text(self.tokenizer.bos),
+            &text(self.tokenizer.eos),
+        )
+    }
+
+    /// Parameter count (elements of all tensors).
+    pub fn n_params(&self) -> u64 {
+        self.file.tensors.iter().map(|t| t.n_elements()).sum()
+    }
+}

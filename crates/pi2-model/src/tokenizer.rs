@@ -1,0 +1,635 @@
+//! Tokenizers built from GGUF vocabularies, following llama.cpp's behaviour:
+//! - `gpt2`: byte-level BPE with merge ranks and a pre-tokenizer chosen by `tokenizer.ggml.pre`;
+//! - `llama`: SentencePiece-style BPE by token score, `▁` for spaces and `<0xXX>` byte fallback.
+//!
+//! Special (control) tokens are cut out of the text first when `parse_special` is set; user-defined
+//! tokens always are, as in llama.cpp.
+
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, Value};
+use fancy_regex::Regex;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+pub type TokenId = u32;
+
+/// GGUF `tokenizer.ggml.token_type` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenType {
+    Normal,
+    Unknown,
+    Control,
+    UserDefined,
+    Unused,
+    Byte,
+}
+
+impl TokenType {
+    fn from_i64(v: i64) -> TokenType {
+        match v {
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Normal,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// Byte-level BPE: (left id, right id) -> (rank, merged id); pre-tokenizer regexes in order.
+    Bpe {
+        merges: HashMap<(TokenId, TokenId), (u32, TokenId)>,
+        pre: Vec<Regex>,
+    },
+    /// SentencePiece-style BPE by score.
+    Spm {
+        scores: Vec<f32>,
+        add_space_prefix: bool,
+        byte_tokens: Vec<Option<TokenId>>,
+    },
+}
+
+/// A tokenizer for one model's vocabulary.
+#[derive(Debug)]
+pub struct Tokenizer {
+    tokens: Vec<String>,
+    types: Vec<TokenType>,
+    index: HashMap<String, TokenId>,
+    kind: Kind,
+    /// Control and user-defined tokens, longest text first (the partition order).
+    specials: Vec<TokenId>,
+    pub bos: Option<TokenId>,
+    pub eos: Option<TokenId>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    /// End-of-generation tokens (EOS, EOT, and control tokens llama.cpp treats as such).
+    pub eog: Vec<TokenId>,
+}
+
+const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer regexes for a `tokenizer.ggml.pre` name (llama.cpp's table).
+fn pre_tokenizer(name: &str) -> Result<Vec<&'static str>> {
+    Ok(match name {
+        "default" | "gpt-2" | "gpt2" => vec![GPT2_RE],
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
+            vec![r"\p{N}", GPT2_RE]
+        }
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => vec![LLAMA3_RE],
+        "qwen2" | "deepseek-r1-qwen" => vec![QWEN2_RE],
+        other => {
+            return Err(ModelError::Tokenizer(format!(
+                "unsupported pre-tokenizer `{other}` (supported: default, gpt2, smollm, starcoder, llama-bpe, qwen2)"
+            )))
+        }
+    })
+}
+
+/// GPT-2's reversible byte -> printable char map.
+fn byte_to_char() -> [char; 256] {
+    let mut map = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        map[b as usize] = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+    }
+    map
+}
+
+fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
+    let arr = f
+        .get(key)
+        .ok_or_else(|| ModelError::MissingKey(key.into()))?;
+    let items = arr.as_array().ok_or(ModelError::WrongKeyType {
+        key: key.into(),
+        expected: "array",
+        got: arr.type_name(),
+    })?;
+    items
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or(ModelError::WrongKeyType {
+                    key: key.into(),
+                    expected: "string array",
+                    got: v.type_name(),
+                })
+        })
+        .collect()
+}
+
+fn opt_id(f: &GgufFile, key: &str, n: usize) -> Result<Option<TokenId>> {
+    match f.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(id) if (id as usize) < n => Ok(Some(id as TokenId)),
+            // llama.cpp writes -1 (as u32 max) for "none"
+            Some(id) if id == u32::MAX as u64 => Ok(None),
+            _ => Err(ModelError::Tokenizer(format!(
+                "{key} = {v:?} is not a token id below {n}"
+            ))),
+        },
+    }
+}
+
+impl Tokenizer {
+    /// Build from `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let model = f
+            .get("tokenizer.ggml.model")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.model".into()))?;
+        let tokens = string_array(f, "tokenizer.ggml.tokens")?;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::Tokenizer("empty vocabulary".into()));
+        }
+        let types: Vec<TokenType> =
+            match f.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+                Some(a) if a.len() == n => a
+                    .iter()
+                    .map(|v| TokenType::from_i64(v.as_i64().unwrap_or(1)))
+                    .collect(),
+                Some(a) => {
+                    return Err(ModelError::Tokenizer(format!(
+                        "{} token types for {n} tokens",
+                        a.len()
+                    )))
+                }
+                None => vec![TokenType::Normal; n],
+            };
+        let mut index = HashMap::with_capacity(n);
+        for (i, t) in tokens.iter().enumerate() {
+            index.entry(t.clone()).or_insert(i as TokenId);
+        }
+        let flag = |k: &str, default: bool| f.get(k).and_then(Value::as_bool).unwrap_or(default);
+        let kind = match model {
+            "gpt2" => {
+                let pre_name = f
+                    .get("tokenizer.ggml.pre")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                let pre = pre_tokenizer(pre_name)?
+                    .into_iter()
+                    .map(|re| {
+                        Regex::new(re)
+                            .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex: {e}")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let merge_list = string_array(f, "tokenizer.ggml.merges")?;
+                let mut merges = HashMap::with_capacity(merge_list.len());
+                for (rank, m) in merge_list.iter().enumerate() {
+                    let Some((a, b)) = m.split_once(' ') else {
+                        return Err(ModelError::Tokenizer(format!(
+                            "merge #{rank} `{m}` has no space"
+                        )));
+                    };
+                    let (Some(&ia), Some(&ib), Some(&im)) =
+                        (index.get(a), index.get(b), index.get(&format!("{a}{b}")))
+                    else {
+                        continue; // a merge whose parts or result are not tokens can never apply
+                    };
+                    merges.entry((ia, ib)).or_insert((rank as u32, im));
+                }
+                Kind::Bpe { merges, pre }
+            }
+            "llama" => {
+                let scores = match f.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+                    Some(a) if a.len() == n => {
+                        a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect()
+                    }
+                    _ => {
+                        return Err(ModelError::Tokenizer(
+                            "`llama` vocabulary needs tokenizer.ggml.scores for every token".into(),
+                        ))
+                    }
+                };
+                let byte_tokens = (0..256)
+                    .map(|b| index.get(&format!("<0x{b:02X}>")).copied())
+                    .collect();
+                Kind::Spm {
+                    scores,
+                    add_space_prefix: flag("tokenizer.ggml.add_space_prefix", true),
+                    byte_tokens,
+                }
+            }
+            other => {
+                return Err(ModelError::Tokenizer(format!(
+                    "unsupported tokenizer model `{other}` (supported: gpt2, llama)"
+                )))
+            }
+        };
+        let is_spm = matches!(kind, Kind::Spm { .. });
+        let bos = opt_id(f, "tokenizer.ggml.bos_token_id", n)?;
+        let eos = opt_id(f, "tokenizer.ggml.eos_token_id", n)?;
+        let eot = opt_id(f, "tokenizer.ggml.eot_token_id", n)?;
+        let eom = opt_id(f, "tokenizer.ggml.eom_token_id", n)?;
+        let mut eog: Vec<TokenId> = [eos, eot, eom].into_iter().flatten().collect();
+        // llama.cpp also ends generation at these control tokens when present.
+        for (i, t) in tokens.iter().enumerate() {
+            let named = matches!(
+                t.as_str(),
+                "<|eot_id|>" | "<|im_end|>" | "<|end|>" | "<end_of_turn>" | "<|endoftext|>" | "<EOT>" | "<|end_of_text|>" | "<end_of_utterance>" | "<|return|>" | "<|call|>"
+                    // fill-in-the-middle repo/file separators end generation in llama.cpp too
+                    | "<|repo_name|>" | "<reponame>" | "<|file_sep|>"
+            );
+            if named
+                && matches!(types[i], TokenType::Control | TokenType::UserDefined)
+                && !eog.contains(&(i as TokenId))
+            {
+                eog.push(i as TokenId);
+            }
+        }
+        let mut specials: Vec<TokenId> = (0..n as TokenId)
+            .filter(|&i| {
+                matches!(
+                    types[i as usize],
+                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
+                )
+            })
+            .filter(|&i| !tokens[i as usize].is_empty())
+            .collect();
+        specials.sort_by_key(|&i| Reverse(tokens[i as usize].len()));
+        Ok(Self {
+            tokens,
+            types,
+            index,
+            kind,
+            specials,
+            bos,
+            eos,
+            add_bos: flag("tokenizer.ggml.add_bos_token", is_spm),
+            add_eos: flag("tokenizer.ggml.add_eos_token", false),
+            eog,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// A token's text as stored in the vocabulary.
+    pub fn token_text(&self, id: TokenId) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// Look a token up by its exact vocabulary text.
+    pub fn token_id(&self, text: &str) -> Option<TokenId> {
+        self.index.get(text).copied()
+    }
+
+    pub fn is_eog(&self, id: TokenId) -> bool {
+        self.eog.contains(&id)
+    }
+
+    /// Split `text` into raw-text fragments and special token ids.
+    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Result<TokenId, &'t str>> {
+        let mut out: Vec<Result<TokenId, &'t str>> = vec![Err(text)];
+        for &id in &self.specials {
+            let ty = self.types[id as usize];
+            if !parse_special && matches!(ty, TokenType::Control | TokenType::Unknown) {
+                continue;
+            }
+            let needle = self.tokens[id as usize].as_str();
+            let mut next = Vec::with_capacity(out.len());
+            for frag in out {
+                let Err(mut s) = frag else {
+                    next.push(frag);
+                    continue;
+                };
+                while let Some(p) = s.find(needle) {
+                    if p > 0 {
+                        next.push(Err(&s[..p]));
+                    }
+                    next.push(Ok(id));
+                    s = &s[p + needle.len()..];
+                }
+                if !s.is_empty() {
+                    next.push(Err(s));
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// Text -> token ids. `add_special` adds BOS/EOS as the model asks; `parse_special` turns
+    /// control-token text (e.g. `<|im_start|>`) into its single id.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<TokenId> {
+        let mut ids = Vec::new();
+        if add_special && self.add_bos {
+            ids.extend(self.bos);
+        }
+        let mut prev_special = true;
+        for frag in self.partition(text, parse_special) {
+            match frag {
+                Ok(id) => {
+                    ids.push(id);
+                    prev_special = true;
+                }
+                Err(s) => {
+                    match &self.kind {
+                        Kind::Bpe { merges, pre } => self.encode_bpe(s, merges, pre, &mut ids),
+                        Kind::Spm {
+                            scores,
+                            add_space_prefix,
+                            byte_tokens,
+                        } => {
+                            let prefix = *add_space_prefix && prev_special;
+                            self.encode_spm(s, prefix, scores, byte_tokens, &mut ids)
+                        }
+                    }
+                    prev_special = false;
+                }
+            }
+        }
+        if add_special && self.add_eos {
+            ids.extend(self.eos);
+        }
+        ids
+    }
+
+    fn encode_bpe(
+        &self,
+        text: &str,
+        merges: &HashMap<(TokenId, TokenId), (u32, TokenId)>,
+        pre: &[Regex],
+        out: &mut Vec<TokenId>,
+    ) {
+        let b2c = byte_to_char();
+        let mut pieces = vec![text];
+        for re in pre {
+            pieces = pieces
+                .into_iter()
+                .flat_map(|p| split_keep_gaps(re, p))
+                .collect();
+        }
+        let mut word = String::new();
+        for piece in pieces {
+            word.clear();
+            word.extend(piece.bytes().map(|b| b2c[b as usize]));
+            let mut syms: Vec<TokenId> = Vec::with_capacity(word.len());
+            for ch in word.chars() {
+                let mut buf = [0u8; 4];
+                match self.index.get(ch.encode_utf8(&mut buf) as &str) {
+                    Some(&id) => syms.push(id),
+                    None => continue, // every byte char is in a byte-level vocabulary; skip if not
+                }
+            }
+            bpe_merge(&mut syms, |a, b| {
+                merges.get(&(a, b)).map(|&(r, m)| (r as f32, m))
+            });
+            out.extend_from_slice(&syms);
+        }
+    }
+
+    fn encode_spm(
+        &self,
+        text: &str,
+        space_prefix: bool,
+        scores: &[f32],
+        byte_tokens: &[Option<TokenId>],
+        out: &mut Vec<TokenId>,
+    ) {
+        let mut s = String::with_capacity(text.len() + 3);
+        if space_prefix {
+            s.push('\u{2581}');
+        }
+        s.push_str(&text.replace(' ', "\u{2581}"));
+        // Start from single characters; a character that is not a token becomes its byte tokens
+        // (byte tokens never merge, so this equals llama.cpp's fallback after merging).
+        let unk = self
+            .types
+            .iter()
+            .position(|&t| t == TokenType::Unknown)
+            .map(|i| i as TokenId);
+        let mut syms: Vec<TokenId> = Vec::with_capacity(s.len());
+        for ch in s.chars() {
+            let mut buf = [0u8; 4];
+            let c = ch.encode_utf8(&mut buf);
+            match self.index.get(c as &str) {
+                Some(&id) => syms.push(id),
+                None => syms.extend(c.bytes().filter_map(|b| byte_tokens[b as usize].or(unk))),
+            }
+        }
+        // Merge by highest score of the merged token (priority = -score).
+        let mut merged_text = String::new();
+        bpe_merge(&mut syms, |a, b| {
+            merged_text.clear();
+            merged_text.push_str(&self.tokens[a as usize]);
+            merged_text.push_str(&self.tokens[b as usize]);
+            self.index
+                .get(&merged_text)
+                .map(|&m| (-scores[m as usize], m))
+        });
+        out.extend_from_slice(&syms);
+    }
+
+    /// The bytes a token stands for. Control tokens render as their text only when `special`.
+    pub fn token_bytes(&self, id: TokenId, special: bool) -> Vec<u8> {
+        let Some(text) = self.tokens.get(id as usize) else {
+            return Vec::new();
+        };
+        match self.types[id as usize] {
+            TokenType::Control | TokenType::Unknown | TokenType::Unused => {
+                return if special {
+                    text.as_bytes().to_vec()
+                } else {
+                    Vec::new()
+                };
+            }
+            TokenType::UserDefined => return text.as_bytes().to_vec(),
+            _ => {}
+        }
+        match &self.kind {
+            Kind::Bpe { .. } => {
+                let b2c = byte_to_char();
+                text.chars()
+                    .flat_map(|ch| match b2c.iter().position(|&c| c == ch) {
+                        Some(b) => vec![b as u8],
+                        None => ch.to_string().into_bytes(),
+                    })
+                    .collect()
+            }
+            Kind::Spm { .. } => {
+                if self.types[id as usize] == TokenType::Byte {
+                    if let Some(hex) = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+                        if let Ok(b) = u8::from_str_radix(hex, 16) {
+                            return vec![b];
+                        }
+                    }
+                }
+                text.replace('\u{2581}', " ").into_bytes()
+            }
+        }
+    }
+
+    /// Token ids -> bytes (may end inside a UTF-8 sequence when cut mid-stream).
+    pub fn decode(&self, ids: &[TokenId], special: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &id in ids {
+            out.extend(self.token_bytes(id, special));
+        }
+        if let Kind::Spm {
+            add_space_prefix: true,
+            ..
+        } = self.kind
+        {
+            let first_normal = ids
+                .iter()
+                .find(|&&i| !matches!(self.types.get(i as usize), Some(TokenType::Control)));
+            if first_normal.is_some() && out.first() == Some(&b' ') {
+                out.remove(0);
+            }
+        }
+        out
+    }
+}
+
+/// Regex split that also returns the text between matches (llama.cpp keeps unmatched runs).
+fn split_keep_gaps<'t>(re: &Regex, text: &'t str) -> Vec<&'t str> {
+    let mut out = Vec::new();
+    let mut last = 0;
+    for m in re.find_iter(text) {
+        let Ok(m) = m else { break };
+        if m.start() > last {
+            out.push(&text[last..m.start()]);
+        }
+        if m.end() > m.start() {
+            out.push(m.as_str());
+        }
+        last = m.end();
+    }
+    if last < text.len() {
+        out.push(&text[last..]);
+    }
+    out
+}
+
+/// Greedy pairwise merging: repeatedly merge the adjacent pair with the lowest priority value
+/// (leftmost on ties). `merge(a, b)` returns the pair's priority and merged id, if mergeable.
+/// O(n log n) with a heap and stale-entry checks, so hostile long words stay cheap.
+fn bpe_merge(
+    syms: &mut Vec<TokenId>,
+    mut merge: impl FnMut(TokenId, TokenId) -> Option<(f32, TokenId)>,
+) {
+    let n = syms.len();
+    if n < 2 {
+        return;
+    }
+    let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+    let mut next: Vec<usize> = (1..=n).collect();
+    let mut alive = vec![true; n];
+    // (priority, left index, left id, right id)
+    #[derive(PartialEq)]
+    struct Cand(f32, usize, TokenId, TokenId);
+    impl Eq for Cand {}
+    impl PartialOrd for Cand {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    impl Ord for Cand {
+        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+            // min-heap on (priority, left index)
+            o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
+        }
+    }
+    let mut heap = BinaryHeap::new();
+    for i in 0..n - 1 {
+        if let Some((p, _)) = merge(syms[i], syms[i + 1]) {
+            heap.push(Cand(p, i, syms[i], syms[i + 1]));
+        }
+    }
+    while let Some(Cand(_, l, a, b)) = heap.pop() {
+        let r = next[l];
+        if !alive[l] || r >= n || !alive[r] || syms[l] != a || syms[r] != b {
+            continue; // stale
+        }
+        let Some((_, m)) = merge(a, b) else { continue };
+        syms[l] = m;
+        alive[r] = false;
+        next[l] = next[r];
+        if next[r] < n {
+            prev[next[r]] = l;
+        }
+        let p = prev[l];
+        if p < n {
+            if let Some((pr, _)) = merge(syms[p], m) {
+                heap.push(Cand(pr, p, syms[p], m));
+            }
+        }
+        if next[l] < n {
+            if let Some((pr, _)) = merge(m, syms[next[l]]) {
+                heap.push(Cand(pr, l, m, syms[next[l]]));
+            }
+        }
+    }
+    let mut w = 0;
+    for i in 0..n {
+        if alive[i] {
+            syms[w] = syms[i];
+            w += 1;
+        }
+    }
+    syms.truncate(w);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_map_is_a_bijection() {
+        let m = byte_to_char();
+        let mut seen = std::collections::HashSet::new();
+        for c in m {
+            assert!(seen.insert(c));
+        }
+        assert_eq!(m[b'A' as usize], 'A');
+        assert_eq!(m[b' ' as usize], '\u{120}');
+        assert_eq!(m[b'\n' as usize], '\u{10A}');
+    }
+
+    #[test]
+    fn merge_prefers_lowest_rank_then_leftmost() {
+        // ids: a=0 b=1 ab=2 bb=3
+        let mut s = vec![0, 1, 1];
+        bpe_merge(&mut s, |x, y| match (x, y) {
+            (0, 1) => Some((1.0, 2)),
+            (1, 1) => Some((0.0, 3)),
+            _ => None,
+        });
+        assert_eq!(s, vec![0, 3]);
+        let mut s = vec![1, 1, 1, 1];
+        bpe_merge(&mut s, |x, y| {
+            if (x, y) == (1, 1) {
+                Some((0.0, 3))
+            } else {
+                None
+            }
+        });
+        assert_eq!(s, vec![3, 3]);
+    }
+
+    #[test]
+    fn split_keeps_unmatched_text() {
+        let re = Regex::new(r"\p{N}").unwrap();
+        assert_eq!(
+            split_keep_gaps(&re, "ab12 c3"),
+            vec!["ab", "1", "2", " c", "3"]
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! GGUF writer: metadata and tensors into a valid v3 file image (used by tests and converters).
+
+use crate::gguf::Value;
+use std::io::{self, Write};
+
+/// Accumulates metadata and tensors, then writes a GGUF v3 file.
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+    alignment: u64,
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        Self {
+            alignment: 32,
+            ..Default::default()
+        }
+    }
+
+    pub fn meta(&mut self, key: &str, value: Value) -> &mut Self {
+        if let Value::U32(a) = value {
+            if key == "general.alignment" {
+                self.alignment = a as u64;
+            }
+        }
+        self.metadata.push((key.to_string(), value));
+        self
+    }
+
+    /// Add a tensor with GGML dims (`dims[0]` contiguous), type id and raw data.
+    pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> &mut Self {
+        self.tensors
+            .push((name.to_string(), dims.to_vec(), ggml_type, data));
+        self
+    }
+
+    fn write_str(out: &mut impl Write, s: &str) -> io::Result<()> {
+        out.write_all(&(s.len() as u64).to_le_bytes())?;
+        out.write_all(s.as_bytes())
+    }
+
+    fn type_id(v: &Value) -> u32 {
+        match v {
+            Value::U8(_) => 0,
+            Value::I8(_) => 1,
+            Value::U16(_) => 2,
+            Value::I16(_) => 3,
+            Value::U32(_) => 4,
+            Value::I32(_) => 5,
+            Value::F32(_) => 6,
+            Value::Bool(_) => 7,
+            Value::String(_) => 8,
+            Value::Array(_) => 9,
+            Value::U64(_) => 10,
+            Value::I64(_) => 11,
+            Value::F64(_) => 12,
+        }
+    }
+
+    fn write_value(out: &mut impl Write, v: &Value) -> io::Result<()> {
+        match v {
+            Value::U8(x) => out.write_all(&[*x]),
+            Value::I8(x) => out.write_all(&[*x as u8]),
+            Value::U16(x) => out.write_all(&x.to_le_bytes()),
+            Value::I16(x) => out.write_all(&x.to_le_bytes()),
+            Value::U32(x) => out.write_all(&x.to_le_bytes()),
+            Value::I32(x) => out.write_all(&x.to_le_bytes()),
+            Value::F32(x) => out.write_all(&x.to_le_bytes()),
+            Value::Bool(x) => out.write_all(&[*x as u8]),
+            Value::String(s) => Self::write_str(out, s),
+            Value::Array(items) => {
+                let elem = items.first().map(Self::type_id).unwrap_or(0);
+                out.write_all(&elem.to_le_bytes())?;
+                out.write_all(&(items.len() as u64).to_le_bytes())?;
+                items.iter().try_for_each(|i| Self::write_value(out, i))
+            }
+            Value::U64(x) => out.write_all(&x.to_le_bytes()),
+            Value::I64(x) => out.write_all(&x.to_le_bytes()),
+            Value::F64(x) => out.write_all(&x.to_le_bytes()),
+        }
+    }
+
+    /// The complete file image.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write(&mut out).expect("writing to a Vec cannot fail");
+        out
+    }
+
+    pub fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        let mut head = Vec::new();
+        head.extend_from_slice(b"GGUF");
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            Self::write_str(&mut head, k)?;
+            head.extend_from_slice(&Self::type_id(v).to_le_bytes());
+            Self::write_value(&mut head, v)?;
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in &self.tensors {
+            Self::write_str(&mut head, name)?;
+            head.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            dims.iter()
+                .for_each(|d| head.extend_from_slice(&d.to_le_bytes()));
+            head.extend_from_slice(&ty.to_le_bytes());
+            head.extend_from_slice(&offset.to_le_bytes());
+            offset = (offset + data.len() as u64).next_multiple_of(self.alignment);
+        }
+        head.resize(
+            (head.len() as u64).next_multiple_of(self.alignment) as usize,
+            0,
+        );
+        out.write_all(&head)?;
+        for (_, _, _, data) in &self.tensors {
+            out.write_all(data)?;
+            let pad = (data.len() as u64).next_multiple_of(self.alignment) - data.len() as u64;
+            out.write_all(&vec![0u8; pad as usize])?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,97 @@
+//! The tokenizer of the real test model against llama.cpp's outputs (`testdata/golden/tokenize.json`).
+//! Needs the model: `cargo xtask fetch-model`.
+
+use pi2_model::Model;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> Model {
+    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "test model missing at {}: run `cargo xtask fetch-model` first",
+        path.display()
+    );
+    Model::load(&path).expect("load test model")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn tokenize_matches_llama_cpp() {
+    let m = model();
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("testdata/golden/tokenize.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    assert!(cases.len() >= 30);
+    let mut failures = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want = ids(&c["ids_parse_special"]);
+        let got = m.tokenizer.encode(text, false, true);
+        if got != want {
+            failures.push(format!(
+                "parse_special {text:?}: got {got:?}, want {want:?}"
+            ));
+        }
+        let want_plain = ids(&c["ids_no_parse_special"]);
+        let got_plain = m.tokenizer.encode(text, false, false);
+        if got_plain != want_plain {
+            failures.push(format!(
+                "no_parse_special {text:?}: got {got_plain:?}, want {want_plain:?}"
+            ));
+        }
+        assert_eq!(
+            m.tokenizer.encode(text, true, true),
+            ids(&c["ids_add_special_parse_special"])
+        );
+        // Pieces and round trip.
+        for (id, hex) in want
+            .iter()
+            .zip(c["pieces_hex_parse_special"].as_array().unwrap())
+        {
+            let piece: String = m
+                .tokenizer
+                .token_bytes(*id, true)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(piece, hex.as_str().unwrap(), "piece of {id}");
+        }
+        if c["detok_roundtrip_equal"].as_bool().unwrap() {
+            assert_eq!(
+                m.tokenizer.decode(&want, true),
+                text.as_bytes(),
+                "decode {text:?}"
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn end_of_generation_tokens() {
+    let m = model();
+    // llama.cpp: eog = [0 <|endoftext|>, 2 <|im_end|>, 4 <reponame>] (tokenize.json meta).
+    let mut eog = m.tokenizer.eog.clone();
+    eog.sort();
+    assert_eq!(eog, vec![0, 2, 4]);
+    assert!(!m.tokenizer.add_bos);
+}

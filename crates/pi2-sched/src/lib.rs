@@ -1,0 +1,15 @@
+//! pi2-sched: the inference engine.
+//!
+//! [`Engine`] runs llama-family transformers from a [`pi2_model::Model`]: batched dense prefill,
+//! token-by-token decode, a growable KV cache, all matrix work on a persistent worker pool.
+//! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
+
+mod engine;
+mod generate;
+pub mod perplexity;
+mod sampler;
+
+pub use engine::{Engine, EngineConfig, EngineError, Logits};
+pub use generate::{generate, GenerateConfig, Generation, StopReason};
+pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
+pub use sampler::{argmax, Sampler, SamplerConfig};

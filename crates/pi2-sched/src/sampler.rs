@@ -1,0 +1,226 @@
+//! Sampling: repetition penalty, top-k, top-p, temperature, then a seeded draw (llama.cpp order).
+//! Temperature <= 0 is greedy (argmax, lowest id on ties).
+
+use pi2_model::TokenId;
+use std::collections::VecDeque;
+
+/// Sampling settings (llama.cpp defaults).
+#[derive(Clone, Debug)]
+pub struct SamplerConfig {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 1.0 = off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0x5eed,
+        }
+    }
+}
+
+impl SamplerConfig {
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+}
+
+/// A seeded sampler with the recent-token history the penalty needs.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: u64,
+    recent: VecDeque<TokenId>,
+    candidates: Vec<(TokenId, f32)>,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Self {
+        Self {
+            rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
+            cfg,
+            recent: VecDeque::new(),
+            candidates: Vec::new(),
+        }
+    }
+
+    /// Record a token (prompt or generated) for the repetition penalty.
+    pub fn accept(&mut self, t: TokenId) {
+        if self.cfg.repeat_last_n == 0 {
+            return;
+        }
+        if self.recent.len() == self.cfg.repeat_last_n {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(t);
+    }
+
+    /// SplitMix64: a uniform f64 in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Pick the next token from `logits` (penalties are applied in place).
+    pub fn sample(&mut self, logits: &mut [f32]) -> TokenId {
+        if self.cfg.repeat_penalty != 1.0 {
+            for &t in &self.recent {
+                let l = &mut logits[t as usize];
+                *l = if *l > 0.0 {
+                    *l / self.cfg.repeat_penalty
+                } else {
+                    *l * self.cfg.repeat_penalty
+                };
+            }
+        }
+        if self.cfg.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as TokenId, l)));
+        let by_logit =
+            |a: &(TokenId, f32), b: &(TokenId, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if self.cfg.top_k > 0 && self.cfg.top_k < c.len() {
+            c.select_nth_unstable_by(self.cfg.top_k - 1, by_logit);
+            c.truncate(self.cfg.top_k);
+        }
+        c.sort_unstable_by(by_logit);
+        // top-p on the untempered distribution, as llama.cpp's default chain does.
+        let max = c[0].1;
+        let mut probs: Vec<f64> = c.iter().map(|&(_, l)| ((l - max) as f64).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        if self.cfg.top_p < 1.0 {
+            let mut cum = 0.0;
+            let mut keep = c.len();
+            for (i, p) in probs.iter().enumerate() {
+                cum += p / total;
+                if cum >= self.cfg.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            c.truncate(keep);
+            probs.truncate(keep);
+        }
+        let t = self.cfg.temperature as f64;
+        for (p, &(_, l)) in probs.iter_mut().zip(c.iter()) {
+            *p = ((l - max) as f64 / t).exp();
+        }
+        let total: f64 = probs.iter().sum();
+        let u = self.uniform();
+        let c = &self.candidates;
+        let mut r = u * total;
+        for (p, &(id, _)) in probs.iter().zip(c.iter()) {
+            if r < *p {
+                return id;
+            }
+            r -= p;
+        }
+        c[c.len() - 1].0
+    }
+}
+
+/// Index of the largest value (lowest index on ties).
+pub fn argmax(v: &[f32]) -> TokenId {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as TokenId
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_is_argmax_lowest_id_on_ties() {
+        let mut s = Sampler::new(SamplerConfig::greedy());
+        assert_eq!(s.sample(&mut [0.0, 3.0, 3.0, 1.0]), 1);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(SamplerConfig {
+            top_k: 1,
+            temperature: 5.0,
+            ..Default::default()
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut [0.0, 1.0, 2.5, 2.4]), 2);
+        }
+    }
+
+    #[test]
+    fn same_seed_same_draws_and_distribution_follows_probabilities() {
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let logits = [0.0f32, (3.0f32).ln()]; // p = 0.25, 0.75
+        let mut a = Sampler::new(cfg.clone());
+        let mut b = Sampler::new(cfg);
+        let mut ones = 0;
+        for _ in 0..4000 {
+            let x = a.sample(&mut logits.clone());
+            assert_eq!(x, b.sample(&mut logits.clone()));
+            ones += x as usize;
+        }
+        assert!((2850..3150).contains(&ones), "{ones}");
+    }
+
+    #[test]
+    fn top_p_cuts_the_tail() {
+        // p ~ [0.88, 0.12, ~0]: top_p 0.5 keeps only the first.
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            ..Default::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut [2.0, 0.0, -20.0]), 0);
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_demotes_recent_tokens() {
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            ..SamplerConfig::greedy()
+        });
+        s.accept(0);
+        assert_eq!(s.sample(&mut [3.0, 2.0]), 1); // 3/2 < 2
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            ..SamplerConfig::greedy()
+        });
+        s.accept(1);
+        assert_eq!(s.sample(&mut [-1.5, -1.0]), 0); // -1 * 2 < -1.5
+    }
+}

@@ -1,0 +1,195 @@
+//! The dense engine on the real model against llama.cpp (`testdata/golden/`, see its README for
+//! why the comparison is robust rather than bit-exact). Needs `cargo xtask fetch-model`.
+
+use pi2_model::Model;
+use pi2_sched::{Engine, EngineConfig, Logits};
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> Model {
+    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "test model missing at {}: run `cargo xtask fetch-model` first",
+        path.display()
+    );
+    Model::load(&path).expect("load test model")
+}
+
+fn golden(name: &str) -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(root().join("testdata/golden").join(name)).unwrap(),
+    )
+    .unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    pi2_sched::Sampler::new(pi2_sched::SamplerConfig::greedy()).sample(&mut v.to_vec())
+}
+
+fn engine(m: &Model) -> Engine<'_> {
+    Engine::new(
+        m,
+        &EngineConfig {
+            threads: 2,
+            n_ctx: 2048,
+            tier: None,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn last_logits_match_llama_cpp() {
+    let m = model();
+    let g = golden("logits.json");
+    for c in g["cases"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let prompt = ids(&c["prompt_ids"]);
+        let mut e = engine(&m);
+        let got = e.forward(&prompt, Logits::Last).unwrap().to_vec();
+        let bytes = std::fs::read(
+            root().join(format!("testdata/golden/logits_f32/logits_last_{name}.f32")),
+        )
+        .unwrap();
+        let want: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(want.len(), got.len());
+        let dot: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum();
+        let na: f64 = got.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = want.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+        let cosine = dot / (na * nb);
+        let top20: Vec<u32> = c["default"]["top20"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[0].as_u64().unwrap() as u32)
+            .collect();
+        let mut order: Vec<u32> = (0..got.len() as u32).collect();
+        order.sort_by(|&a, &b| got[b as usize].total_cmp(&got[a as usize]));
+        let overlap = order[..20].iter().filter(|i| top20.contains(i)).count();
+        eprintln!(
+            "{name}: cosine {cosine:.5}, top-20 overlap {overlap}, top1 {} vs {}",
+            order[0], top20[0]
+        );
+        assert_eq!(argmax(&got), top20[0], "{name}: top-1");
+        assert!(cosine >= 0.995, "{name}: cosine {cosine}");
+        assert!(overlap >= 18, "{name}: top-20 overlap {overlap}");
+    }
+}
+
+#[test]
+fn greedy_matches_llama_cpp() {
+    let m = model();
+    let g = golden("greedy.json");
+    for c in g["cases"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let prompt = ids(&c["prompt_ids"]);
+        let generated = ids(&c["generated_ids"]);
+        let steps = c["steps"].as_array().unwrap();
+        // The prompt ids themselves come from pi2's tokenizer + template.
+        let text = c["text"].as_str().unwrap();
+        assert_eq!(
+            m.tokenizer
+                .encode(text, false, c["parse_special"].as_bool().unwrap()),
+            prompt,
+            "{name}: prompt ids"
+        );
+
+        // Teacher-forced: one batch over prompt + generated[..-1], logits for every generated step.
+        let mut e = engine(&m);
+        let mut all = prompt.clone();
+        all.extend_from_slice(&generated[..generated.len() - 1]);
+        let n_vocab = m.config.n_vocab;
+        let logits = e
+            .forward(&all, Logits::From(prompt.len() - 1))
+            .unwrap()
+            .to_vec();
+        for (i, step) in steps.iter().enumerate() {
+            let row = &logits[i * n_vocab..(i + 1) * n_vocab];
+            let margin = step["margin"].as_f64().unwrap();
+            let chosen = step["id"].as_u64().unwrap() as usize;
+            let want_logit = step["logit"].as_f64().unwrap() as f32;
+            assert!(
+                (row[chosen] - want_logit).abs() <= 1.5,
+                "{name} step {i}: logit {} vs {want_logit}",
+                row[chosen]
+            );
+            if margin > 0.5 {
+                let a = argmax(row) as usize;
+                assert_eq!(
+                    a, chosen,
+                    "{name} step {i} (margin {margin:.2}): pi2 logits chosen {} vs argmax {a} {}",
+                    row[chosen], row[a]
+                );
+            }
+        }
+
+        // Free-running: equal up to the first step whose margin is below 0.5.
+        let mut e = engine(&m);
+        let mut next = argmax(e.forward(&prompt, Logits::Last).unwrap());
+        for (i, step) in steps.iter().enumerate() {
+            if step["margin"].as_f64().unwrap() < 0.5 {
+                eprintln!("{name}: free-running equal for {i} steps (step {i} has margin < 0.5)");
+                break;
+            }
+            assert_eq!(next, generated[i], "{name}: free-running step {i}");
+            next = argmax(e.forward(&[next], Logits::Last).unwrap());
+        }
+    }
+}
+
+/// llama-perplexity's running value after the first chunks of Genesis (c = 512). The full run
+/// (98 chunks, final 13.5221) is `pi2 perplexity`; CI checks a prefix to stay fast.
+#[test]
+fn perplexity_prefix_matches_llama_cpp() {
+    const CHUNKS: usize = 4;
+    let m = model();
+    let g = golden("perplexity.json");
+    let corpus = &g["corpora"][0];
+    let text = std::fs::read_to_string(root().join("testdata/corpus/kjv_genesis.txt")).unwrap();
+    let tokens = m.tokenizer.encode(&text, true, false);
+    assert_eq!(
+        tokens.len() as u64,
+        corpus["n_tokens"].as_u64().unwrap(),
+        "token count of the corpus"
+    );
+    let mut e = engine(&m);
+    let cfg = pi2_sched::PerplexityConfig {
+        n_ctx: 512,
+        n_batch: 512,
+        max_chunks: Some(CHUNKS),
+        bos: None,
+    };
+    let steps = pi2_sched::perplexity(&mut e, &tokens, &cfg, |_| {}).unwrap();
+    let running = corpus["running_ppl"].as_array().unwrap();
+    for s in &steps {
+        let want = running[s.chunk - 1].as_f64().unwrap();
+        eprintln!("chunk {}: ppl {:.4} (llama.cpp {want:.4})", s.chunk, s.ppl);
+        assert!(
+            (s.ppl - want).abs() <= 0.01 * want,
+            "chunk {}: {} vs {want}",
+            s.chunk,
+            s.ppl
+        );
+    }
+    assert_eq!(steps.len(), CHUNKS);
+}
