@@ -4,6 +4,7 @@
 //! - [`arch`]: llama-family hyper-parameters and the checked tensor directory.
 //! - [`tokenizer`]: GGUF vocabularies (byte-level BPE, SentencePiece-style).
 //! - [`chat`]: chat templates from `tokenizer.chat_template`.
+//! - [`synth`]: small generated models for tests.
 //!
 //! [`Model::load`] ties them together.
 
@@ -11,6 +12,7 @@ pub mod arch;
 pub mod chat;
 pub mod error;
 pub mod gguf;
+pub mod synth;
 pub mod tokenizer;
 pub mod writer;
 

@@ -1,0 +1,315 @@
+//! The `pi2` binary end to end: outputs on the real model, and one clear error line (exit code 1,
+//! no panic) for every kind of bad input. Needs `cargo xtask fetch-model`.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> PathBuf {
+    let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "test model missing at {}: run `cargo xtask fetch-model` first",
+        p.display()
+    );
+    p
+}
+
+fn pi2(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run pi2")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = pi2(args);
+    assert!(
+        out.status.success(),
+        "pi2 {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The command fails with exit code 1, and its stderr ends with exactly one `error:` line
+/// containing `needle` (progress lines may come before it).
+fn fails_with(args: &[&str], needle: &str) {
+    let out = pi2(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "pi2 {args:?}: {err}");
+    assert!(!err.contains("panicked"), "pi2 {args:?} panicked: {err}");
+    let errors: Vec<_> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "pi2 {args:?}: expected one error line, got {err}"
+    );
+    let last = err.lines().filter(|l| !l.trim().is_empty()).last().unwrap();
+    assert!(
+        last.starts_with("error: ") && last.contains(needle),
+        "pi2 {args:?}: {err}"
+    );
+}
+
+fn m() -> String {
+    model().display().to_string()
+}
+
+#[test]
+fn run_json_reports_ids_text_timings_and_memory() {
+    let out = ok(&[
+        "run",
+        "-m",
+        &m(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["prompt_ids"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
+    // llama.cpp's greedy ids, up to its first step with margin < 0.5 (testdata/golden/greedy.json)
+    let ids: Vec<u64> = v["generated_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(&ids[..5], &[7042, 30, 198, 198, 504]);
+    assert!(v["text"].as_str().unwrap().starts_with(" Paris."));
+    let t = &v["timings"];
+    assert_eq!(t["prompt_n"], 5);
+    assert_eq!(t["predicted_n"], 8);
+    for k in ["prompt_ms", "predicted_ms", "predicted_per_second"] {
+        assert!(t[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    let rss = v["peak_rss_bytes"].as_u64().unwrap();
+    assert!(rss > 50 << 20 && rss < 1 << 30, "peak RSS {rss}");
+}
+
+#[test]
+fn run_streams_text() {
+    let out = ok(&[
+        "run",
+        "-m",
+        &m(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+    ]);
+    assert!(
+        out.starts_with("The capital of France is Paris."),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn default_model_comes_from_the_models_folder() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(["tokenize", "Hello world"])
+        .env("PI2_MODELS_DIR", root().join("models"))
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[19556,905]");
+}
+
+#[test]
+fn tokenize_parses_special_tokens_unless_told_not_to() {
+    assert_eq!(
+        ok(&["tokenize", "-m", &m(), "<|im_start|>user"]).trim(),
+        "[1,4093]"
+    );
+    let plain: Vec<u32> = serde_json::from_str(&ok(&[
+        "tokenize",
+        "-m",
+        &m(),
+        "--no-parse-special",
+        "<|im_start|>user",
+    ]))
+    .unwrap();
+    assert!(plain.len() > 2 && !plain.contains(&1));
+}
+
+#[test]
+fn info_describes_the_model() {
+    let v: Value = serde_json::from_str(&ok(&["info", "-m", &m(), "--json"])).unwrap();
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["n_layer"], 30);
+    assert_eq!(v["n_embd"], 576);
+    assert_eq!(v["tensor_types"]["Q4_1"]["count"], 210);
+    assert!(
+        v["memory"]["total_bytes"].as_u64().unwrap()
+            > v["memory"]["weights_bytes"].as_u64().unwrap()
+    );
+    let text = ok(&["info", "-m", &m()]);
+    assert!(text.contains("architecture:  llama") && text.contains("memory needed"));
+}
+
+#[test]
+fn perplexity_prints_llama_style_output() {
+    let out = ok(&[
+        "perplexity",
+        "-m",
+        &m(),
+        "-f",
+        "testdata/corpus/kjv_genesis.txt",
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+    ]);
+    assert!(out.starts_with("[1]"), "{out}");
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("Final estimate: PPL = ") && last.contains(" +/- "),
+        "{last}"
+    );
+}
+
+#[test]
+fn chat_answers_and_exits() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(["chat", "-m", &m(), "--temp", "0", "-n", "12"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.trim().is_empty(), "no reply");
+    // One prompt per line read: two questions and the /exit.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).matches("> ").count(),
+        3
+    );
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn bad_input_gives_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(
+        &["info", "-m", "/nonexistent/model.gguf"],
+        "/nonexistent/model.gguf",
+    );
+    fails_with(&["info", "-m", &d.display().to_string()], "is a directory");
+    fails_with(
+        &[
+            "info",
+            "-m",
+            &root().join("README.md").display().to_string(),
+        ],
+        "not a GGUF file",
+    );
+    fails_with(
+        &["info", "-m", &write(d, "empty.gguf", b"")],
+        "not a GGUF file",
+    );
+
+    let real = std::fs::read(model()).unwrap();
+    for cut in [10usize, 5000, 2_000_000, real.len() - 100] {
+        fails_with(
+            &["run", "-m", &write(d, "cut.gguf", &real[..cut]), "-p", "x"],
+            "truncated",
+        );
+    }
+    let mut flipped = real.clone();
+    flipped[5] = 0x7f; // version
+    fails_with(
+        &["info", "-m", &write(d, "v.gguf", &flipped)],
+        "unsupported GGUF version",
+    );
+
+    let other = pi2_model::synth::build(&pi2_model::synth::SynthSpec {
+        arch: "mamba".into(),
+        ..Default::default()
+    });
+    fails_with(
+        &["info", "-m", &write(d, "mamba.gguf", &other.to_bytes())],
+        "unsupported architecture `mamba`",
+    );
+
+    let long = "word ".repeat(40);
+    fails_with(
+        &["run", "-m", &m(), "-c", "16", "-p", &long],
+        "longer than the context",
+    );
+    fails_with(
+        &["run", "-m", &m(), "--kernel-tier", "sse9", "-p", "x"],
+        "unknown kernel tier",
+    );
+    fails_with(&["run", "-m", &m(), "-t", "0", "-p", "x"], "--threads");
+    fails_with(
+        &["perplexity", "-m", &m(), "-f", "/nonexistent.txt"],
+        "/nonexistent.txt",
+    );
+    fails_with(
+        &[
+            "perplexity",
+            "-m",
+            &m(),
+            "-f",
+            &write(d, "short.txt", b"too short"),
+            "-c",
+            "512",
+        ],
+        "at least 1024 tokens",
+    );
+}
+
+#[test]
+fn fetch_never_overwrites_a_different_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        b"my own file",
+    );
+    fails_with(
+        &["fetch-model", "--dir", &dir.path().display().to_string()],
+        "--force",
+    );
+    assert_eq!(std::fs::read(&p).unwrap(), b"my own file");
+}

@@ -1,0 +1,298 @@
+//! Small deterministic GGUF models for tests: any supported architecture and weight type, random
+//! weights, and a byte-level BPE vocabulary (256 byte tokens, a few merges, ChatML control tokens).
+
+use crate::gguf::Value;
+use crate::writer::GgufWriter;
+use pi2_kernels::QuantType;
+
+/// Shape and types of a generated model.
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    /// `llama` or `qwen2` (anything else produces a file pi2 must refuse).
+    pub arch: String,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Type of the attention and FFN matrices.
+    pub weight_type: QuantType,
+    /// Type of the token embedding (also the output when `tied`).
+    pub embd_type: QuantType,
+    pub tied: bool,
+    pub seed: u64,
+}
+
+impl Default for SynthSpec {
+    fn default() -> Self {
+        Self {
+            arch: "llama".into(),
+            n_embd: 256,
+            n_layer: 2,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            weight_type: QuantType::F32,
+            embd_type: QuantType::F32,
+            tied: true,
+            seed: 1,
+        }
+    }
+}
+
+/// Deterministic SplitMix64 stream.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Random row-major weights of `rows x cols` in `ty`, values of magnitude about `scale`.
+pub fn random_tensor(
+    ty: QuantType,
+    rows: usize,
+    cols: usize,
+    scale: f32,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    use pi2_kernels::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
+    let row_bytes = ty
+        .row_bytes(cols)
+        .expect("cols must be a whole number of blocks");
+    let mut out = Vec::with_capacity(rows * row_bytes);
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for _ in 0..rows {
+        match ty {
+            QuantType::F32 => (0..cols)
+                .for_each(|_| out.extend_from_slice(&(rng.uniform() * scale).to_le_bytes())),
+            QuantType::F16 => {
+                (0..cols).for_each(|_| out.extend_from_slice(&f16(rng.uniform() * scale)))
+            }
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => {
+                for _ in 0..cols / 32 {
+                    let x: Vec<f32> = (0..32).map(|_| rng.uniform() * scale).collect();
+                    match ty {
+                        QuantType::Q4_0 => {
+                            out.extend_from_slice(bytemuck::bytes_of(&BlockQ4_0::quantize(&x)))
+                        }
+                        QuantType::Q4_1 => {
+                            out.extend_from_slice(bytemuck::bytes_of(&BlockQ4_1::quantize(&x)))
+                        }
+                        _ => out.extend_from_slice(bytemuck::bytes_of(&BlockQ8_0::quantize(&x))),
+                    }
+                }
+            }
+            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => {
+                // Random quants and sub-block scales, super-scales chosen so values are ~scale.
+                for _ in 0..cols / 256 {
+                    let mut b: Vec<u8> = (0..ty.block_bytes())
+                        .map(|_| rng.next_u64() as u8)
+                        .collect();
+                    match ty {
+                        QuantType::Q6_K => {
+                            // int8 scales in [-32, 32), q in [-32, 32): d * 32 * 32 ~ scale
+                            for s in &mut b[192..208] {
+                                *s = ((*s as i8) / 4) as u8;
+                            }
+                            b[208..].copy_from_slice(&f16(scale / 1024.0));
+                        }
+                        _ => {
+                            // w = d*sc*q - dmin*m with sc, m ~ U[0,63] and q ~ U[0,15] (Q4_K) or
+                            // U[0,31] (Q5_K): dmin = d * mean(q) makes the weights zero-mean, so
+                            // the generated model is as well-conditioned as the other types.
+                            let (d, mean_q) = if ty == QuantType::Q4_K {
+                                (scale / 250.0, 7.5)
+                            } else {
+                                (scale / 500.0, 15.5)
+                            };
+                            b[..2].copy_from_slice(&f16(d));
+                            b[2..4].copy_from_slice(&f16(d * mean_q));
+                        }
+                    }
+                    out.extend_from_slice(&b);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The vocabulary: 256 byte tokens, merges of a few common pairs, then the control tokens.
+pub fn vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
+    let mut map = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        map[b as usize] = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+    }
+    let mut tokens: Vec<String> = map.iter().map(|c| c.to_string()).collect();
+    let sp = map[b' ' as usize];
+    let pairs = [
+        ("t", "h"),
+        ("th", "e"),
+        (&*sp.to_string(), "the"),
+        ("i", "n"),
+        ("e", "r"),
+        ("a", "n"),
+        (&*sp.to_string(), "a"),
+    ];
+    let mut merges = Vec::new();
+    for (a, b) in pairs {
+        merges.push(format!("{a} {b}"));
+        tokens.push(format!("{a}{b}"));
+    }
+    let mut types = vec![1; tokens.len()];
+    for special in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+        tokens.push(special.to_string());
+        types.push(3);
+    }
+    (tokens, types, merges)
+}
+
+/// Build the GGUF image of a generated model.
+pub fn build(spec: &SynthSpec) -> GgufWriter {
+    let mut rng = Rng::new(spec.seed);
+    let (tokens, types, merges) = vocab();
+    let n_vocab = tokens.len();
+    let a = spec.arch.as_str();
+    let hd = spec.n_embd / spec.n_head;
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String(a.into()));
+    w.meta("general.name", Value::String(format!("synthetic {a}")));
+    w.meta(&format!("{a}.context_length"), Value::U32(512));
+    w.meta(
+        &format!("{a}.embedding_length"),
+        Value::U32(spec.n_embd as u32),
+    );
+    w.meta(&format!("{a}.block_count"), Value::U32(spec.n_layer as u32));
+    w.meta(
+        &format!("{a}.feed_forward_length"),
+        Value::U32(spec.n_ff as u32),
+    );
+    w.meta(
+        &format!("{a}.attention.head_count"),
+        Value::U32(spec.n_head as u32),
+    );
+    w.meta(
+        &format!("{a}.attention.head_count_kv"),
+        Value::U32(spec.n_head_kv as u32),
+    );
+    w.meta(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+    w.meta(
+        &format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
+    w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.meta("tokenizer.ggml.pre", Value::String("smollm".into()));
+    w.meta(
+        "tokenizer.ggml.tokens",
+        Value::Array(tokens.into_iter().map(Value::String).collect()),
+    );
+    w.meta(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    w.meta(
+        "tokenizer.ggml.merges",
+        Value::Array(merges.into_iter().map(Value::String).collect()),
+    );
+    w.meta(
+        "tokenizer.ggml.bos_token_id",
+        Value::U32(n_vocab as u32 - 3),
+    );
+    w.meta(
+        "tokenizer.ggml.eos_token_id",
+        Value::U32(n_vocab as u32 - 1),
+    );
+    w.meta("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    let f32s = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let t = |ty: QuantType| ty.ggml_id();
+    let (d, ff, kvd) = (
+        spec.n_embd as u64,
+        spec.n_ff as u64,
+        (spec.n_head_kv * hd) as u64,
+    );
+    w.tensor(
+        "token_embd.weight",
+        &[d, n_vocab as u64],
+        t(spec.embd_type),
+        random_tensor(spec.embd_type, n_vocab, spec.n_embd, 1.0, &mut rng),
+    );
+    w.tensor(
+        "output_norm.weight",
+        &[d],
+        0,
+        f32s((0..d).map(|_| 1.0 + 0.1 * rng.uniform()).collect()),
+    );
+    if !spec.tied {
+        w.tensor(
+            "output.weight",
+            &[d, n_vocab as u64],
+            t(spec.embd_type),
+            random_tensor(spec.embd_type, n_vocab, spec.n_embd, 0.2, &mut rng),
+        );
+    }
+    let ws = 1.0 / (spec.n_embd as f32).sqrt();
+    for i in 0..spec.n_layer {
+        let mut mat = |name: &str, rows: u64, cols: u64, scale: f32, w: &mut GgufWriter| {
+            let data = random_tensor(
+                spec.weight_type,
+                rows as usize,
+                cols as usize,
+                scale,
+                &mut rng,
+            );
+            w.tensor(
+                &format!("blk.{i}.{name}"),
+                &[cols, rows],
+                t(spec.weight_type),
+                data,
+            );
+        };
+        mat("attn_q.weight", d, d, ws * 2.0, &mut w);
+        mat("attn_k.weight", kvd, d, ws * 2.0, &mut w);
+        mat("attn_v.weight", kvd, d, ws, &mut w);
+        mat("attn_output.weight", d, d, ws, &mut w);
+        mat("ffn_gate.weight", ff, d, ws * 2.0, &mut w);
+        mat("ffn_up.weight", ff, d, ws * 2.0, &mut w);
+        mat("ffn_down.weight", d, ff, 1.0 / (ff as f32).sqrt(), &mut w);
+        let mut norm = |name: &str, w: &mut GgufWriter| {
+            let v: Vec<f32> = (0..d).map(|_| 1.0 + 0.2 * rng.uniform()).collect();
+            w.tensor(&format!("blk.{i}.{name}"), &[d], 0, f32s(v));
+        };
+        norm("attn_norm.weight", &mut w);
+        norm("ffn_norm.weight", &mut w);
+        if spec.arch == "qwen2" {
+            for (name, len) in [
+                ("attn_q.bias", d),
+                ("attn_k.bias", kvd),
+                ("attn_v.bias", kvd),
+            ] {
+                let v: Vec<f32> = (0..len).map(|_| 0.5 * rng.uniform()).collect();
+                w.tensor(&format!("blk.{i}.{name}"), &[len], 0, f32s(v));
+            }
+        }
+    }
+    w
+}

@@ -1,0 +1,289 @@
+//! Bad model files must give a clear error naming the problem, never a panic or a wrong answer.
+
+use pi2_model::synth::{build, Rng, SynthSpec};
+use pi2_model::writer::GgufWriter;
+use pi2_model::{GgufFile, Model, ModelError, Value};
+use std::path::PathBuf;
+
+fn small() -> Vec<u8> {
+    build(&SynthSpec {
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        ..Default::default()
+    })
+    .to_bytes()
+}
+
+fn load(bytes: &[u8]) -> Result<Model, ModelError> {
+    Model::from_file(GgufFile::from_bytes(bytes)?)
+}
+
+#[test]
+fn generated_model_loads() {
+    let m = load(&small()).unwrap();
+    assert_eq!(m.config.n_layer, 2);
+    assert!(m.weights.tied_output);
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = small();
+    let header_end = GgufFile::from_bytes(&bytes).unwrap().data_offset as usize;
+    let mut cuts: Vec<usize> = (0..64).collect();
+    cuts.extend((64..header_end).step_by(97));
+    cuts.extend([
+        header_end - 1,
+        header_end,
+        header_end + 1,
+        bytes.len() / 2,
+        bytes.len() - 1,
+    ]);
+    for cut in cuts {
+        let err = load(&bytes[..cut])
+            .err()
+            .unwrap_or_else(|| panic!("truncated at {cut} loaded"));
+        let msg = err.to_string();
+        assert!(!msg.is_empty() && !msg.contains('\n'), "cut {cut}: {msg:?}");
+        if cut >= 4 && cut > 24 {
+            assert!(
+                matches!(err, ModelError::Truncated { .. }),
+                "cut {cut}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn header_fields_are_checked() {
+    let bytes = small();
+    let mut b = bytes.clone();
+    b[0] = b'X';
+    assert!(matches!(load(&b), Err(ModelError::NotGguf(_))));
+    let mut b = bytes.clone();
+    b[4..8].copy_from_slice(&7u32.to_le_bytes());
+    assert!(matches!(load(&b), Err(ModelError::UnsupportedVersion(7))));
+    let mut b = bytes.clone();
+    b[8..16].copy_from_slice(&u64::MAX.to_le_bytes()); // tensor count
+    assert!(matches!(
+        load(&b),
+        Err(ModelError::LimitExceeded {
+            what: "tensor count",
+            ..
+        })
+    ));
+    let mut b = bytes.clone();
+    b[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes()); // metadata count
+    assert!(matches!(
+        load(&b),
+        Err(ModelError::LimitExceeded {
+            what: "metadata count",
+            ..
+        })
+    ));
+    let mut b = bytes;
+    b[24..32].copy_from_slice(&(1u64 << 60).to_le_bytes()); // first key's length
+    assert!(matches!(
+        load(&b),
+        Err(ModelError::LimitExceeded {
+            what: "string length",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn random_byte_flips_never_panic() {
+    let bytes = small();
+    let header_end = GgufFile::from_bytes(&bytes).unwrap().data_offset as usize;
+    let mut rng = Rng::new(99);
+    for _ in 0..400 {
+        let mut b = bytes.clone();
+        for _ in 0..1 + rng.next_u64() % 4 {
+            let i = (rng.next_u64() as usize) % header_end;
+            b[i] ^= 1 << (rng.next_u64() % 8);
+        }
+        // Either a clean error or a model that passed every check; never a panic.
+        if let Err(e) = load(&b) {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+}
+
+/// A model whose tensor list is edited by `f` before writing.
+fn edited(f: impl Fn(&mut GgufWriter)) -> Vec<u8> {
+    let mut w = build(&SynthSpec {
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        ..Default::default()
+    });
+    f(&mut w);
+    w.to_bytes()
+}
+
+#[test]
+fn tensor_outside_the_file() {
+    let bytes = small();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    // Point the last tensor's offset past the end: find its info record by name.
+    let last = f.tensors.last().unwrap();
+    let name = last.name.as_bytes();
+    let pos = bytes.windows(name.len()).position(|w| w == name).unwrap();
+    let off_pos = pos + name.len() + 4 + 8 * last.dims.len() + 4;
+    let mut b = bytes.clone();
+    b[off_pos..off_pos + 8]
+        .copy_from_slice(&(bytes.len() as u64).next_multiple_of(32).to_le_bytes());
+    let err = load(&b).unwrap_err();
+    assert!(matches!(err, ModelError::Truncated { .. }), "{err}");
+    assert!(err.to_string().contains(&last.name), "{err}");
+}
+
+#[test]
+fn unknown_and_unsupported_types() {
+    let b = edited(|w| {
+        w.tensor("extra.weight", &[32], 99, vec![0; 64]);
+    });
+    let err = load(&b).unwrap_err();
+    assert!(err.to_string().contains("unknown type id 99"), "{err}");
+
+    // Q5_0 (a real GGML type pi2 does not compute with) on a tensor the engine needs.
+    let mut w = build(&SynthSpec {
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        tied: false,
+        ..Default::default()
+    });
+    let mut replaced = GgufWriter::new();
+    let bytes = w.to_bytes();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    for (k, v) in &f.metadata {
+        replaced.meta(k, v.clone());
+    }
+    for t in &f.tensors {
+        let data = f.tensor_data(t).to_vec();
+        if t.name == "output.weight" {
+            let blocks = t.n_elements() as usize / 32;
+            replaced.tensor(&t.name, &t.dims, 6, vec![0; blocks * 22]);
+        } else {
+            replaced.tensor(&t.name, &t.dims, t.ggml_type, data);
+        }
+    }
+    w = replaced;
+    let err = load(&w.to_bytes()).unwrap_err();
+    assert!(
+        matches!(err, ModelError::UnsupportedTensorType { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("Q5_0") && err.to_string().contains("output.weight"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_architecture_and_missing_pieces() {
+    let b = build(&SynthSpec {
+        arch: "mamba".into(),
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        ..Default::default()
+    })
+    .to_bytes();
+    let err = load(&b).unwrap_err();
+    assert!(
+        matches!(err, ModelError::UnsupportedArch(ref a) if a == "mamba"),
+        "{err}"
+    );
+
+    // Wrong shape: an extra layer's worth of metadata makes blk.2 missing.
+    let b = edited(|w| {
+        w.meta("llama.block_count", Value::U32(3));
+    });
+    let err = load(&b).unwrap_err();
+    assert!(
+        matches!(err, ModelError::MissingTensor(ref t) if t == "blk.2.attn_norm.weight"),
+        "{err}"
+    );
+    let b = build(&SynthSpec {
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        ..Default::default()
+    });
+    let bytes = b.to_bytes();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &f.metadata {
+        let v = if k == "llama.feed_forward_length" {
+            Value::U32(96)
+        } else {
+            v.clone()
+        };
+        w.meta(k, v);
+    }
+    for t in &f.tensors {
+        w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
+    }
+    let err = load(&w.to_bytes()).unwrap_err();
+    assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+    assert!(err.to_string().contains("ffn_gate"), "{err}");
+}
+
+#[test]
+fn duplicate_keys_and_bad_alignment() {
+    let b = edited(|w| {
+        w.meta("general.name", Value::String("twice".into()));
+    });
+    assert!(load(&b)
+        .unwrap_err()
+        .to_string()
+        .contains("duplicate metadata key"));
+    let mut w = GgufWriter::new();
+    w.meta("general.alignment", Value::U32(3));
+    assert!(GgufFile::from_bytes(&w.to_bytes())
+        .unwrap_err()
+        .to_string()
+        .contains("power of two"));
+}
+
+#[test]
+fn real_model_truncated_and_flipped() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "test model missing at {}: run `cargo xtask fetch-model` first",
+        path.display()
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let header_end = GgufFile::from_bytes(&bytes).unwrap().data_offset as usize;
+    for cut in [
+        0,
+        3,
+        4,
+        8,
+        20,
+        1000,
+        100_000,
+        header_end - 1,
+        header_end + 4096,
+        bytes.len() / 2,
+        bytes.len() - 1,
+    ] {
+        let err = load(&bytes[..cut])
+            .err()
+            .unwrap_or_else(|| panic!("cut {cut} loaded"));
+        assert!(!err.to_string().contains('\n'));
+    }
+    let mut b = bytes.clone();
+    b[4] = 1; // version 1
+    assert!(matches!(load(&b), Err(ModelError::UnsupportedVersion(1))));
+}

@@ -1,0 +1,219 @@
+//! The engine against a naive f64 forward pass written from the architecture definitions, on
+//! generated llama and qwen2 models, for every weight type, in one batch and token by token.
+
+use pi2_kernels::QuantType;
+use pi2_model::synth::{build, SynthSpec};
+use pi2_model::{GgufFile, Model, RopeKind};
+use pi2_sched::{Engine, EngineConfig, Logits};
+
+fn dequant(m: &Model, v: &pi2_model::TensorView) -> Vec<Vec<f64>> {
+    let mat = v.mat(&m.file);
+    (0..mat.rows)
+        .map(|r| {
+            let mut row = vec![0.0f32; mat.cols];
+            mat.dequantize_row(r, &mut row);
+            row.into_iter().map(f64::from).collect()
+        })
+        .collect()
+}
+
+fn matvec(w: &[Vec<f64>], x: &[f64]) -> Vec<f64> {
+    w.iter()
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn rms(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    x.iter()
+        .zip(w)
+        .map(|(v, &g)| v / (ms + eps).sqrt() * g as f64)
+        .collect()
+}
+
+/// Logits of every position of `tokens`, computed directly from the definitions.
+fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let c = &m.config;
+    let f = &m.file;
+    let (hd, group) = (c.head_dim, c.n_head / c.n_head_kv);
+    let embd = dequant(m, &m.weights.token_embd);
+    let mut xs: Vec<Vec<f64>> = tokens.iter().map(|&t| embd[t as usize].clone()).collect();
+    for l in &m.weights.layers {
+        let (wq, wk, wv, wo) = (
+            dequant(m, &l.wq),
+            dequant(m, &l.wk),
+            dequant(m, &l.wv),
+            dequant(m, &l.wo),
+        );
+        let (wg, wu, wd) = (dequant(m, &l.gate), dequant(m, &l.up), dequant(m, &l.down));
+        let bias = |b: &Option<pi2_model::TensorView>, v: Vec<f64>| match b {
+            Some(b) => v
+                .iter()
+                .zip(b.f32s(f))
+                .map(|(a, &b)| a + b as f64)
+                .collect(),
+            None => v,
+        };
+        let rope = |v: &mut [f64], pos: usize| {
+            for h in v.chunks_mut(hd) {
+                for i in 0..c.n_rot / 2 {
+                    let theta =
+                        pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / c.n_rot as f64);
+                    let (a, b) = match c.rope_kind {
+                        RopeKind::Norm => (2 * i, 2 * i + 1),
+                        RopeKind::Neox => (i, i + c.n_rot / 2),
+                    };
+                    let (x0, x1) = (h[a], h[b]);
+                    h[a] = x0 * theta.cos() - x1 * theta.sin();
+                    h[b] = x0 * theta.sin() + x1 * theta.cos();
+                }
+            }
+        };
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let xn = rms(x, l.attn_norm.f32s(f), c.rms_eps as f64);
+            let mut q = bias(&l.bq, matvec(&wq, &xn));
+            let mut k = bias(&l.bk, matvec(&wk, &xn));
+            rope(&mut q, pos);
+            rope(&mut k, pos);
+            qs.push(q);
+            ks.push(k);
+            vs.push(bias(&l.bv, matvec(&wv, &xn)));
+        }
+        for (t, x) in xs.iter_mut().enumerate() {
+            let mut att = vec![0.0; c.q_dim()];
+            for h in 0..c.n_head {
+                let kh = h / group;
+                let scores: Vec<f64> = (0..=t)
+                    .map(|p| {
+                        (0..hd)
+                            .map(|i| qs[t][h * hd + i] * ks[p][kh * hd + i])
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (p, w) in e.iter().enumerate() {
+                    for i in 0..hd {
+                        att[h * hd + i] += w / sum * vs[p][kh * hd + i];
+                    }
+                }
+            }
+            let o = matvec(&wo, &att);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let xn = rms(x, l.ffn_norm.f32s(f), c.rms_eps as f64);
+            let (g, u) = (matvec(&wg, &xn), matvec(&wu, &xn));
+            let h: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let y = matvec(&wd, &h);
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        }
+    }
+    let out = dequant(m, &m.weights.output);
+    xs.iter()
+        .map(|x| {
+            matvec(
+                &out,
+                &rms(x, m.weights.output_norm.f32s(f), c.rms_eps as f64),
+            )
+        })
+        .collect()
+}
+
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * y).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn check(spec: SynthSpec, min_cosine: f64) {
+    let bytes = build(&spec).to_bytes();
+    let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
+    let tokens: Vec<u32> = (0..12)
+        .map(|i| (i * 37 + 5) % m.config.n_vocab as u32)
+        .collect();
+    let want = reference(&m, &tokens);
+    let n_vocab = m.config.n_vocab;
+    for threads in [1, 2] {
+        let mut e = Engine::new(
+            &m,
+            &EngineConfig {
+                threads,
+                n_ctx: 64,
+                tier: None,
+            },
+        )
+        .unwrap();
+        let batch = e.forward(&tokens, Logits::From(0)).unwrap().to_vec();
+        let mut e2 = Engine::new(
+            &m,
+            &EngineConfig {
+                threads,
+                n_ctx: 64,
+                tier: None,
+            },
+        )
+        .unwrap();
+        for (t, w) in want.iter().enumerate() {
+            let step = e2
+                .forward(&tokens[t..t + 1], Logits::Last)
+                .unwrap()
+                .to_vec();
+            let row = &batch[t * n_vocab..(t + 1) * n_vocab];
+            let (cb, cs) = (cosine(row, w), cosine(&step, w));
+            assert!(
+                cb >= min_cosine && cs >= min_cosine,
+                "{} {:?} pos {t}: batch {cb:.6}, step {cs:.6}",
+                spec.arch,
+                spec.weight_type
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_f32_matches_reference() {
+    check(SynthSpec::default(), 0.9999);
+}
+
+#[test]
+fn qwen2_f32_matches_reference() {
+    check(
+        SynthSpec {
+            arch: "qwen2".into(),
+            tied: false,
+            ..Default::default()
+        },
+        0.9999,
+    );
+}
+
+#[test]
+fn every_weight_type_matches_reference() {
+    for ty in QuantType::ALL {
+        // Quantized weights also quantize the activations (int8 dot products): looser bound.
+        let bound = if matches!(ty, QuantType::F32 | QuantType::F16) {
+            0.9999
+        } else {
+            0.998
+        };
+        check(
+            SynthSpec {
+                weight_type: ty,
+                embd_type: QuantType::Q8_0,
+                tied: false,
+                seed: ty.ggml_id() as u64,
+                ..Default::default()
+            },
+            bound,
+        );
+    }
+}
