@@ -29,6 +29,17 @@ impl GgufWriter {
         self
     }
 
+    /// Set `key`, replacing an earlier value of the same key (`meta` appends, even duplicates).
+    pub fn set_meta(&mut self, key: &str, value: Value) -> &mut Self {
+        match self.metadata.iter().position(|(k, _)| k == key) {
+            Some(i) => self.metadata[i].1 = value,
+            None => {
+                self.meta(key, value);
+            }
+        }
+        self
+    }
+
     /// Add a tensor with GGML dims (`dims[0]` contiguous), type id and raw data.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> &mut Self {
         self.tensors
