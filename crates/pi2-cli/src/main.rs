@@ -27,9 +27,9 @@ pub struct ModelArgs {
     /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use)
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Compute threads (default: all cores)
-    #[arg(short = 't', long = "threads")]
-    pub threads: Option<usize>,
+    /// Compute threads (default: all cores); `pi2 bench` takes a comma-separated list
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    pub threads: Vec<usize>,
     /// Context size in tokens (0 = the model's training context)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
@@ -73,6 +73,8 @@ enum Command {
     Perplexity(cmd::perplexity::PerplexityArgs),
     /// Architecture, sizes, tensor types and memory needed
     Info(cmd::info::InfoArgs),
+    /// llama-bench style throughput table (ppN prompt processing, tgN generation)
+    Bench(cmd::bench::BenchArgs),
     /// Download the default model into the models folder and verify it
     FetchModel(cmd::FetchArgs),
 }
@@ -85,6 +87,7 @@ fn main() {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Info(a) => cmd::info::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {

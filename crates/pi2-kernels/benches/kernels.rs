@@ -73,5 +73,57 @@ fn bench_matvec(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_matvec);
+/// Plain read bandwidth over a buffer larger than the last-level cache: the ceiling for
+/// memory-bound matvec.
+fn bench_memory(c: &mut Criterion) {
+    let buf: Vec<u64> = (0..(96usize << 20) / 8).map(|i| i as u64).collect();
+    let mut g = c.benchmark_group("memory");
+    g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
+    g.sample_size(10);
+    g.bench_function("read_96MiB", |b| {
+        b.iter(|| {
+            let mut s = [0u64; 8];
+            for ch in buf.chunks_exact(8) {
+                for i in 0..8 {
+                    s[i] = s[i].wrapping_add(ch[i]);
+                }
+            }
+            s.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+        })
+    });
+    g.finish();
+}
+
+/// Matvec over a matrix larger than the last-level cache (memory-bound, the decode regime).
+fn bench_matvec_large(c: &mut Criterion) {
+    let (rows, cols) = (65536, 1024);
+    let mut g = c.benchmark_group("matvec_65536x1024");
+    g.sample_size(10);
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        let bytes = matrix_bytes(ty, rows, cols);
+        let w = MatRef::new(ty, rows, cols, &bytes).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.01).sin()).collect();
+        let mut acts = ActBuf::new();
+        acts.quantize(ty.act_kind(), &x, cols);
+        let mut out = vec![0.0; rows];
+        g.throughput(Throughput::Bytes(bytes.len() as u64));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else {
+                continue;
+            };
+            g.bench_with_input(
+                BenchmarkId::new(format!("{ty}"), tier.name()),
+                &ks,
+                |b, ks| b.iter(|| pool.install(|| matmul(ks, &w, &acts, &mut out))),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_memory, bench_matvec_large, bench_matvec);
 criterion_main!(benches);

@@ -14,5 +14,5 @@ mod types;
 mod ops;
 
 pub use ops::{dot_row, matmul, ActBuf, ActRow, MatRef};
-pub use simd::{KernelSet, Tier};
+pub use simd::{KernelSet, RowKernels, Tier};
 pub use types::{ActKind, KernelError, QuantType};

@@ -1,6 +1,7 @@
 //! Matrix views, activation buffers and the row-parallel matmul built on a [`KernelSet`].
 
-use crate::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
+use crate::quant::{self, BlockQ8, BlockQ8K, QuantBlock, QK, QK_K};
+use crate::simd::RowKernels;
 use crate::{ActKind, KernelError, KernelSet, QuantType};
 use rayon::prelude::*;
 
@@ -151,6 +152,22 @@ impl ActBuf {
         self.n == 0
     }
 
+    fn q8_len(&self) -> usize {
+        if self.kind == ActKind::Q8 {
+            self.n * self.cols / QK
+        } else {
+            0
+        }
+    }
+
+    fn q8k_len(&self) -> usize {
+        if self.kind == ActKind::Q8K {
+            self.n * self.cols / QK_K
+        } else {
+            0
+        }
+    }
+
     /// Token `t`'s activations.
     #[inline]
     pub fn row(&self, t: usize) -> ActRow<'_> {
@@ -177,12 +194,12 @@ pub fn dot_row(ks: &KernelSet, ty: QuantType, row: &[u8], act: ActRow<'_>) -> f3
     match (ty, act) {
         (QuantType::F32, ActRow::F32(x)) => (ks.f32)(c(row), x),
         (QuantType::F16, ActRow::F32(x)) => (ks.f16)(c(row), x),
-        (QuantType::Q4_0, ActRow::Q8(x)) => (ks.q4_0)(c(row), x),
-        (QuantType::Q4_1, ActRow::Q8(x)) => (ks.q4_1)(c(row), x),
-        (QuantType::Q8_0, ActRow::Q8(x)) => (ks.q8_0)(c(row), x),
-        (QuantType::Q4_K, ActRow::Q8K(x)) => (ks.q4_k)(c(row), x),
-        (QuantType::Q5_K, ActRow::Q8K(x)) => (ks.q5_k)(c(row), x),
-        (QuantType::Q6_K, ActRow::Q8K(x)) => (ks.q6_k)(c(row), x),
+        (QuantType::Q4_0, ActRow::Q8(x)) => (ks.q4_0.dot)(c(row), x),
+        (QuantType::Q4_1, ActRow::Q8(x)) => (ks.q4_1.dot)(c(row), x),
+        (QuantType::Q8_0, ActRow::Q8(x)) => (ks.q8_0.dot)(c(row), x),
+        (QuantType::Q4_K, ActRow::Q8K(x)) => (ks.q4_k.dot)(c(row), x),
+        (QuantType::Q5_K, ActRow::Q8K(x)) => (ks.q5_k.dot)(c(row), x),
+        (QuantType::Q6_K, ActRow::Q8K(x)) => (ks.q6_k.dot)(c(row), x),
         (ty, act) => panic!("dot_row: {ty} weights cannot take {act:?} activations"),
     }
 }
@@ -193,6 +210,66 @@ struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint (row, token) elements; the borrow of `out` outlives the scope.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
+
+/// Rows per task: enough tasks to balance the pool, each a multiple of 8 rows.
+fn chunk_rows(rows: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    rows.div_ceil(threads * 4).next_multiple_of(8).max(8)
+}
+
+/// `out[t * rows + r] = kernel(rows r..r+R, token t)` over row ranges in parallel.
+/// `compute(r0, r1, write)` computes rows `r0..r1` for every token and calls `write(t, r, v)`.
+fn par_rows(
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
+    compute: impl Fn(usize, usize, &mut dyn FnMut(usize, usize, f32)) + Sync,
+) {
+    assert_eq!(out.len(), n * rows, "matmul: output size");
+    let ptr = OutPtr(out.as_mut_ptr());
+    let chunk = chunk_rows(rows);
+    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
+        let ptr = ptr;
+        let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
+        compute(r0, r1, &mut |t, r, v| {
+            debug_assert!(t < n && r0 <= r && r < r1);
+            // SAFETY: (t, r) lies in this task's row range, written once; t < n, r < rows.
+            unsafe { *ptr.0.add(t * rows + r) = v };
+        });
+    });
+}
+
+/// Block-format matmul: groups of four rows share each activation load; the group's weights stay
+/// in L1 while every token passes over them.
+fn matmul_blocks<B: QuantBlock>(
+    k: &RowKernels<B>,
+    w: &MatRef<'_>,
+    x: &[B::Act],
+    n: usize,
+    out: &mut [f32],
+) {
+    let bpr = w.cols / B::LEN;
+    let blocks: &[B] = bytemuck::cast_slice(w.data);
+    let row = |r: usize| &blocks[r * bpr..(r + 1) * bpr];
+    par_rows(w.rows, n, out, |r0, r1, write| {
+        let mut r = r0;
+        while r + 4 <= r1 {
+            let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+            for t in 0..n {
+                let v = (k.dot4)(rs, &x[t * bpr..(t + 1) * bpr]);
+                for (i, v) in v.into_iter().enumerate() {
+                    write(t, r + i, v);
+                }
+            }
+            r += 4;
+        }
+        for r in r..r1 {
+            for t in 0..n {
+                write(t, r, (k.dot)(row(r), &x[t * bpr..(t + 1) * bpr]));
+            }
+        }
+    });
+}
 
 /// `out[t * w.rows + r] = dot(w.row(r), acts.row(t))` for every token `t` and row `r`,
 /// split by row ranges over the current rayon pool.
@@ -206,33 +283,22 @@ pub fn matmul(ks: &KernelSet, w: &MatRef<'_>, acts: &ActBuf, out: &mut [f32]) {
         "matmul: activation kind mismatch"
     );
     assert_eq!(acts.cols, w.cols, "matmul: width mismatch");
-    assert_eq!(out.len(), n * w.rows, "matmul: output size");
-    let threads = rayon::current_num_threads().max(1);
-    // Enough tasks to balance, each a multiple of 8 rows.
-    let chunk = (w.rows.div_ceil(threads * 4)).next_multiple_of(8).max(8);
-    if n == 1 {
-        out.par_chunks_mut(chunk).enumerate().for_each(|(ci, o)| {
-            let act = acts.row(0);
-            for (i, y) in o.iter_mut().enumerate() {
-                *y = dot_row(ks, w.ty, w.row(ci * chunk + i), act);
+    let (q8, q8k) = (&acts.q8[..acts.q8_len()], &acts.q8k[..acts.q8k_len()]);
+    match w.ty {
+        QuantType::Q4_0 => matmul_blocks(&ks.q4_0, w, q8, n, out),
+        QuantType::Q4_1 => matmul_blocks(&ks.q4_1, w, q8, n, out),
+        QuantType::Q8_0 => matmul_blocks(&ks.q8_0, w, q8, n, out),
+        QuantType::Q4_K => matmul_blocks(&ks.q4_k, w, q8k, n, out),
+        QuantType::Q5_K => matmul_blocks(&ks.q5_k, w, q8k, n, out),
+        QuantType::Q6_K => matmul_blocks(&ks.q6_k, w, q8k, n, out),
+        QuantType::F32 | QuantType::F16 => par_rows(w.rows, n, out, |r0, r1, write| {
+            for r in r0..r1 {
+                for t in 0..n {
+                    write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
+                }
             }
-        });
-        return;
+        }),
     }
-    let ptr = OutPtr(out.as_mut_ptr());
-    let rows = w.rows;
-    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-        let ptr = ptr;
-        let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
-        for r in r0..r1 {
-            let row = w.row(r);
-            for t in 0..n {
-                let v = dot_row(ks, w.ty, row, acts.row(t));
-                // SAFETY: (t, r) is written by exactly this task; t < n, r < rows.
-                unsafe { *ptr.0.add(t * rows + r) = v };
-            }
-        }
-    });
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! One module per subcommand, plus what they share: loading a model and building an engine.
 
+pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod perplexity;
@@ -60,10 +61,11 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
             Some(t)
         }
     };
-    let threads = match a.threads {
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(t) => t,
-        None => EngineConfig::default().threads,
+    let threads = match a.threads[..] {
+        [] => EngineConfig::default().threads,
+        [0] => bail!("--threads must be at least 1"),
+        [t] => t,
+        _ => bail!("--threads takes one number here (lists are for `pi2 bench`)"),
     };
     Ok(EngineConfig {
         threads,

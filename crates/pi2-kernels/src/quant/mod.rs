@@ -30,11 +30,11 @@ pub const QK_K: usize = 256;
 pub const K_SCALE_SIZE: usize = 12;
 
 /// A weight block type: how to expand it and which activation block its dot product consumes.
-pub trait QuantBlock: bytemuck::Pod {
+pub trait QuantBlock: bytemuck::Pod + Sync {
     /// Elements per block.
     const LEN: usize;
     /// The quantized activation block the integer dot product pairs with.
-    type Act: bytemuck::Pod;
+    type Act: bytemuck::Pod + Sync;
     /// Expand one block into `Self::LEN` floats.
     fn dequantize(&self, out: &mut [f32]);
     /// Scalar reference dot product of a row of blocks with the matching activation blocks.

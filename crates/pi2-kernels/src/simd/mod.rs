@@ -2,8 +2,7 @@
 //! set tier, chosen once from the detected CPU features (or forced lower by the caller).
 
 use crate::quant::{
-    self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K, BlockQ8_0,
-    QuantBlock,
+    self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0, QuantBlock,
 };
 use std::sync::OnceLock;
 
@@ -62,6 +61,36 @@ impl Tier {
     }
 }
 
+/// The dot products of one weight block type `B` against its activation blocks.
+pub struct RowKernels<B: QuantBlock> {
+    /// One row.
+    pub dot: fn(&[B], &[B::Act]) -> f32,
+    /// Four rows against the same activations (independent accumulators, one activation load).
+    pub dot4: fn([&[B]; 4], &[B::Act]) -> [f32; 4],
+}
+
+impl<B: QuantBlock> Clone for RowKernels<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: QuantBlock> Copy for RowKernels<B> {}
+impl<B: QuantBlock> std::fmt::Debug for RowKernels<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RowKernels")
+    }
+}
+
+impl<B: QuantBlock> RowKernels<B> {
+    /// The scalar reference: `dot4` is four `dot`s.
+    pub fn reference() -> Self {
+        Self {
+            dot: B::vec_dot_ref,
+            dot4: |w, x| w.map(|r| B::vec_dot_ref(r, x)),
+        }
+    }
+}
+
 /// Row dot products for one tier. Every entry computes the same value as the scalar reference up
 /// to float summation order.
 #[derive(Clone, Copy, Debug)]
@@ -71,12 +100,12 @@ pub struct KernelSet {
     pub f16: fn(&[u16], &[f32]) -> f32,
     /// `y += a * x` with f16 `x` (attention over an f16 value cache).
     pub axpy_f16: fn(f32, &[u16], &mut [f32]),
-    pub q4_0: fn(&[BlockQ4_0], &[BlockQ8]) -> f32,
-    pub q4_1: fn(&[BlockQ4_1], &[BlockQ8]) -> f32,
-    pub q8_0: fn(&[BlockQ8_0], &[BlockQ8]) -> f32,
-    pub q4_k: fn(&[BlockQ4K], &[BlockQ8K]) -> f32,
-    pub q5_k: fn(&[BlockQ5K], &[BlockQ8K]) -> f32,
-    pub q6_k: fn(&[BlockQ6K], &[BlockQ8K]) -> f32,
+    pub q4_0: RowKernels<BlockQ4_0>,
+    pub q4_1: RowKernels<BlockQ4_1>,
+    pub q8_0: RowKernels<BlockQ8_0>,
+    pub q4_k: RowKernels<BlockQ4K>,
+    pub q5_k: RowKernels<BlockQ5K>,
+    pub q6_k: RowKernels<BlockQ6K>,
 }
 
 static BEST: OnceLock<KernelSet> = OnceLock::new();
@@ -89,12 +118,12 @@ impl KernelSet {
             f32: quant::f32::vec_dot_ref,
             f16: quant::f16::vec_dot_ref,
             axpy_f16: quant::f16::axpy_ref,
-            q4_0: BlockQ4_0::vec_dot_ref,
-            q4_1: BlockQ4_1::vec_dot_ref,
-            q8_0: BlockQ8_0::vec_dot_ref,
-            q4_k: BlockQ4K::vec_dot_ref,
-            q5_k: BlockQ5K::vec_dot_ref,
-            q6_k: BlockQ6K::vec_dot_ref,
+            q4_0: RowKernels::reference(),
+            q4_1: RowKernels::reference(),
+            q8_0: RowKernels::reference(),
+            q4_k: RowKernels::reference(),
+            q5_k: RowKernels::reference(),
+            q6_k: RowKernels::reference(),
         }
     }
 

@@ -1,0 +1,207 @@
+//! `pi2 bench`: llama-bench style prompt-processing (ppN) and text-generation (tgN) throughput.
+//! Each test runs once to warm up, then `-r` timed repetitions from an empty context.
+
+use super::{engine_config, load_model};
+use crate::ModelArgs;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use pi2_model::Model;
+use pi2_sched::{Engine, Logits};
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Format {
+    Md,
+    Json,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt lengths to test (comma separated; 0 skips)
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma separated; 0 skips)
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Repetitions per test
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
+    pub output: Format,
+}
+
+/// One table row.
+#[derive(Serialize)]
+struct Row {
+    model: String,
+    size_bytes: u64,
+    params: u64,
+    backend: String,
+    threads: usize,
+    test: String,
+    n_prompt: usize,
+    n_gen: usize,
+    avg_ts: f64,
+    stddev_ts: f64,
+    samples_ts: Vec<f64>,
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Deterministic pseudo-random prompt tokens (llama-bench uses random tokens too).
+fn tokens(model: &Model, n: usize) -> Vec<u32> {
+    let v = model.config.n_vocab as u64;
+    (0..n as u64)
+        .map(|i| ((i * 2654435761 + 12345) % v) as u32)
+        .collect()
+}
+
+fn time_prompt(e: &mut Engine<'_>, toks: &[u32]) -> Result<f64> {
+    e.truncate(0);
+    let t = Instant::now();
+    e.forward(toks, Logits::Last)?;
+    Ok(toks.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+fn time_gen(e: &mut Engine<'_>, toks: &[u32], n: usize) -> Result<f64> {
+    e.truncate(0);
+    let t = Instant::now();
+    for &tok in toks.iter().cycle().take(n) {
+        e.forward(&[tok], Logits::Last)?;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.reps == 0 {
+        bail!("-r/--repetitions must be at least 1");
+    }
+    let model = load_model(&a.model)?;
+    // engine_config checks one thread count; bench sweeps the whole list.
+    let threads = if a.model.threads.is_empty() {
+        vec![pi2_sched::EngineConfig::default().threads]
+    } else {
+        a.model.threads.clone()
+    };
+    let base = engine_config(&ModelArgs {
+        threads: vec![threads[0].max(1)],
+        ..a.model.clone()
+    })?;
+    let main_type = {
+        let mut counts = std::collections::HashMap::<&str, u64>::new();
+        for t in &model.file.tensors {
+            *counts.entry(t.type_name()).or_default() += t.size;
+        }
+        counts
+            .into_iter()
+            .max_by_key(|&(_, b)| b)
+            .map(|(t, _)| t)
+            .unwrap_or("?")
+    };
+    let name = format!(
+        "{} {:.0}M {main_type}",
+        model.config.arch.name(),
+        model.n_params() as f64 / 1e6
+    );
+    let mut rows = Vec::new();
+    for &t in &threads {
+        if t == 0 {
+            bail!("thread counts must be at least 1");
+        }
+        let mut cfg = base.clone();
+        cfg.threads = t;
+        let max_len = a
+            .n_prompt
+            .iter()
+            .chain(&a.n_gen)
+            .copied()
+            .max()
+            .unwrap_or(0);
+        cfg.n_ctx = cfg.n_ctx.max(max_len + 1);
+        let mut e = Engine::new(&model, &cfg)?;
+        let backend = format!("CPU ({})", e.tier().name());
+        let tests = a
+            .n_prompt
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| (n, 0))
+            .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
+        for (np, ng) in tests {
+            let toks = tokens(&model, np.max(ng));
+            let run = |e: &mut Engine<'_>| {
+                if np > 0 {
+                    time_prompt(e, &toks)
+                } else {
+                    time_gen(e, &toks, ng)
+                }
+            };
+            run(&mut e)?; // warm-up
+            let samples = (0..a.reps)
+                .map(|_| run(&mut e))
+                .collect::<Result<Vec<_>>>()?;
+            let (avg, sd) = mean_sd(&samples);
+            let test = if np > 0 {
+                format!("pp{np}")
+            } else {
+                format!("tg{ng}")
+            };
+            let row = Row {
+                model: name.clone(),
+                size_bytes: model.file.file_size(),
+                params: model.n_params(),
+                backend: backend.clone(),
+                threads: t,
+                test,
+                n_prompt: np,
+                n_gen: ng,
+                avg_ts: avg,
+                stddev_ts: sd,
+                samples_ts: samples,
+            };
+            if let Format::Md = a.output {
+                if rows.is_empty() {
+                    println!("| model | size | params | backend | threads | test | t/s |");
+                    println!("| ----- | ---: | -----: | ------- | ------: | ---: | --: |");
+                }
+                println!(
+                    "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} |",
+                    row.model,
+                    row.size_bytes as f64 / (1 << 20) as f64,
+                    row.params as f64 / 1e6,
+                    row.backend,
+                    row.threads,
+                    row.test,
+                    row.avg_ts,
+                    row.stddev_ts
+                );
+            }
+            rows.push(row);
+        }
+    }
+    if let Format::Json = a.output {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    Ok(())
+}
