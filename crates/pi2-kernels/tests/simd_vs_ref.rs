@@ -116,3 +116,21 @@ proptest! {
         }
     }
 }
+
+/// The property tests above compare every supported tier; make sure that includes a SIMD one
+/// on the architectures pi2 ships SIMD for.
+#[test]
+fn a_simd_tier_is_under_test() {
+    let simd: Vec<Tier> = Tier::ALL
+        .into_iter()
+        .filter(|&t| t != Tier::Scalar && KernelSet::for_tier(t).is_some())
+        .collect();
+    eprintln!("SIMD tiers under test: {simd:?}");
+    if cfg!(target_arch = "aarch64") {
+        assert!(simd.contains(&Tier::Neon));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        assert!(simd.contains(&Tier::Avx2));
+    }
+}

@@ -193,3 +193,26 @@ fn perplexity_prefix_matches_llama_cpp() {
     }
     assert_eq!(steps.len(), CHUNKS);
 }
+
+/// One prompt, free-running up to llama.cpp's first small margin: cheap enough to run under qemu
+/// for the aarch64 kernels (CI runs it for `aarch64-unknown-linux-musl`).
+#[test]
+fn short_greedy_matches_llama_cpp() {
+    let m = model();
+    let g = golden("greedy.json");
+    let c = &g["cases"][0];
+    let prompt = ids(&c["prompt_ids"]);
+    let generated = ids(&c["generated_ids"]);
+    let mut e = engine(&m);
+    let mut next = argmax(e.forward(&prompt, Logits::Last).unwrap());
+    let mut checked = 0;
+    for (i, step) in c["steps"].as_array().unwrap().iter().enumerate() {
+        if step["margin"].as_f64().unwrap() < 0.5 {
+            break;
+        }
+        assert_eq!(next, generated[i], "step {i} (kernel tier {:?})", e.tier());
+        checked += 1;
+        next = argmax(e.forward(&[next], Logits::Last).unwrap());
+    }
+    assert!(checked >= 3, "only {checked} steps checked");
+}

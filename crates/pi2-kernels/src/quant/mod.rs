@@ -42,12 +42,12 @@ pub trait QuantBlock: bytemuck::Pod + Sync {
 }
 
 #[inline]
-pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+pub fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 
 #[inline]
-pub(crate) fn f32_to_f16(v: f32) -> u16 {
+pub fn f32_to_f16(v: f32) -> u16 {
     half::f16::from_f32(v).to_bits()
 }
 

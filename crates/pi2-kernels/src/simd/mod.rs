@@ -8,18 +8,24 @@ use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
-/// An instruction-set tier, lowest first.
+/// An instruction-set tier, lowest first within each architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tier {
     /// Portable Rust: the reference every other tier is tested against.
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// aarch64 baseline NEON (ARMv8.0, e.g. Cortex-A53).
+    Neon,
+    /// aarch64 NEON + dotprod (ARMv8.2 `sdot`, e.g. Cortex-A55/A76 and later).
+    Dotprod,
 }
 
 impl Tier {
-    pub const ALL: [Tier; 2] = [Tier::Scalar, Tier::Avx2];
+    pub const ALL: [Tier; 4] = [Tier::Scalar, Tier::Avx2, Tier::Neon, Tier::Dotprod];
 
     /// Whether this CPU can run the tier.
     pub fn is_supported(self) -> bool {
@@ -31,6 +37,10 @@ impl Tier {
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
             }
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => true,
+            #[cfg(target_arch = "aarch64")]
+            Tier::Dotprod => std::arch::is_aarch64_feature_detected!("dotprod"),
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -50,6 +60,8 @@ impl Tier {
         match self {
             Tier::Scalar => "scalar",
             Tier::Avx2 => "avx2",
+            Tier::Neon => "neon",
+            Tier::Dotprod => "dotprod",
         }
     }
 
@@ -136,6 +148,10 @@ impl KernelSet {
             Tier::Scalar => Self::scalar(),
             #[cfg(target_arch = "x86_64")]
             Tier::Avx2 => avx2::kernel_set(),
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => neon::kernel_set(false),
+            #[cfg(target_arch = "aarch64")]
+            Tier::Dotprod => neon::kernel_set(true),
             #[allow(unreachable_patterns)]
             _ => return None,
         })
@@ -167,8 +183,17 @@ mod tests {
         }
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            assert!(best.tier >= Tier::Avx2);
+            assert_eq!(best.tier, Tier::Avx2);
         }
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(
+            best.tier,
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                Tier::Dotprod
+            } else {
+                Tier::Neon
+            }
+        );
     }
 
     #[test]
