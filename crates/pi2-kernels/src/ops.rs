@@ -253,11 +253,20 @@ fn matmul_blocks<B: QuantBlock>(
     let row = |r: usize| &blocks[r * bpr..(r + 1) * bpr];
     par_rows(w.rows, n, out, |r0, r1, write| {
         let mut r = r0;
+        let xt = |t: usize| &x[t * bpr..(t + 1) * bpr];
         while r + 4 <= r1 {
             let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
-            for t in 0..n {
-                let v = (k.dot4)(rs, &x[t * bpr..(t + 1) * bpr]);
-                for (i, v) in v.into_iter().enumerate() {
+            let mut t = 0;
+            while t + 2 <= n {
+                let v = (k.dot4x2)(rs, [xt(t), xt(t + 1)]);
+                for (i, pair) in v.into_iter().enumerate() {
+                    write(t, r + i, pair[0]);
+                    write(t + 1, r + i, pair[1]);
+                }
+                t += 2;
+            }
+            if t < n {
+                for (i, v) in (k.dot4)(rs, xt(t)).into_iter().enumerate() {
                     write(t, r + i, v);
                 }
             }
@@ -265,7 +274,7 @@ fn matmul_blocks<B: QuantBlock>(
         }
         for r in r..r1 {
             for t in 0..n {
-                write(t, r, (k.dot)(row(r), &x[t * bpr..(t + 1) * bpr]));
+                write(t, r, (k.dot)(row(r), xt(t)));
             }
         }
     });

@@ -134,3 +134,49 @@ fn a_simd_tier_is_under_test() {
         assert!(simd.contains(&Tier::Avx2));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// 5 rows x 3 tokens runs the 4x2 tile, the 4-row kernel (odd token) and the single-row
+    /// kernel (fifth row) of every tier; each output must match the scalar reference.
+    #[test]
+    fn matmul_tiles_match_reference(
+        ty_i in 0usize..QuantType::ALL.len(),
+        blocks in 1usize..6,
+        seed in proptest::collection::vec(any::<u8>(), 1..64),
+        x in proptest::collection::vec(-8.0f32..8.0, 1..200),
+    ) {
+        let ty = QuantType::ALL[ty_i];
+        let blocks = if ty.block_len() == 1 { blocks * 37 } else { blocks };
+        let cols = ty.block_len() * blocks;
+        let (rows, n) = (5, 3);
+        let mut bytes = Vec::new();
+        for r in 0..rows {
+            let mut s = seed.clone();
+            s.push(r as u8);
+            bytes.extend(row_bytes(ty, blocks, &s));
+        }
+        let w = pi2_kernels::MatRef::new(ty, rows, cols, &bytes).unwrap();
+        let xs: Vec<f32> = x.iter().cycle().take(n * cols).enumerate().map(|(i, v)| v * (1.0 + (i % 7) as f32 / 7.0)).collect();
+        let mut acts = ActBuf::new();
+        acts.quantize(ty.act_kind(), &xs, cols);
+        let scalar = KernelSet::scalar();
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else { continue };
+            let mut out = vec![0.0; n * rows];
+            pi2_kernels::matmul(&ks, &w, &acts, &mut out);
+            for t in 0..n {
+                for r in 0..rows {
+                    let want = dot_row(&scalar, ty, w.row(r), acts.row(t));
+                    let mut wr = vec![0.0; cols];
+                    w.dequantize_row(r, &mut wr);
+                    let magnitude: f32 = wr.iter().zip(&xs[t * cols..]).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-6;
+                    let got = out[t * rows + r];
+                    prop_assert!((got - want).abs() <= 4.0 * INT_DOT_BUDGET.max(FLOAT_DOT_BUDGET) * magnitude,
+                        "{ty} {tier:?} row {r} token {t}: {got} vs {want}");
+                }
+            }
+        }
+    }
+}

@@ -13,22 +13,22 @@ pub(super) fn kernel_set() -> KernelSet {
         f32: |w, x| unsafe { dot_f32(w, x) },
         f16: |w, x| unsafe { dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { axpy_f16(a, x, y) },
-        q4_0: RowKernels {
-            dot: |w, x| unsafe { rows::<BlockQ4_0, 1>([w], x)[0] },
-            dot4: |w, x| unsafe { rows::<BlockQ4_0, 4>(w, x) },
-        },
-        q4_1: RowKernels {
-            dot: |w, x| unsafe { rows::<BlockQ4_1, 1>([w], x)[0] },
-            dot4: |w, x| unsafe { rows::<BlockQ4_1, 4>(w, x) },
-        },
-        q8_0: RowKernels {
-            dot: |w, x| unsafe { rows::<BlockQ8_0, 1>([w], x)[0] },
-            dot4: |w, x| unsafe { rows::<BlockQ8_0, 4>(w, x) },
-        },
+        q4_0: tiles::<BlockQ4_0>(),
+        q4_1: tiles::<BlockQ4_1>(),
+        q8_0: tiles::<BlockQ8_0>(),
         // k-quants: the scalar reference (no AVX2 path yet).
         q4_k: RowKernels::reference(),
         q5_k: RowKernels::reference(),
         q6_k: RowKernels::reference(),
+    }
+}
+
+/// The row kernels of a 32-element block type, all from the one `tile` body.
+fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B> {
+    RowKernels {
+        dot: |w, x| unsafe { tile::<B, 1, 1>([w], [x])[0][0] },
+        dot4: |w, x| unsafe { tile::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+        dot4x2: |w, x| unsafe { tile::<B, 4, 2>(w, x) },
     }
 }
 
@@ -147,32 +147,51 @@ impl Block32 for BlockQ8_0 {
 /// Prefetch distance for weight streams (bytes).
 const PREFETCH: usize = 2048;
 
-/// `R` rows of blocks against one activation row.
+/// `R` rows of blocks against `T` activation rows: each weight block is unpacked once per tile
+/// and each activation block loaded once, with `R x T` independent accumulators.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C. Rows shorter than `x` are read only up to their length.
+/// The CPU must support AVX2, FMA and F16C. Only the common prefix of all rows is read.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows<B: Block32, const R: usize>(w: [&[B]; R], x: &[BlockQ8]) -> [f32; R] {
-    let n = w.iter().map(|r| r.len()).min().unwrap_or(0).min(x.len());
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut mins = [0.0f32; R];
+unsafe fn tile<B: Block32, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    let n = w
+        .iter()
+        .map(|r| r.len())
+        .chain(x.iter().map(|r| r.len()))
+        .min()
+        .unwrap_or(0);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut mins = [[0.0f32; T]; R];
     for i in 0..n {
-        let xb = x.get_unchecked(i);
-        let y = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-        let shared = B::shared(y);
+        let mut y = [_mm256_setzero_si256(); T];
+        let mut shared = [B::shared(_mm256_setzero_si256()); T];
+        for t in 0..T {
+            y[t] = _mm256_loadu_si256(x[t].get_unchecked(i).qs.as_ptr() as *const __m256i);
+            shared[t] = B::shared(y[t]);
+        }
         for r in 0..R {
             let wb = w[r].get_unchecked(i);
             // The hardware prefetcher alone leaves decode latency-bound on weights streamed
             // from DRAM; ask for the lines PREFETCH bytes ahead (past the row end is harmless).
             _mm_prefetch::<_MM_HINT_T0>((wb as *const B as *const i8).wrapping_add(PREFETCH));
-            let d = _mm256_set1_ps(wb.scale() * xb.d);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(wb.idot(y, shared)), acc[r]);
-            mins[r] += wb.min_term(xb);
+            let ws = wb.scale();
+            for t in 0..T {
+                let xb = x[t].get_unchecked(i);
+                let d = _mm256_set1_ps(ws * xb.d);
+                acc[r][t] =
+                    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(wb.idot(y[t], shared[t])), acc[r][t]);
+                mins[r][t] += wb.min_term(xb);
+            }
         }
     }
-    let mut out = [0.0; R];
+    let mut out = [[0.0; T]; R];
     for r in 0..R {
-        out[r] = hsum_ps(acc[r]) + mins[r];
+        for t in 0..T {
+            out[r][t] = hsum_ps(acc[r][t]) + mins[r][t];
+        }
     }
     out
 }

@@ -79,6 +79,8 @@ pub struct RowKernels<B: QuantBlock> {
     pub dot: fn(&[B], &[B::Act]) -> f32,
     /// Four rows against the same activations (independent accumulators, one activation load).
     pub dot4: fn([&[B]; 4], &[B::Act]) -> [f32; 4],
+    /// Four rows against two activation rows (prefill): `out[row][token]`.
+    pub dot4x2: fn([&[B]; 4], [&[B::Act]; 2]) -> [[f32; 2]; 4],
 }
 
 impl<B: QuantBlock> Clone for RowKernels<B> {
@@ -99,6 +101,7 @@ impl<B: QuantBlock> RowKernels<B> {
         Self {
             dot: B::vec_dot_ref,
             dot4: |w, x| w.map(|r| B::vec_dot_ref(r, x)),
+            dot4x2: |w, x| w.map(|r| x.map(|xt| B::vec_dot_ref(r, xt))),
         }
     }
 }

@@ -7,33 +7,35 @@ use crate::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0};
 use std::arch::aarch64::*;
 
 pub(super) fn kernel_set(dot: bool) -> KernelSet {
-    macro_rules! rk {
-        ($b:ty) => {
-            if dot {
-                RowKernels::<$b> {
-                    dot: |w, x| unsafe { rows_dot::<$b, 1>([w], x)[0] },
-                    dot4: |w, x| unsafe { rows_dot::<$b, 4>(w, x) },
-                }
-            } else {
-                RowKernels::<$b> {
-                    dot: |w, x| unsafe { rows_neon::<$b, 1>([w], x)[0] },
-                    dot4: |w, x| unsafe { rows_neon::<$b, 4>(w, x) },
-                }
-            }
-        };
-    }
     KernelSet {
         tier: if dot { Tier::Dotprod } else { Tier::Neon },
         f32: |w, x| unsafe { dot_f32(w, x) },
         // f16 vector types are unstable in Rust: the value cache uses the scalar reference.
         f16: quant::f16::vec_dot_ref,
         axpy_f16: quant::f16::axpy_ref,
-        q4_0: rk!(BlockQ4_0),
-        q4_1: rk!(BlockQ4_1),
-        q8_0: rk!(BlockQ8_0),
+        q4_0: tiles::<BlockQ4_0>(dot),
+        q4_1: tiles::<BlockQ4_1>(dot),
+        q8_0: tiles::<BlockQ8_0>(dot),
         q4_k: RowKernels::reference(),
         q5_k: RowKernels::reference(),
         q6_k: RowKernels::reference(),
+    }
+}
+
+/// The row kernels of a 32-element block type, all from the one `tile_body`.
+fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(dot: bool) -> RowKernels<B> {
+    if dot {
+        RowKernels {
+            dot: |w, x| unsafe { tile_dot::<B, 1, 1>([w], [x])[0][0] },
+            dot4: |w, x| unsafe { tile_dot::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+            dot4x2: |w, x| unsafe { tile_dot::<B, 4, 2>(w, x) },
+        }
+    } else {
+        RowKernels {
+            dot: |w, x| unsafe { tile_neon::<B, 1, 1>([w], [x])[0][0] },
+            dot4: |w, x| unsafe { tile_neon::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+            dot4x2: |w, x| unsafe { tile_neon::<B, 4, 2>(w, x) },
+        }
     }
 }
 
@@ -115,28 +117,43 @@ impl Block32 for BlockQ8_0 {
     }
 }
 
+/// `R` rows against `T` activation rows; each weight block is unpacked once per tile.
 #[inline(always)]
-unsafe fn rows_body<B: Block32, const R: usize, const DOT: bool>(
+unsafe fn tile_body<B: Block32, const R: usize, const T: usize, const DOT: bool>(
     w: [&[B]; R],
-    x: &[BlockQ8],
-) -> [f32; R] {
-    let n = w.iter().map(|r| r.len()).min().unwrap_or(0).min(x.len());
-    let mut acc = [vdupq_n_f32(0.0); R];
-    let mut mins = [0.0f32; R];
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    let n = w
+        .iter()
+        .map(|r| r.len())
+        .chain(x.iter().map(|r| r.len()))
+        .min()
+        .unwrap_or(0);
+    let mut acc = [[vdupq_n_f32(0.0); T]; R];
+    let mut mins = [[0.0f32; T]; R];
     for i in 0..n {
-        let xb = x.get_unchecked(i);
-        let (y0, y1) = (vld1q_s8(xb.qs.as_ptr()), vld1q_s8(xb.qs.as_ptr().add(16)));
+        let mut y = [(vdupq_n_s8(0), vdupq_n_s8(0)); T];
+        for t in 0..T {
+            let q = x[t].get_unchecked(i).qs.as_ptr();
+            y[t] = (vld1q_s8(q), vld1q_s8(q.add(16)));
+        }
         for r in 0..R {
             let wb = w[r].get_unchecked(i);
             let (a0, a1) = wb.halves();
-            let s = idot::<DOT>(idot::<DOT>(vdupq_n_s32(0), a0, y0), a1, y1);
-            acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(s), wb.scale() * xb.d);
-            mins[r] += wb.min_term(xb);
+            let ws = wb.scale();
+            for t in 0..T {
+                let xb = x[t].get_unchecked(i);
+                let s = idot::<DOT>(idot::<DOT>(vdupq_n_s32(0), a0, y[t].0), a1, y[t].1);
+                acc[r][t] = vfmaq_n_f32(acc[r][t], vcvtq_f32_s32(s), ws * xb.d);
+                mins[r][t] += wb.min_term(xb);
+            }
         }
     }
-    let mut out = [0.0; R];
+    let mut out = [[0.0; T]; R];
     for r in 0..R {
-        out[r] = vaddvq_f32(acc[r]) + mins[r];
+        for t in 0..T {
+            out[r][t] = vaddvq_f32(acc[r][t]) + mins[r][t];
+        }
     }
     out
 }
@@ -144,15 +161,21 @@ unsafe fn rows_body<B: Block32, const R: usize, const DOT: bool>(
 /// # Safety
 /// NEON is part of every aarch64 target Rust supports.
 #[target_feature(enable = "neon")]
-unsafe fn rows_neon<B: Block32, const R: usize>(w: [&[B]; R], x: &[BlockQ8]) -> [f32; R] {
-    rows_body::<B, R, false>(w, x)
+unsafe fn tile_neon<B: Block32, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    tile_body::<B, R, T, false>(w, x)
 }
 
 /// # Safety
 /// The CPU must support the dotprod extension.
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn rows_dot<B: Block32, const R: usize>(w: [&[B]; R], x: &[BlockQ8]) -> [f32; R] {
-    rows_body::<B, R, true>(w, x)
+unsafe fn tile_dot<B: Block32, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    tile_body::<B, R, T, true>(w, x)
 }
 
 /// # Safety
