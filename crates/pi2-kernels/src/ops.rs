@@ -310,6 +310,91 @@ pub fn matmul(ks: &KernelSet, w: &MatRef<'_>, acts: &ActBuf, out: &mut [f32]) {
     }
 }
 
+/// Gather-matvec: `out[i] = dot(w.row(rows[i]), x)` for the neurons in `rows` (gate/up rows of
+/// the active set). Runs on the calling thread; groups of four rows share each activation load.
+///
+/// `x` must be quantized for `w.ty` (one token); `out.len() == rows.len()`.
+pub fn gather_matvec(ks: &KernelSet, w: &MatRef<'_>, rows: &[u32], x: &ActBuf, out: &mut [f32]) {
+    assert_eq!(out.len(), rows.len(), "gather_matvec: output size");
+    assert_eq!(
+        x.kind(),
+        w.ty.act_kind(),
+        "gather_matvec: activation kind mismatch"
+    );
+    assert_eq!(x.cols, w.cols, "gather_matvec: width mismatch");
+    assert!(
+        rows.iter().all(|&r| (r as usize) < w.rows),
+        "gather_matvec: row index out of range"
+    );
+    fn blocks<B: QuantBlock>(
+        k: &RowKernels<B>,
+        w: &MatRef<'_>,
+        rows: &[u32],
+        x: &[B::Act],
+        out: &mut [f32],
+    ) {
+        let bpr = w.cols / B::LEN;
+        let all: &[B] = bytemuck::cast_slice(w.data);
+        let row = |r: u32| &all[r as usize * bpr..(r as usize + 1) * bpr];
+        let mut groups = rows.chunks_exact(4);
+        let mut outs = out.chunks_exact_mut(4);
+        for (g, o) in (&mut groups).zip(&mut outs) {
+            o.copy_from_slice(&(k.dot4)([row(g[0]), row(g[1]), row(g[2]), row(g[3])], x));
+        }
+        for (&r, o) in groups.remainder().iter().zip(outs.into_remainder()) {
+            *o = (k.dot)(row(r), x);
+        }
+    }
+    let (q8, q8k) = (&x.q8[..x.q8_len()], &x.q8k[..x.q8k_len()]);
+    match w.ty {
+        QuantType::Q4_0 => blocks(&ks.q4_0, w, rows, q8, out),
+        QuantType::Q4_1 => blocks(&ks.q4_1, w, rows, q8, out),
+        QuantType::Q8_0 => blocks(&ks.q8_0, w, rows, q8, out),
+        QuantType::Q4_K => blocks(&ks.q4_k, w, rows, q8k, out),
+        QuantType::Q5_K => blocks(&ks.q5_k, w, rows, q8k, out),
+        QuantType::Q6_K => blocks(&ks.q6_k, w, rows, q8k, out),
+        QuantType::F32 | QuantType::F16 => {
+            for (&r, o) in rows.iter().zip(out.iter_mut()) {
+                *o = dot_row(ks, w.ty, w.row(r as usize), x.row(0));
+            }
+        }
+    }
+}
+
+/// Axpy-accumulate: `y += coeff[i] * w.row(rows[i])` (the down projection stored transposed, so
+/// neuron i's down column is row i). Block by block through a stack buffer: no allocation.
+pub fn axpy_rows(w: &MatRef<'_>, rows: &[u32], coeff: &[f32], y: &mut [f32]) {
+    assert_eq!(
+        rows.len(),
+        coeff.len(),
+        "axpy_rows: one coefficient per row"
+    );
+    assert_eq!(y.len(), w.cols, "axpy_rows: output width");
+    assert!(
+        rows.iter().all(|&r| (r as usize) < w.rows),
+        "axpy_rows: row index out of range"
+    );
+    let bl = w.ty.block_len();
+    let bb = w.ty.block_bytes();
+    // One block of any type expands to at most QK_K values; F32/F16 rows go 256 values at a time.
+    let step = if bl == 1 { QK_K } else { bl };
+    let mut buf = [0.0f32; QK_K];
+    for (&r, &a) in rows.iter().zip(coeff) {
+        if a == 0.0 {
+            continue;
+        }
+        let row = w.row(r as usize);
+        for (c, ys) in y.chunks_mut(step).enumerate() {
+            let bytes = &row[c * step / bl * bb..(c * step + ys.len()) / bl * bb];
+            let vals = &mut buf[..ys.len()];
+            w.ty.dequantize_row(bytes, vals);
+            for (o, v) in ys.iter_mut().zip(vals.iter()) {
+                *o += a * v;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +411,33 @@ mod tests {
             }
         }
         bytes
+    }
+
+    #[test]
+    fn gather_and_axpy_match_dense() {
+        let (rows, cols) = (11, 64);
+        let bytes = q4_1_matrix(rows, cols);
+        let w = MatRef::new(QuantType::Q4_1, rows, cols, &bytes).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.3).sin()).collect();
+        let mut acts = ActBuf::new();
+        acts.quantize(QuantType::Q4_1.act_kind(), &x, cols);
+        let mut dense = vec![0.0; rows];
+        matmul(KernelSet::best(), &w, &acts, &mut dense);
+        let pick = [9u32, 0, 3, 3, 10, 7];
+        let mut got = vec![0.0; pick.len()];
+        gather_matvec(KernelSet::best(), &w, &pick, &acts, &mut got);
+        for (g, &r) in got.iter().zip(&pick) {
+            assert!((g - dense[r as usize]).abs() <= 1e-4 * dense[r as usize].abs().max(1.0));
+        }
+        // axpy: y = 2*row9 - row3 + 0*row5
+        let mut y = vec![1.0; cols];
+        axpy_rows(&w, &[9, 3, 5], &[2.0, -1.0, 0.0], &mut y);
+        let (mut r9, mut r3) = (vec![0.0; cols], vec![0.0; cols]);
+        w.dequantize_row(9, &mut r9);
+        w.dequantize_row(3, &mut r3);
+        for i in 0..cols {
+            assert!((y[i] - (1.0 + 2.0 * r9[i] - r3[i])).abs() < 1e-5);
+        }
     }
 
     #[test]
