@@ -125,5 +125,41 @@ fn bench_matvec_large(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_memory, bench_matvec_large, bench_matvec);
+/// Prefill shape: 64 tokens through one matrix (rows x tokens tiles).
+fn bench_gemm(c: &mut Criterion) {
+    let (rows, cols, n) = (1536, 576, 64);
+    let mut g = c.benchmark_group("gemm_1536x576x64");
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        let bytes = matrix_bytes(ty, rows, cols);
+        let w = MatRef::new(ty, rows, cols, &bytes).unwrap();
+        let x: Vec<f32> = (0..cols * n).map(|i| (i as f32 * 0.01).sin()).collect();
+        let mut acts = ActBuf::new();
+        acts.quantize(ty.act_kind(), &x, cols);
+        let mut out = vec![0.0; rows * n];
+        g.throughput(Throughput::Elements((rows * n) as u64));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else {
+                continue;
+            };
+            g.bench_with_input(
+                BenchmarkId::new(format!("{ty}"), tier.name()),
+                &ks,
+                |b, ks| b.iter(|| pool.install(|| matmul(ks, &w, &acts, &mut out))),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_memory,
+    bench_matvec_large,
+    bench_matvec,
+    bench_gemm
+);
 criterion_main!(benches);

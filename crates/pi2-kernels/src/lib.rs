@@ -13,6 +13,6 @@ mod types;
 
 mod ops;
 
-pub use ops::{dot_row, matmul, ActBuf, ActRow, MatRef};
+pub use ops::{axpy_rows, dot_row, gather_matvec, matmul, ActBuf, ActRow, MatRef};
 pub use simd::{KernelSet, RowKernels, Tier};
 pub use types::{ActKind, KernelError, QuantType};

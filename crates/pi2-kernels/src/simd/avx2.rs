@@ -33,7 +33,7 @@ fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B
 }
 
 #[inline(always)]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -44,7 +44,7 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 /// loads the bits with `vpinsrw` into a register holding a live accumulator, a false dependency
 /// that chains every loop iteration to the previous one (measured: 2.5x slower Q4_1 matvec).
 #[inline(always)]
-unsafe fn f16_scalar(bits: u16) -> f32 {
+pub(super) unsafe fn f16_scalar(bits: u16) -> f32 {
     let v: __m128;
     std::arch::asm!(
         "vmovd {v}, {b:e}",
@@ -71,7 +71,7 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 }
 
 /// A 32-element weight block as the AVX2 kernels see it.
-trait Block32: Copy {
+pub(super) trait Block32: Copy {
     /// Per-activation-block work shared by every row (e.g. the sum of the activations).
     type Shared: Copy;
     unsafe fn shared(y: __m256i) -> Self::Shared;
@@ -145,7 +145,7 @@ impl Block32 for BlockQ8_0 {
 }
 
 /// Prefetch distance for weight streams (bytes).
-const PREFETCH: usize = 2048;
+pub(super) const PREFETCH: usize = 2048;
 
 /// `R` rows of blocks against `T` activation rows: each weight block is unpacked once per tile
 /// and each activation block loaded once, with `R x T` independent accumulators.
@@ -199,7 +199,7 @@ unsafe fn tile<B: Block32, const R: usize, const T: usize>(
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+pub(super) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
@@ -227,7 +227,7 @@ unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+pub(super) unsafe fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
     let mut acc = _mm256_setzero_ps();
     let mut i = 0;
@@ -247,7 +247,7 @@ unsafe fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_f16(a: f32, x: &[u16], y: &mut [f32]) {
+pub(super) unsafe fn axpy_f16(a: f32, x: &[u16], y: &mut [f32]) {
     let n = x.len().min(y.len());
     let av = _mm256_set1_ps(a);
     let mut i = 0;

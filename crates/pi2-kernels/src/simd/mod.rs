@@ -8,6 +8,8 @@ use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -18,6 +20,8 @@ pub enum Tier {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX-512 F/BW/VL (plus the AVX2 set).
+    Avx512,
     /// aarch64 baseline NEON (ARMv8.0, e.g. Cortex-A53).
     Neon,
     /// aarch64 NEON + dotprod (ARMv8.2 `sdot`, e.g. Cortex-A55/A76 and later).
@@ -25,7 +29,13 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 4] = [Tier::Scalar, Tier::Avx2, Tier::Neon, Tier::Dotprod];
+    pub const ALL: [Tier; 5] = [
+        Tier::Scalar,
+        Tier::Avx2,
+        Tier::Avx512,
+        Tier::Neon,
+        Tier::Dotprod,
+    ];
 
     /// Whether this CPU can run the tier.
     pub fn is_supported(self) -> bool {
@@ -36,6 +46,13 @@ impl Tier {
                 is_x86_feature_detected!("avx2")
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => {
+                Tier::Avx2.is_supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
             }
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => true,
@@ -60,6 +77,7 @@ impl Tier {
         match self {
             Tier::Scalar => "scalar",
             Tier::Avx2 => "avx2",
+            Tier::Avx512 => "avx512",
             Tier::Neon => "neon",
             Tier::Dotprod => "dotprod",
         }
@@ -151,6 +169,8 @@ impl KernelSet {
             Tier::Scalar => Self::scalar(),
             #[cfg(target_arch = "x86_64")]
             Tier::Avx2 => avx2::kernel_set(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => avx512::kernel_set(),
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => neon::kernel_set(false),
             #[cfg(target_arch = "aarch64")]
@@ -185,7 +205,9 @@ mod tests {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
+            assert_eq!(best.tier, Tier::Avx512);
+        } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             assert_eq!(best.tier, Tier::Avx2);
         }
         #[cfg(target_arch = "aarch64")]

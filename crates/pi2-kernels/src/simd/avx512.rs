@@ -1,0 +1,175 @@
+//! AVX-512 (F + BW + VL) kernels: two 32-element blocks per 512-bit register, so each
+//! `maddubs`/`madd`/convert/FMA covers twice the weights of the AVX2 path. An odd last block goes
+//! through the AVX2 block code (AVX-512 CPUs have AVX2). VNNI (`vpdpbusd`) would fuse the
+//! multiply-adds further; the development machine lacks it, so that path is not written untested.
+
+use super::avx2::{self, Block32, PREFETCH};
+use super::{KernelSet, RowKernels, Tier};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0};
+use std::arch::x86_64::*;
+
+pub(super) fn kernel_set() -> KernelSet {
+    KernelSet {
+        tier: Tier::Avx512,
+        f32: |w, x| unsafe { avx2::dot_f32(w, x) },
+        f16: |w, x| unsafe { avx2::dot_f16(w, x) },
+        axpy_f16: |a, x, y| unsafe { avx2::axpy_f16(a, x, y) },
+        q4_0: tiles::<BlockQ4_0>(),
+        q4_1: tiles::<BlockQ4_1>(),
+        q8_0: tiles::<BlockQ8_0>(),
+        q4_k: RowKernels::reference(),
+        q5_k: RowKernels::reference(),
+        q6_k: RowKernels::reference(),
+    }
+}
+
+fn tiles<B: Pair + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B> {
+    RowKernels {
+        dot: |w, x| unsafe { tile::<B, 1, 1>([w], [x])[0][0] },
+        dot4: |w, x| unsafe { tile::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+        dot4x2: |w, x| unsafe { tile::<B, 4, 2>(w, x) },
+    }
+}
+
+/// Lane layout of a block pair (i, j), as 4 x 128 bits: [i 0..16, j 0..16, i 16..32, j 16..32].
+/// Activations are rearranged to match once per pair and shared by every row.
+#[inline(always)]
+unsafe fn act_pair(xi: &BlockQ8, xj: &BlockQ8) -> __m512i {
+    let a = _mm256_loadu_si256(xi.qs.as_ptr() as *const __m256i);
+    let b = _mm256_loadu_si256(xj.qs.as_ptr() as *const __m256i);
+    let lo = _mm256_permute2x128_si256(a, b, 0x20);
+    let hi = _mm256_permute2x128_si256(a, b, 0x31);
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// Nibbles of a Q4 block pair in the same layout: low nibbles are elements 0..16.
+#[inline(always)]
+unsafe fn nibble_pair(qi: &[u8; 16], qj: &[u8; 16]) -> __m512i {
+    let raw = _mm256_set_m128i(
+        _mm_loadu_si128(qj.as_ptr() as *const __m128i),
+        _mm_loadu_si128(qi.as_ptr() as *const __m128i),
+    );
+    let both = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+    _mm512_and_si512(both, _mm512_set1_epi8(0x0F))
+}
+
+#[inline(always)]
+unsafe fn sum_pairs(p16: __m512i) -> __m512i {
+    _mm512_madd_epi16(p16, _mm512_set1_epi16(1))
+}
+
+/// A block type the 512-bit path handles two at a time.
+trait Pair: Block32 {
+    /// Per-activation-pair work shared by all rows (the activation sum for Q4_0's offset).
+    unsafe fn shared2(y: __m512i) -> __m512i;
+    /// Exact integer dot products of blocks (i, j) with the activation pair, as 16 i32 lanes.
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, shared: __m512i) -> __m512i;
+}
+
+impl Pair for BlockQ4_0 {
+    #[inline(always)]
+    unsafe fn shared2(y: __m512i) -> __m512i {
+        sum_pairs(_mm512_maddubs_epi16(_mm512_set1_epi8(1), y))
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, sum_y: __m512i) -> __m512i {
+        let q = sum_pairs(_mm512_maddubs_epi16(nibble_pair(&wi.qs, &wj.qs), y));
+        _mm512_sub_epi32(q, _mm512_slli_epi32(sum_y, 3))
+    }
+}
+
+impl Pair for BlockQ4_1 {
+    #[inline(always)]
+    unsafe fn shared2(_: __m512i) -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, _: __m512i) -> __m512i {
+        sum_pairs(_mm512_maddubs_epi16(nibble_pair(&wi.qs, &wj.qs), y))
+    }
+}
+
+impl Pair for BlockQ8_0 {
+    #[inline(always)]
+    unsafe fn shared2(_: __m512i) -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, _: __m512i) -> __m512i {
+        let a = _mm256_loadu_si256(wi.qs.as_ptr() as *const __m256i);
+        let b = _mm256_loadu_si256(wj.qs.as_ptr() as *const __m256i);
+        let lo = _mm256_permute2x128_si256(a, b, 0x20);
+        let hi = _mm256_permute2x128_si256(a, b, 0x31);
+        let w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        // |w| times y with the sign of w moved onto y.
+        let neg = _mm512_movepi8_mask(w);
+        let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+        sum_pairs(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sy))
+    }
+}
+
+/// `R` rows against `T` activation rows, two blocks per step.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn tile<B: Pair, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    let n = w
+        .iter()
+        .map(|r| r.len())
+        .chain(x.iter().map(|r| r.len()))
+        .min()
+        .unwrap_or(0);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut mins = [[0.0f32; T]; R];
+    // Lanes 0-3 and 8-11 belong to block i, 4-7 and 12-15 to block j.
+    let pick = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    let mut i = 0;
+    while i + 2 <= n {
+        let mut y = [_mm512_setzero_si512(); T];
+        let mut shared = [_mm512_setzero_si512(); T];
+        for t in 0..T {
+            y[t] = act_pair(x[t].get_unchecked(i), x[t].get_unchecked(i + 1));
+            shared[t] = B::shared2(y[t]);
+        }
+        for r in 0..R {
+            let (wi, wj) = (w[r].get_unchecked(i), w[r].get_unchecked(i + 1));
+            _mm_prefetch::<_MM_HINT_T0>((wi as *const B as *const i8).wrapping_add(PREFETCH));
+            let (si, sj) = (wi.scale(), wj.scale());
+            for t in 0..T {
+                let (xi, xj) = (x[t].get_unchecked(i), x[t].get_unchecked(i + 1));
+                let d = _mm512_permutexvar_ps(
+                    pick,
+                    _mm512_castps128_ps512(_mm_setr_ps(si * xi.d, sj * xj.d, 0.0, 0.0)),
+                );
+                let p = _mm512_cvtepi32_ps(B::idot2(wi, wj, y[t], shared[t]));
+                acc[r][t] = _mm512_fmadd_ps(d, p, acc[r][t]);
+                mins[r][t] += wi.min_term(xi) + wj.min_term(xj);
+            }
+        }
+        i += 2;
+    }
+    let mut out = [[0.0; T]; R];
+    for r in 0..R {
+        for t in 0..T {
+            out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + mins[r][t];
+        }
+    }
+    if i < n {
+        // odd last block: the AVX2 block code
+        for t in 0..T {
+            let xb = x[t].get_unchecked(i);
+            let yv = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+            let sh = B::shared(yv);
+            for r in 0..R {
+                let wb = w[r].get_unchecked(i);
+                let p = _mm256_cvtepi32_ps(wb.idot(yv, sh));
+                out[r][t] += avx2::hsum_ps(p) * wb.scale() * xb.d + wb.min_term(xb);
+            }
+        }
+    }
+    out
+}
