@@ -46,16 +46,19 @@ pub struct Sampler {
     cfg: SamplerConfig,
     rng: u64,
     recent: VecDeque<TokenId>,
+    /// Reused per call: no allocation per token.
     candidates: Vec<(TokenId, f32)>,
+    probs: Vec<f64>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Self {
         Self {
             rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
+            recent: VecDeque::with_capacity(cfg.repeat_last_n),
             cfg,
-            recent: VecDeque::new(),
             candidates: Vec::new(),
+            probs: Vec::new(),
         }
     }
 
@@ -107,7 +110,9 @@ impl Sampler {
         c.sort_unstable_by(by_logit);
         // top-p on the untempered distribution, as llama.cpp's default chain does.
         let max = c[0].1;
-        let mut probs: Vec<f64> = c.iter().map(|&(_, l)| ((l - max) as f64).exp()).collect();
+        let probs = &mut self.probs;
+        probs.clear();
+        probs.extend(c.iter().map(|&(_, l)| ((l - max) as f64).exp()));
         let total: f64 = probs.iter().sum();
         if self.cfg.top_p < 1.0 {
             let mut cum = 0.0;
@@ -128,7 +133,7 @@ impl Sampler {
         }
         let total: f64 = probs.iter().sum();
         let u = self.uniform();
-        let c = &self.candidates;
+        let (c, probs) = (&self.candidates, &self.probs);
         let mut r = u * total;
         for (p, &(id, _)) in probs.iter().zip(c.iter()) {
             if r < *p {
