@@ -134,18 +134,7 @@ pub fn random_tensor(
 
 /// The vocabulary: 256 byte tokens, merges of a few common pairs, then the control tokens.
 pub fn vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
-    let mut map = ['\0'; 256];
-    let mut n = 0u32;
-    for b in 0..256u32 {
-        let printable =
-            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-        map[b as usize] = if printable {
-            char::from_u32(b).unwrap()
-        } else {
-            n += 1;
-            char::from_u32(255 + n).unwrap()
-        };
-    }
+    let map = crate::tokenizer::byte_to_char();
     let mut tokens: Vec<String> = map.iter().map(|c| c.to_string()).collect();
     let sp = map[b' ' as usize];
     let pairs = [

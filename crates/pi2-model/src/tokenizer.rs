@@ -91,7 +91,7 @@ fn pre_tokenizer(name: &str) -> Result<Vec<&'static str>> {
 }
 
 /// GPT-2's reversible byte -> printable char map.
-fn byte_to_char() -> [char; 256] {
+pub(crate) fn byte_to_char() -> [char; 256] {
     let mut map = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
