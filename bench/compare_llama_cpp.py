@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """pi2 vs llama.cpp on the same GGUF, interleaved, on this machine.
 
-llama.cpp comes from PyPI (`llama-cpp-python`, built from source with the flags below: this
-CPU's native build crashes in ggml's AMX code). Nothing of llama.cpp is vendored.
+llama.cpp comes from PyPI (`llama-cpp-python`, built from source with CPU flags read from
+/proc/cpuinfo: a native build crashes in ggml's AMX code here). Nothing of llama.cpp is vendored.
 
     python3 bench/compare_llama_cpp.py [--model M] [--rounds 5] [--reps 3] [--threads 1,2]
 
@@ -15,8 +15,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "target" / "llama-cpp-venv"
-CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON "
-              "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
+def cmake_args():
+    """Native builds crash in ggml's AMX code here, so features are set by hand from the CPU's
+    own flags (a VNNI build dies with SIGILL on a CPU without VNNI)."""
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    on = lambda f: "ON" if f else "OFF"
+    avx512 = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    return (f"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2={on('avx2' in flags)} -DGGML_FMA={on('fma' in flags)} "
+            f"-DGGML_F16C={on('f16c' in flags)} -DGGML_AVX512={on(avx512)} "
+            f"-DGGML_AVX512_VNNI={on(avx512 and 'avx512_vnni' in flags)} -DGGML_AVX_VNNI={on('avx_vnni' in flags)} "
+            "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the llama.cpp (0c1e57098) of testdata/golden
 
 # Runs inside the venv: times prompt processing (one batch) and generation (one token per call).
@@ -46,13 +61,17 @@ print(json.dumps(out))
 
 def ensure_llama_cpp():
     py = VENV / "bin" / "python"
-    if py.exists() and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+    stamp = VENV / "pi2-cmake-args"
+    args = cmake_args()
+    built = stamp.read_text() if stamp.exists() else None
+    if built == args and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
         return py
-    print(f"installing {LLAMA_CPP_PYTHON} into {VENV} (builds llama.cpp from source, several minutes)", file=sys.stderr)
+    print(f"installing {LLAMA_CPP_PYTHON} into {VENV} with CMAKE_ARGS={args!r} (builds llama.cpp, several minutes)", file=sys.stderr)
     venv.create(VENV, with_pip=True)
-    env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-    subprocess.run([py, "-m", "pip", "install", "--no-cache-dir", "--no-binary", "llama-cpp-python", LLAMA_CPP_PYTHON],
-                   env=env, check=True)
+    env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    subprocess.run([py, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps", "--no-binary",
+                    "llama-cpp-python", LLAMA_CPP_PYTHON], env=env, check=True)
+    stamp.write_text(args)
     return py
 
 def main():

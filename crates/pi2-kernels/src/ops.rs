@@ -217,97 +217,128 @@ fn chunk_rows(rows: usize) -> usize {
     rows.div_ceil(threads * 4).next_multiple_of(8).max(8)
 }
 
-/// `out[t * rows + r] = kernel(rows r..r+R, token t)` over row ranges in parallel.
-/// `compute(r0, r1, write)` computes rows `r0..r1` for every token and calls `write(t, r, v)`.
-fn par_rows(
-    rows: usize,
-    n: usize,
-    out: &mut [f32],
-    compute: impl Fn(usize, usize, &mut dyn FnMut(usize, usize, f32)) + Sync,
+/// Rows `r0..r1` of `w` for every token; `write(t, r, v)` receives each output.
+fn compute_rows(
+    ks: &KernelSet,
+    w: &MatRef<'_>,
+    acts: &ActBuf,
+    r0: usize,
+    r1: usize,
+    write: &mut dyn FnMut(usize, usize, f32),
 ) {
-    assert_eq!(out.len(), n * rows, "matmul: output size");
-    let ptr = OutPtr(out.as_mut_ptr());
-    let chunk = chunk_rows(rows);
-    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|ci| {
-        let ptr = ptr;
-        let (r0, r1) = (ci * chunk, ((ci + 1) * chunk).min(rows));
-        compute(r0, r1, &mut |t, r, v| {
-            debug_assert!(t < n && r0 <= r && r < r1);
-            // SAFETY: (t, r) lies in this task's row range, written once; t < n, r < rows.
-            unsafe { *ptr.0.add(t * rows + r) = v };
-        });
-    });
+    let n = acts.len();
+    let (q8, q8k) = (&acts.q8[..acts.q8_len()], &acts.q8k[..acts.q8k_len()]);
+    match w.ty {
+        QuantType::Q4_0 => rows_blocks(&ks.q4_0, w, q8, n, r0, r1, write),
+        QuantType::Q4_1 => rows_blocks(&ks.q4_1, w, q8, n, r0, r1, write),
+        QuantType::Q8_0 => rows_blocks(&ks.q8_0, w, q8, n, r0, r1, write),
+        QuantType::Q4_K => rows_blocks(&ks.q4_k, w, q8k, n, r0, r1, write),
+        QuantType::Q5_K => rows_blocks(&ks.q5_k, w, q8k, n, r0, r1, write),
+        QuantType::Q6_K => rows_blocks(&ks.q6_k, w, q8k, n, r0, r1, write),
+        QuantType::F32 | QuantType::F16 => {
+            for r in r0..r1 {
+                for t in 0..n {
+                    write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
+                }
+            }
+        }
+    }
 }
 
-/// Block-format matmul: groups of four rows share each activation load; the group's weights stay
-/// in L1 while every token passes over them.
-fn matmul_blocks<B: QuantBlock>(
+/// Block-format rows: groups of four rows share each activation load, and pairs of tokens share
+/// each unpacked weight block; the group's weights stay in L1 while every token passes.
+fn rows_blocks<B: QuantBlock>(
     k: &RowKernels<B>,
     w: &MatRef<'_>,
     x: &[B::Act],
     n: usize,
-    out: &mut [f32],
+    r0: usize,
+    r1: usize,
+    write: &mut dyn FnMut(usize, usize, f32),
 ) {
     let bpr = w.cols / B::LEN;
     let blocks: &[B] = bytemuck::cast_slice(w.data);
     let row = |r: usize| &blocks[r * bpr..(r + 1) * bpr];
-    par_rows(w.rows, n, out, |r0, r1, write| {
-        let mut r = r0;
-        let xt = |t: usize| &x[t * bpr..(t + 1) * bpr];
-        while r + 4 <= r1 {
-            let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
-            let mut t = 0;
-            while t + 2 <= n {
-                let v = (k.dot4x2)(rs, [xt(t), xt(t + 1)]);
-                for (i, pair) in v.into_iter().enumerate() {
-                    write(t, r + i, pair[0]);
-                    write(t + 1, r + i, pair[1]);
-                }
-                t += 2;
+    let xt = |t: usize| &x[t * bpr..(t + 1) * bpr];
+    let mut r = r0;
+    while r + 4 <= r1 {
+        let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+        let mut t = 0;
+        while t + 2 <= n {
+            let v = (k.dot4x2)(rs, [xt(t), xt(t + 1)]);
+            for (i, pair) in v.into_iter().enumerate() {
+                write(t, r + i, pair[0]);
+                write(t + 1, r + i, pair[1]);
             }
-            if t < n {
-                for (i, v) in (k.dot4)(rs, xt(t)).into_iter().enumerate() {
-                    write(t, r + i, v);
-                }
-            }
-            r += 4;
+            t += 2;
         }
-        for r in r..r1 {
-            for t in 0..n {
-                write(t, r, (k.dot)(row(r), xt(t)));
+        if t < n {
+            for (i, v) in (k.dot4)(rs, xt(t)).into_iter().enumerate() {
+                write(t, r + i, v);
             }
         }
-    });
+        r += 4;
+    }
+    for r in r..r1 {
+        for t in 0..n {
+            write(t, r, (k.dot)(row(r), xt(t)));
+        }
+    }
 }
+
+/// Most matrices one [`matmul_many`] call takes.
+pub const MAX_MATMUL_JOBS: usize = 4;
 
 /// `out[t * w.rows + r] = dot(w.row(r), acts.row(t))` for every token `t` and row `r`,
 /// split by row ranges over the current rayon pool.
 ///
 /// `acts` must have been quantized with `w.ty.act_kind()`; `out.len() == acts.len() * w.rows`.
 pub fn matmul(ks: &KernelSet, w: &MatRef<'_>, acts: &ActBuf, out: &mut [f32]) {
-    let n = acts.len();
-    assert_eq!(
-        acts.kind(),
-        w.ty.act_kind(),
-        "matmul: activation kind mismatch"
+    matmul_many(ks, acts, &mut [(*w, out)]);
+}
+
+/// [`matmul`] for several matrices that read the same activations (Q/K/V, gate/up), as one
+/// parallel region: one fork-join instead of one per matrix.
+pub fn matmul_many(ks: &KernelSet, acts: &ActBuf, jobs: &mut [(MatRef<'_>, &mut [f32])]) {
+    assert!(
+        jobs.len() <= MAX_MATMUL_JOBS,
+        "matmul_many: at most {MAX_MATMUL_JOBS} matrices"
     );
-    assert_eq!(acts.cols, w.cols, "matmul: width mismatch");
-    let (q8, q8k) = (&acts.q8[..acts.q8_len()], &acts.q8k[..acts.q8k_len()]);
-    match w.ty {
-        QuantType::Q4_0 => matmul_blocks(&ks.q4_0, w, q8, n, out),
-        QuantType::Q4_1 => matmul_blocks(&ks.q4_1, w, q8, n, out),
-        QuantType::Q8_0 => matmul_blocks(&ks.q8_0, w, q8, n, out),
-        QuantType::Q4_K => matmul_blocks(&ks.q4_k, w, q8k, n, out),
-        QuantType::Q5_K => matmul_blocks(&ks.q5_k, w, q8k, n, out),
-        QuantType::Q6_K => matmul_blocks(&ks.q6_k, w, q8k, n, out),
-        QuantType::F32 | QuantType::F16 => par_rows(w.rows, n, out, |r0, r1, write| {
-            for r in r0..r1 {
-                for t in 0..n {
-                    write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
-                }
-            }
-        }),
+    let n = acts.len();
+    // (matrix, output, rows per task, tasks) without allocating.
+    let mut plan: [Option<(MatRef<'_>, OutPtr, usize, usize)>; MAX_MATMUL_JOBS] =
+        [None; MAX_MATMUL_JOBS];
+    let mut total = 0;
+    for (slot, (w, out)) in plan.iter_mut().zip(jobs.iter_mut()) {
+        assert_eq!(
+            acts.kind(),
+            w.ty.act_kind(),
+            "matmul: activation kind mismatch"
+        );
+        assert_eq!(acts.cols, w.cols, "matmul: width mismatch");
+        assert_eq!(out.len(), n * w.rows, "matmul: output size");
+        let chunk = chunk_rows(w.rows);
+        let tasks = w.rows.div_ceil(chunk);
+        *slot = Some((*w, OutPtr(out.as_mut_ptr()), chunk, tasks));
+        total += tasks;
     }
+    (0..total).into_par_iter().for_each(|mut task| {
+        for (w, ptr, chunk, tasks) in plan.iter().flatten() {
+            if task >= *tasks {
+                task -= tasks;
+                continue;
+            }
+            let (r0, r1) = (task * chunk, ((task + 1) * chunk).min(w.rows));
+            let rows = w.rows;
+            let ptr = *ptr;
+            compute_rows(ks, w, acts, r0, r1, &mut |t, r, v| {
+                debug_assert!(t < n && r0 <= r && r < r1);
+                // SAFETY: (t, r) lies in this task's row range of this matrix, written once.
+                unsafe { *ptr.0.add(t * rows + r) = v };
+            });
+            return;
+        }
+    });
 }
 
 /// Gather-matvec: `out[i] = dot(w.row(rows[i]), x)` for the neurons in `rows` (gate/up rows of

@@ -2,7 +2,7 @@
 //! neuron), so the sparse engine can later restrict the same loops to the active neurons.
 
 use half::f16;
-use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef, QuantType, Tier};
+use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier};
 use pi2_model::{LayerWeights, Model, RopeKind, TensorView, TokenId};
 use rayon::prelude::*;
 
@@ -287,6 +287,38 @@ impl<'m> Engine<'m> {
         }
     }
 
+    /// Several projections of the same input `x` (rows of `d`): consecutive matrices that take
+    /// the same activation format share one quantization and one parallel region.
+    fn project_many<const J: usize>(
+        ks: &KernelSet,
+        f: &pi2_model::GgufFile,
+        acts: &mut ActBuf,
+        x: &[f32],
+        d: usize,
+        jobs: [(&TensorView, Option<&TensorView>, &mut [f32]); J],
+    ) {
+        let biases = jobs.each_ref().map(|j| j.1);
+        let mut pairs = jobs.map(|(w, _, out)| (w.mat(f), out));
+        let mut start = 0;
+        while start < J {
+            let kind = pairs[start].0.ty.act_kind();
+            let end = (start..J)
+                .find(|&j| pairs[j].0.ty.act_kind() != kind)
+                .unwrap_or(J);
+            acts.quantize(kind, x, d);
+            matmul_many(ks, acts, &mut pairs[start..end]);
+            start = end;
+        }
+        for ((_, out), bias) in pairs.iter_mut().zip(biases) {
+            if let Some(b) = bias {
+                let b = b.f32s(f);
+                for row in out.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
+                }
+            }
+        }
+    }
+
     fn attention_block(&mut self, li: usize, l: &LayerWeights, pos0: usize, n: usize) {
         let m = self.model;
         let c = &m.config;
@@ -306,14 +338,18 @@ impl<'m> Engine<'m> {
         let q = grow(&mut s.q, n * qd);
         let k = grow(&mut s.k, n * kvd);
         let v = grow(&mut s.v, n * kvd);
-        let mut quantized_for: Option<QuantType> = None;
-        for (w, b, out) in [(&l.wq, &l.bq, q), (&l.wk, &l.bk, k), (&l.wv, &l.bv, v)] {
-            if quantized_for.map(|t| t.act_kind()) != Some(w.ty.act_kind()) {
-                s.acts.quantize(w.ty.act_kind(), &s.xn[..n * d], d);
-                quantized_for = Some(w.ty);
-            }
-            Self::project(&self.ks, f, w, b.as_ref(), &s.acts, out);
-        }
+        Self::project_many(
+            &self.ks,
+            f,
+            &mut s.acts,
+            &s.xn[..n * d],
+            d,
+            [
+                (&l.wq, l.bq.as_ref(), q),
+                (&l.wk, l.bk.as_ref(), k),
+                (&l.wv, l.bv.as_ref(), v),
+            ],
+        );
         let half = self.inv_freq.len();
         let (cos, sin) = (&s.rope_cos[..n * half], &s.rope_sin[..n * half]);
         for t in 0..n {
@@ -401,14 +437,16 @@ impl<'m> Engine<'m> {
                 &mut xn[t * d..(t + 1) * d],
             );
         }
-        s.acts.quantize(l.gate.ty.act_kind(), &s.xn[..n * d], d);
         let gate = grow(&mut s.gate, n * ff);
-        Self::project(&self.ks, f, &l.gate, None, &s.acts, gate);
-        if l.up.ty.act_kind() != l.gate.ty.act_kind() {
-            s.acts.quantize(l.up.ty.act_kind(), &s.xn[..n * d], d);
-        }
         let up = grow(&mut s.up, n * ff);
-        Self::project(&self.ks, f, &l.up, None, &s.acts, up);
+        Self::project_many(
+            &self.ks,
+            f,
+            &mut s.acts,
+            &s.xn[..n * d],
+            d,
+            [(&l.gate, None, gate), (&l.up, None, up)],
+        );
         // SwiGLU: neuron i's activation is silu(gate_i . x) * (up_i . x).
         for (g, u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
             *g = silu(*g) * u;
