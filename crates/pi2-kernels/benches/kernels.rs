@@ -44,25 +44,39 @@ fn matrix_bytes(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
     b
 }
 
-fn bench_matvec(c: &mut Criterion) {
-    let (rows, cols) = (1536, 1024);
-    let mut g = c.benchmark_group("matvec_1536x1024");
-    for ty in QuantType::ALL {
+/// One group: `rows x cols` matrices of each type times `n` tokens, on every supported tier, one
+/// thread. Throughput in weight bytes (matvec) or output elements (gemm).
+fn bench_matmul(
+    c: &mut Criterion,
+    group: &str,
+    types: &[QuantType],
+    (rows, cols, n): (usize, usize, usize),
+    bytes_throughput: bool,
+) {
+    let mut g = c.benchmark_group(group);
+    if rows * cols > 1 << 24 {
+        g.sample_size(10);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for &ty in types {
         let bytes = matrix_bytes(ty, rows, cols);
         let w = MatRef::new(ty, rows, cols, &bytes).unwrap();
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.01).sin()).collect();
+        let x: Vec<f32> = (0..cols * n).map(|i| (i as f32 * 0.01).sin()).collect();
         let mut acts = ActBuf::new();
         acts.quantize(ty.act_kind(), &x, cols);
-        let mut out = vec![0.0; rows];
-        g.throughput(Throughput::Bytes(bytes.len() as u64));
+        let mut out = vec![0.0; rows * n];
+        g.throughput(if bytes_throughput {
+            Throughput::Bytes(bytes.len() as u64)
+        } else {
+            Throughput::Elements((rows * n) as u64)
+        });
         for tier in Tier::ALL {
             let Some(ks) = KernelSet::for_tier(tier) else {
                 continue;
             };
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .unwrap();
             g.bench_with_input(
                 BenchmarkId::new(format!("{ty}"), tier.name()),
                 &ks,
@@ -71,6 +85,17 @@ fn bench_matvec(c: &mut Criterion) {
         }
     }
     g.finish();
+}
+
+/// Matvec that fits in cache, every format.
+fn bench_matvec(c: &mut Criterion) {
+    bench_matmul(
+        c,
+        "matvec_1536x1024",
+        &QuantType::ALL,
+        (1536, 1024, 1),
+        true,
+    );
 }
 
 /// Plain read bandwidth over a buffer larger than the last-level cache: the ceiling for
@@ -96,63 +121,14 @@ fn bench_memory(c: &mut Criterion) {
 
 /// Matvec over a matrix larger than the last-level cache (memory-bound, the decode regime).
 fn bench_matvec_large(c: &mut Criterion) {
-    let (rows, cols) = (65536, 1024);
-    let mut g = c.benchmark_group("matvec_65536x1024");
-    g.sample_size(10);
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
-        let bytes = matrix_bytes(ty, rows, cols);
-        let w = MatRef::new(ty, rows, cols, &bytes).unwrap();
-        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.01).sin()).collect();
-        let mut acts = ActBuf::new();
-        acts.quantize(ty.act_kind(), &x, cols);
-        let mut out = vec![0.0; rows];
-        g.throughput(Throughput::Bytes(bytes.len() as u64));
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        for tier in Tier::ALL {
-            let Some(ks) = KernelSet::for_tier(tier) else {
-                continue;
-            };
-            g.bench_with_input(
-                BenchmarkId::new(format!("{ty}"), tier.name()),
-                &ks,
-                |b, ks| b.iter(|| pool.install(|| matmul(ks, &w, &acts, &mut out))),
-            );
-        }
-    }
-    g.finish();
+    let types = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+    bench_matmul(c, "matvec_65536x1024", &types, (65536, 1024, 1), true);
 }
 
 /// Prefill shape: 64 tokens through one matrix (rows x tokens tiles).
 fn bench_gemm(c: &mut Criterion) {
-    let (rows, cols, n) = (1536, 576, 64);
-    let mut g = c.benchmark_group("gemm_1536x576x64");
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
-        let bytes = matrix_bytes(ty, rows, cols);
-        let w = MatRef::new(ty, rows, cols, &bytes).unwrap();
-        let x: Vec<f32> = (0..cols * n).map(|i| (i as f32 * 0.01).sin()).collect();
-        let mut acts = ActBuf::new();
-        acts.quantize(ty.act_kind(), &x, cols);
-        let mut out = vec![0.0; rows * n];
-        g.throughput(Throughput::Elements((rows * n) as u64));
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        for tier in Tier::ALL {
-            let Some(ks) = KernelSet::for_tier(tier) else {
-                continue;
-            };
-            g.bench_with_input(
-                BenchmarkId::new(format!("{ty}"), tier.name()),
-                &ks,
-                |b, ks| b.iter(|| pool.install(|| matmul(ks, &w, &acts, &mut out))),
-            );
-        }
-    }
-    g.finish();
+    let types = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+    bench_matmul(c, "gemm_1536x576x64", &types, (1536, 576, 64), false);
 }
 
 criterion_group!(
