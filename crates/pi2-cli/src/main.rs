@@ -36,6 +36,10 @@ pub struct ModelArgs {
     /// Force a kernel tier lower than the detected one (scalar, avx2)
     #[arg(long = "kernel-tier")]
     pub kernel_tier: Option<String>,
+    /// Pin compute threads to these cores: clusters (big, mid, little, all) or CPU numbers
+    /// (0-3,6), in placement order; threads default to the number of cores selected
+    #[arg(long = "cores")]
+    pub cores: Option<String>,
 }
 
 /// Sampling options (llama.cpp names and defaults).

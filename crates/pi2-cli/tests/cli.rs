@@ -165,8 +165,26 @@ fn info_describes_the_model() {
         v["memory"]["total_bytes"].as_u64().unwrap()
             > v["memory"]["weights_bytes"].as_u64().unwrap()
     );
+    assert!(v["cpu"]["clusters"][0]["cpus"].as_array().unwrap().len() >= 1);
     let text = ok(&["info", "-m", &m()]);
     assert!(text.contains("architecture:  llama") && text.contains("memory needed"));
+    assert!(text.contains("cpu cores:     big "));
+}
+
+#[test]
+fn cores_pin_the_threads_and_set_their_number() {
+    // CPU 0 is online everywhere; pinned output is the same greedy text.
+    let model = m();
+    let run = |extra: &[&str]| -> Value {
+        let mut a = vec![
+            "run", "-m", &model, "-p", "Hello", "-n", "4", "--temp", "0", "--json",
+        ];
+        a.extend_from_slice(extra);
+        serde_json::from_str(&ok(&a)).unwrap()
+    };
+    let pinned = run(&["--cores", "0"]);
+    assert_eq!(pinned["threads"], 1);
+    assert_eq!(pinned["generated_ids"], run(&[])["generated_ids"]);
 }
 
 #[test]
@@ -281,6 +299,14 @@ fn bad_input_gives_one_clear_line() {
         "unknown kernel tier",
     );
     fails_with(&["run", "-m", &m(), "-t", "0", "-p", "x"], "--threads");
+    fails_with(
+        &["run", "-m", &m(), "--cores", "9999", "-p", "x"],
+        "CPU 9999 is not online",
+    );
+    fails_with(
+        &["run", "-m", &m(), "--cores", "fast", "-p", "x"],
+        "bad core selection `fast`",
+    );
     fails_with(
         &["perplexity", "-m", &m(), "-f", "/nonexistent.txt"],
         "/nonexistent.txt",

@@ -16,5 +16,5 @@ mod ops;
 pub use ops::{
     axpy_rows, dot_row, gather_matvec, matmul, matmul_many, ActBuf, ActRow, MatRef, MAX_MATMUL_JOBS,
 };
-pub use simd::{KernelSet, RowKernels, Tier};
+pub use simd::{cpu_features, KernelSet, RowKernels, Tier};
 pub use types::{ActKind, KernelError, QuantType};

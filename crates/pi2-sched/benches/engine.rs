@@ -26,6 +26,7 @@ fn bench_engine(c: &mut Criterion) {
                 threads,
                 n_ctx: 1024,
                 tier: None,
+                ..Default::default()
             },
         )
         .unwrap();

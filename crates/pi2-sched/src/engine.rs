@@ -19,6 +19,8 @@ pub enum EngineError {
     TierUnsupported(&'static str),
     #[error("cannot start {threads} worker threads: {msg}")]
     ThreadPool { threads: usize, msg: String },
+    #[error("CPU {cpu} is not available to this process (allowed: {allowed})")]
+    CpuNotAllowed { cpu: usize, allowed: String },
     #[error("empty input")]
     Empty,
 }
@@ -32,6 +34,9 @@ pub struct EngineConfig {
     pub n_ctx: usize,
     /// Force a kernel tier (default: the best this CPU supports).
     pub tier: Option<Tier>,
+    /// CPUs to pin the compute threads to, thread `i` on `cpus[i % len]` (empty: let the OS
+    /// place them). See [`crate::topology::Topology::select`].
+    pub cpus: Vec<usize>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +47,7 @@ impl Default for EngineConfig {
                 .unwrap_or(1),
             n_ctx: 0,
             tier: None,
+            cpus: Vec::new(),
         }
     }
 }
@@ -111,9 +117,24 @@ impl<'m> Engine<'m> {
             Some(t) => KernelSet::for_tier(t).ok_or(EngineError::TierUnsupported(t.name()))?,
         };
         let threads = cfg.threads.max(1);
+        if let Some(allowed) = crate::topology::allowed_cpus() {
+            if let Some(&cpu) = cfg.cpus.iter().find(|c| !allowed.contains(c)) {
+                return Err(EngineError::CpuNotAllowed {
+                    cpu,
+                    allowed: crate::topology::format_cpu_list(&allowed),
+                });
+            }
+        }
+        let cpus = cfg.cpus.clone();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("pi2-compute-{i}"))
+            .start_handler(move |i| {
+                if !cpus.is_empty() {
+                    // Checked against the affinity mask above; a failure here only loses placement.
+                    let _ = crate::topology::pin_current_thread(cpus[i % cpus.len()]);
+                }
+            })
             .build()
             .map_err(|e| EngineError::ThreadPool {
                 threads,

@@ -8,6 +8,7 @@ mod engine;
 mod generate;
 pub mod perplexity;
 mod sampler;
+pub mod topology;
 
 pub use engine::{Engine, EngineConfig, EngineError, Logits};
 pub use generate::{generate, GenerateConfig, Generation, StopReason};

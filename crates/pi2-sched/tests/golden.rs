@@ -46,6 +46,7 @@ fn engine(m: &Model) -> Engine<'_> {
             threads: 2,
             n_ctx: 2048,
             tier: None,
+            ..Default::default()
         },
     )
     .unwrap()

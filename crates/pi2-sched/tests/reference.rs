@@ -149,6 +149,7 @@ fn check(spec: SynthSpec, min_cosine: f64) {
                 threads,
                 n_ctx: 64,
                 tier: None,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -159,6 +160,7 @@ fn check(spec: SynthSpec, min_cosine: f64) {
                 threads,
                 n_ctx: 64,
                 tier: None,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -100,15 +100,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     // engine_config checks one thread count; bench sweeps the whole list.
+    let base = engine_config(&ModelArgs {
+        threads: a
+            .model
+            .threads
+            .first()
+            .map(|&t| t.max(1))
+            .into_iter()
+            .collect(),
+        ..a.model.clone()
+    })?;
     let threads = if a.model.threads.is_empty() {
-        vec![pi2_sched::EngineConfig::default().threads]
+        vec![base.threads]
     } else {
         a.model.threads.clone()
     };
-    let base = engine_config(&ModelArgs {
-        threads: vec![threads[0].max(1)],
-        ..a.model.clone()
-    })?;
     let main_type = {
         let mut counts = std::collections::HashMap::<&str, u64>::new();
         for t in &model.file.tensors {

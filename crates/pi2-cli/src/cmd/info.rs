@@ -21,6 +21,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let path = model_path(&a.model)?;
     let m = Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))?;
     let c = &m.config;
+    let topo = pi2_sched::topology::Topology::detect();
     let n_ctx = if a.model.ctx_size == 0 {
         c.n_ctx_train
     } else {
@@ -61,6 +62,10 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "memory": {"weights_bytes": weights, "ffn_bytes": ffn, "kv_cache_bytes": kv, "n_ctx": n_ctx, "scratch_bytes": scratch, "total_bytes": weights + kv as u64 + scratch as u64},
             "chat_template": m.chat_template.is_some(),
             "kernel_tier": Tier::detect().name(),
+            "cpu": {
+                "features": pi2_kernels::cpu_features(),
+                "clusters": topo.clusters.iter().map(|c| serde_json::json!({"kind": c.kind.name(), "max_freq_khz": c.max_freq_khz, "cpus": c.cpus})).collect::<Vec<_>>(),
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -133,5 +138,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
         human(weights + kv as u64 + scratch as u64)
     );
     println!("kernel tier:   {} (detected)", Tier::detect().name());
+    println!("cpu features:  {}", pi2_kernels::cpu_features().join(" "));
+    println!("cpu cores:     {topo}");
     Ok(())
 }

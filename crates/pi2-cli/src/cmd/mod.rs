@@ -61,7 +61,12 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
             Some(t)
         }
     };
+    let cpus = match &a.cores {
+        None => Vec::new(),
+        Some(spec) => pi2_sched::topology::Topology::detect().select(spec)?,
+    };
     let threads = match a.threads[..] {
+        [] if !cpus.is_empty() => cpus.len(),
         [] => EngineConfig::default().threads,
         [0] => bail!("--threads must be at least 1"),
         [t] => t,
@@ -71,6 +76,7 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
         threads,
         n_ctx: a.ctx_size,
         tier,
+        cpus,
     })
 }
 

@@ -186,6 +186,36 @@ impl KernelSet {
     }
 }
 
+/// The CPU features the kernels care about that this CPU has, by their usual names
+/// (`avx512bw`, `dotprod`, `i8mm`, ...), for `pi2 info` and bench tables.
+pub fn cpu_features() -> Vec<&'static str> {
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => { $(if std::is_x86_feature_detected!($f) { out.push($f); })* };
+        }
+        probe!(
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512vnni",
+            "avxvnni"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => { $(if std::arch::is_aarch64_feature_detected!($f) { out.push($f); })* };
+        }
+        probe!("neon", "fp16", "dotprod", "i8mm", "sve");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
