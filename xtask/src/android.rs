@@ -301,7 +301,7 @@ impl Device {
     /// Free bytes under `dir` on the device (from `df -k`); `None` if the output is not understood.
     fn free_bytes(&self, dir: &str) -> Option<u64> {
         let out = self.shell(&format!("df -k {dir}")).ok()?;
-        let line = out.lines().filter(|l| !l.trim().is_empty()).last()?;
+        let line = out.lines().rfind(|l| !l.trim().is_empty())?;
         let avail: u64 = line.split_whitespace().nth(3)?.parse().ok()?;
         Some(avail * 1024)
     }

@@ -165,7 +165,10 @@ fn info_describes_the_model() {
         v["memory"]["total_bytes"].as_u64().unwrap()
             > v["memory"]["weights_bytes"].as_u64().unwrap()
     );
-    assert!(v["cpu"]["clusters"][0]["cpus"].as_array().unwrap().len() >= 1);
+    assert!(!v["cpu"]["clusters"][0]["cpus"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     let text = ok(&["info", "-m", &m()]);
     assert!(text.contains("architecture:  llama") && text.contains("memory needed"));
     assert!(text.contains("cpu cores:     big "));
