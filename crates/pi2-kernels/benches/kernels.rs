@@ -121,7 +121,13 @@ fn bench_memory(c: &mut Criterion) {
 
 /// Matvec over a matrix larger than the last-level cache (memory-bound, the decode regime).
 fn bench_matvec_large(c: &mut Criterion) {
-    let types = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+    let types = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q6_K,
+    ];
     bench_matmul(c, "matvec_65536x1024", &types, (65536, 1024, 1), true);
 }
 

@@ -16,10 +16,9 @@ pub(super) fn kernel_set() -> KernelSet {
         q4_0: tiles::<BlockQ4_0>(),
         q4_1: tiles::<BlockQ4_1>(),
         q8_0: tiles::<BlockQ8_0>(),
-        // k-quants: the scalar reference (no AVX2 path yet).
-        q4_k: RowKernels::reference(),
-        q5_k: RowKernels::reference(),
-        q6_k: RowKernels::reference(),
+        q4_k: super::avx2_k::rows(),
+        q5_k: super::avx2_k::rows(),
+        q6_k: super::avx2_k::rows(),
     }
 }
 

@@ -17,9 +17,10 @@ pub(super) fn kernel_set() -> KernelSet {
         q4_0: tiles::<BlockQ4_0>(),
         q4_1: tiles::<BlockQ4_1>(),
         q8_0: tiles::<BlockQ8_0>(),
-        q4_k: RowKernels::reference(),
-        q5_k: RowKernels::reference(),
-        q6_k: RowKernels::reference(),
+        // k-quants: the AVX2 kernels (a 256-element block is 8 AVX2 steps; not yet widened).
+        q4_k: super::avx2_k::rows(),
+        q5_k: super::avx2_k::rows(),
+        q6_k: super::avx2_k::rows(),
     }
 }
 

@@ -16,9 +16,9 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         q4_0: tiles::<BlockQ4_0>(dot),
         q4_1: tiles::<BlockQ4_1>(dot),
         q8_0: tiles::<BlockQ8_0>(dot),
-        q4_k: RowKernels::reference(),
-        q5_k: RowKernels::reference(),
-        q6_k: RowKernels::reference(),
+        q4_k: super::neon_k::rows(dot),
+        q5_k: super::neon_k::rows(dot),
+        q6_k: super::neon_k::rows(dot),
     }
 }
 
@@ -41,7 +41,11 @@ fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(dot: bool) -> Row
 
 /// `acc += a . b` in four i32 lanes (each lane sums 4 byte products).
 #[inline(always)]
-unsafe fn idot<const DOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn idot<const DOT: bool>(
+    acc: int32x4_t,
+    a: int8x16_t,
+    b: int8x16_t,
+) -> int32x4_t {
     if DOT {
         let mut acc = acc;
         std::arch::asm!(

@@ -1,0 +1,150 @@
+//! AVX2 k-quant kernels (Q4_K, Q5_K, Q6_K against Q8_K activations), also used by the AVX-512
+//! tier. The weights are unsigned (Q6_K's `q - 32` offset is taken out through the activation
+//! block sums), so `maddubs` multiplies them with the signed activations directly, and a `madd`
+//! with the sub-block scale turns the i16 pairs into scaled i32 lanes. The per-sub-block mins
+//! (Q4_K, Q5_K) and the Q6_K offset are small scalar sums over `bsums`.
+
+use super::avx2::{f16_scalar, hsum_ps};
+use super::RowKernels;
+use crate::quant::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
+use std::arch::x86_64::*;
+
+/// One weight block against one activation block: scaled integer sums in 8 i32 lanes, the
+/// float factor they take (`d`), and the float term to subtract (mins or offset, times its scale).
+pub(super) trait KBlock: QuantBlock<Act = BlockQ8K> + Copy {
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32);
+}
+
+/// The row kernels of a k-quant type: `dot4`/`dot4x2` are row-by-row (k-quant rows are long
+/// enough that the activation block stays in L1 between rows).
+pub(super) fn rows<B: KBlock>() -> RowKernels<B> {
+    RowKernels {
+        dot: |w, x| unsafe { dot::<B>(w, x) },
+        dot4: |w, x| w.map(|r| unsafe { dot::<B>(r, x) }),
+        dot4x2: |w, x| w.map(|r| x.map(|xt| unsafe { dot::<B>(r, xt) })),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for (wb, xb) in w.iter().zip(x) {
+        let (sums, d, sub) = wb.block(xb);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * xb.d), acc);
+        offset += xb.d * sub;
+    }
+    hsum_ps(acc) - offset
+}
+
+#[inline(always)]
+unsafe fn load(p: &[u8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    _mm256_loadu_si256(p.as_ptr() as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn load_i8(p: &[i8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    _mm256_loadu_si256(p.as_ptr() as *const __m256i)
+}
+
+/// `(q . x)` over 32 bytes, every 16-element half times its own scale, as 8 i32 lanes.
+#[inline(always)]
+unsafe fn scaled(q: __m256i, x: __m256i, sc_lo: i16, sc_hi: i16) -> __m256i {
+    let scale = _mm256_set_m128i(_mm_set1_epi16(sc_hi), _mm_set1_epi16(sc_lo));
+    _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), scale)
+}
+
+/// Bits `shift..shift+width` of every byte of `v`, moved to bit 4 (the high part of a k-quant).
+#[inline(always)]
+unsafe fn high_bits(v: __m256i, shift: i32, mask: i8) -> __m256i {
+    let s = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift));
+    _mm256_slli_epi16(_mm256_and_si256(s, _mm256_set1_epi8(mask)), 4)
+}
+
+/// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins.
+#[inline(always)]
+unsafe fn k4_like(
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    scales: &[u8; 12],
+    d: u16,
+    dmin: u16,
+    x: &BlockQ8K,
+) -> (__m256i, f32, f32) {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let hbits = qh.map(|h| load(h));
+    let mut acc = _mm256_setzero_si256();
+    let mut mins = 0i32;
+    for j in 0..4 {
+        let (sc0, m0) = scale_min_k4(2 * j, scales);
+        let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
+        let q = load(&qs[32 * j..]);
+        let mut lo = _mm256_and_si256(q, low4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        if let Some(h) = hbits {
+            lo = _mm256_or_si256(lo, high_bits(h, 2 * j as i32, 1));
+            hi = _mm256_or_si256(hi, high_bits(h, 2 * j as i32 + 1, 1));
+        }
+        let x0 = load_i8(&x.qs[64 * j..]);
+        let x1 = load_i8(&x.qs[64 * j + 32..]);
+        acc = _mm256_add_epi32(acc, scaled(lo, x0, sc0 as i16, sc0 as i16));
+        acc = _mm256_add_epi32(acc, scaled(hi, x1, sc1 as i16, sc1 as i16));
+        let b = &x.bsums[4 * j..4 * j + 4];
+        mins += m0 as i32 * (b[0] as i32 + b[1] as i32) + m1 as i32 * (b[2] as i32 + b[3] as i32);
+    }
+    (acc, f16_scalar(d), f16_scalar(dmin) * mins as f32)
+}
+
+impl KBlock for BlockQ4K {
+    #[inline(always)]
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+        k4_like(&self.qs, None, &self.scales, self.d, self.dmin, x)
+    }
+}
+
+impl KBlock for BlockQ5K {
+    #[inline(always)]
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+        k4_like(&self.qs, Some(&self.qh), &self.scales, self.d, self.dmin, x)
+    }
+}
+
+impl KBlock for BlockQ6K {
+    /// Two halves of 128; in each, four quarters of 32 (low/high nibbles of `ql`, 2-bit pairs of
+    /// `qh`), each quarter two sub-blocks of 16 with their own int8 scale.
+    #[inline(always)]
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+        let low4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_si256();
+        for half in 0..2 {
+            let ql0 = load(&self.ql[64 * half..]);
+            let ql1 = load(&self.ql[64 * half + 32..]);
+            let qh = load(&self.qh[32 * half..]);
+            let quarters = [
+                _mm256_and_si256(ql0, low4),
+                _mm256_and_si256(ql1, low4),
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+            ];
+            for (k, low) in quarters.into_iter().enumerate() {
+                let q = _mm256_or_si256(low, high_bits(qh, 2 * k as i32, 3));
+                let xq = load_i8(&x.qs[128 * half + 32 * k..]);
+                let s = 8 * half + 2 * k;
+                acc = _mm256_add_epi32(
+                    acc,
+                    scaled(q, xq, self.scales[s] as i16, self.scales[s + 1] as i16),
+                );
+            }
+        }
+        let offset: i32 = self
+            .scales
+            .iter()
+            .zip(&x.bsums)
+            .map(|(&s, &b)| s as i32 * b as i32)
+            .sum();
+        let d = f16_scalar(self.d);
+        (acc, d, d * (32 * offset) as f32)
+    }
+}

@@ -1,0 +1,185 @@
+//! aarch64 k-quant kernels (Q4_K, Q5_K, Q6_K against Q8_K activations), NEON and dotprod from
+//! one generic body (`DOT` picks the integer product, as in `neon.rs`). The unpacked weights are
+//! at most 63, so they are valid signed bytes and `sdot` multiplies them with the activations
+//! directly; each sub-block's lanes are scaled with one `mla` by its scale. The per-sub-block mins
+//! (Q4_K, Q5_K) and Q6_K's `-32` offset are small scalar sums over the activation `bsums`.
+
+use super::neon::idot;
+use super::RowKernels;
+use crate::quant::{f16_to_f32, scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
+use std::arch::aarch64::*;
+
+/// One weight block against one activation block: the scaled integer sum, its float factor
+/// (`d`), and the float term to subtract (mins or offset, times its scale).
+pub(super) trait KBlock: QuantBlock<Act = BlockQ8K> + Copy {
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32);
+}
+
+pub(super) fn rows<B: KBlock>(dot: bool) -> RowKernels<B> {
+    if dot {
+        RowKernels {
+            dot: |w, x| unsafe { dot_dotprod::<B>(w, x) },
+            dot4: |w, x| w.map(|r| unsafe { dot_dotprod::<B>(r, x) }),
+            dot4x2: |w, x| w.map(|r| x.map(|xt| unsafe { dot_dotprod::<B>(r, xt) })),
+        }
+    } else {
+        RowKernels {
+            dot: |w, x| unsafe { dot_neon::<B>(w, x) },
+            dot4: |w, x| w.map(|r| unsafe { dot_neon::<B>(r, x) }),
+            dot4x2: |w, x| w.map(|r| x.map(|xt| unsafe { dot_neon::<B>(r, xt) })),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_body<B: KBlock, const DOT: bool>(w: &[B], x: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (wb, xb) in w.iter().zip(x) {
+        let (isum, d, sub) = wb.block::<DOT>(xb);
+        sum += xb.d * (d * isum as f32 - sub);
+    }
+    sum
+}
+
+/// # Safety
+/// NEON is part of every aarch64 target Rust supports.
+#[target_feature(enable = "neon")]
+unsafe fn dot_neon<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
+    dot_body::<B, false>(w, x)
+}
+
+/// # Safety
+/// The CPU must support the dotprod extension.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn dot_dotprod<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
+    dot_body::<B, true>(w, x)
+}
+
+#[inline(always)]
+unsafe fn load_x(x: &BlockQ8K, at: usize) -> int8x16_t {
+    debug_assert!(at + 16 <= x.qs.len());
+    vld1q_s8(x.qs.as_ptr().add(at))
+}
+
+#[inline(always)]
+unsafe fn s8(v: uint8x16_t) -> int8x16_t {
+    vreinterpretq_s8_u8(v)
+}
+
+/// Bits `shift..shift+width` of every byte (`mask` = the width's ones), moved to bit 4.
+#[inline(always)]
+unsafe fn high_bits(v: uint8x16_t, shift: i8, mask: u8) -> uint8x16_t {
+    vshlq_n_u8(
+        vandq_u8(vshlq_u8(v, vdupq_n_s8(-shift)), vdupq_n_u8(mask)),
+        4,
+    )
+}
+
+/// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins.
+#[inline(always)]
+unsafe fn k4_like<const DOT: bool>(
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    scales: &[u8; 12],
+    d: u16,
+    dmin: u16,
+    x: &BlockQ8K,
+) -> (i32, f32, f32) {
+    let low4 = vdupq_n_u8(0x0F);
+    let h = qh.map(|h| (vld1q_u8(h.as_ptr()), vld1q_u8(h.as_ptr().add(16))));
+    let mut acc = vdupq_n_s32(0);
+    let mut mins = 0i32;
+    for j in 0..4 {
+        let (sc0, m0) = scale_min_k4(2 * j, scales);
+        let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
+        let q0 = vld1q_u8(qs.as_ptr().add(32 * j));
+        let q1 = vld1q_u8(qs.as_ptr().add(32 * j + 16));
+        let (mut l0, mut l1) = (vandq_u8(q0, low4), vandq_u8(q1, low4));
+        let (mut h0, mut h1) = (vshrq_n_u8(q0, 4), vshrq_n_u8(q1, 4));
+        if let Some((hb0, hb1)) = h {
+            let (lo_bit, hi_bit) = (2 * j as i8, 2 * j as i8 + 1);
+            l0 = vorrq_u8(l0, high_bits(hb0, lo_bit, 1));
+            l1 = vorrq_u8(l1, high_bits(hb1, lo_bit, 1));
+            h0 = vorrq_u8(h0, high_bits(hb0, hi_bit, 1));
+            h1 = vorrq_u8(h1, high_bits(hb1, hi_bit, 1));
+        }
+        let base = 64 * j;
+        let lo = idot::<DOT>(
+            idot::<DOT>(vdupq_n_s32(0), s8(l0), load_x(x, base)),
+            s8(l1),
+            load_x(x, base + 16),
+        );
+        let hi = idot::<DOT>(
+            idot::<DOT>(vdupq_n_s32(0), s8(h0), load_x(x, base + 32)),
+            s8(h1),
+            load_x(x, base + 48),
+        );
+        acc = vmlaq_n_s32(acc, lo, sc0 as i32);
+        acc = vmlaq_n_s32(acc, hi, sc1 as i32);
+        let b = &x.bsums[4 * j..4 * j + 4];
+        mins += m0 as i32 * (b[0] as i32 + b[1] as i32) + m1 as i32 * (b[2] as i32 + b[3] as i32);
+    }
+    (
+        vaddvq_s32(acc),
+        f16_to_f32(d),
+        f16_to_f32(dmin) * mins as f32,
+    )
+}
+
+impl KBlock for BlockQ4K {
+    #[inline(always)]
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+        k4_like::<DOT>(&self.qs, None, &self.scales, self.d, self.dmin, x)
+    }
+}
+
+impl KBlock for BlockQ5K {
+    #[inline(always)]
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+        k4_like::<DOT>(&self.qs, Some(&self.qh), &self.scales, self.d, self.dmin, x)
+    }
+}
+
+impl KBlock for BlockQ6K {
+    /// Two halves of 128; in each, four quarters of 32 (low/high nibbles of `ql`, 2-bit pairs of
+    /// `qh`); a 16-byte vector is exactly one sub-block with its own int8 scale.
+    #[inline(always)]
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+        let low4 = vdupq_n_u8(0x0F);
+        let mut acc = vdupq_n_s32(0);
+        for half in 0..2 {
+            let ql = self.ql.as_ptr().add(64 * half);
+            let qh = self.qh.as_ptr().add(32 * half);
+            let l = [
+                vld1q_u8(ql),
+                vld1q_u8(ql.add(16)),
+                vld1q_u8(ql.add(32)),
+                vld1q_u8(ql.add(48)),
+            ];
+            let h = [vld1q_u8(qh), vld1q_u8(qh.add(16))];
+            for k in 0..4 {
+                // Quarter k: ql bytes 0..32 (k even) or 32..64 (k odd), low nibbles for k < 2.
+                for part in 0..2 {
+                    let src = l[2 * (k & 1) + part];
+                    let low = if k < 2 {
+                        vandq_u8(src, low4)
+                    } else {
+                        vshrq_n_u8(src, 4)
+                    };
+                    let q = vorrq_u8(low, high_bits(h[part], 2 * k as i8, 3));
+                    let at = 128 * half + 32 * k + 16 * part;
+                    let s = idot::<DOT>(vdupq_n_s32(0), s8(q), load_x(x, at));
+                    acc = vmlaq_n_s32(acc, s, self.scales[at / 16] as i32);
+                }
+            }
+        }
+        let offset: i32 = self
+            .scales
+            .iter()
+            .zip(&x.bsums)
+            .map(|(&s, &b)| s as i32 * b as i32)
+            .sum();
+        let d = f16_to_f32(self.d);
+        (vaddvq_s32(acc), d, d * (32 * offset) as f32)
+    }
+}
