@@ -79,6 +79,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// llama-bench style throughput table (ppN prompt processing, tgN generation)
     Bench(cmd::bench::BenchArgs),
+    /// Record how FFN neurons activate over calibration text (thresholds, hotness, cache curves)
+    Profile(cmd::profile::ProfileArgs),
     /// Download the default model into the models folder and verify it
     FetchModel(cmd::FetchArgs),
 }
@@ -92,6 +94,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Profile(a) => cmd::profile::run(a),
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {

@@ -342,3 +342,47 @@ fn fetch_never_overwrites_a_different_file() {
     );
     assert_eq!(std::fs::read(&p).unwrap(), b"my own file");
 }
+
+#[test]
+fn profile_writes_profile_trace_and_pictures_and_never_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.json");
+    let out_s = out.display().to_string();
+    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
+    let corpus_s = corpus.display().to_string();
+    let args = [
+        "profile",
+        "-m",
+        &m(),
+        "-f",
+        &corpus_s,
+        "--tokens",
+        "64",
+        "--chunk",
+        "32",
+        "-o",
+        &out_s,
+    ];
+    let table = ok(&args);
+    assert!(table.starts_with("layer | threshold@50%"), "{table}");
+    let prof = pi2_sparse::Profile::load(&out).unwrap();
+    assert_eq!(prof.layers.len(), 30);
+    assert_eq!(prof.calibration.tokens, 64);
+    let l = &prof.layers[3];
+    // Half of all (token, neuron) scores are below the reference threshold.
+    let mean_freq: f32 = l.frequency.iter().sum::<f32>() / l.frequency.len() as f32;
+    assert!((mean_freq - 0.5).abs() < 0.05, "{mean_freq}");
+    let trace = pi2_sparse::Trace::read(&dir.path().join("p.trace")).unwrap();
+    assert_eq!((trace.n_layer, trace.n_ff, trace.n_tokens), (30, 1536, 64));
+    for pic in ["p-hotness.svg", "p-hitrate.svg"] {
+        let svg = std::fs::read_to_string(dir.path().join(pic)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{pic}"
+        );
+    }
+    fails_with(&args, "exists; pass --force");
+    let mut bad = args.to_vec();
+    bad.extend(["--force", "--sparsity", "1.5"]);
+    fails_with(&bad, "--sparsity must be in 0..1");
+}

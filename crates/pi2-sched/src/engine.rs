@@ -4,6 +4,7 @@
 use half::f16;
 use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier};
 use pi2_model::{LayerWeights, Model, RopeKind, TensorView, TokenId};
+use pi2_sparse::FfnObserver;
 use rayon::prelude::*;
 
 /// Engine errors: bad requests rather than bad files (the model was checked at load).
@@ -212,6 +213,17 @@ impl<'m> Engine<'m> {
 
     /// Run `tokens` at the next positions; returns logits rows (`n_vocab` each) as asked.
     pub fn forward(&mut self, tokens: &[TokenId], want: Logits) -> Result<&[f32], EngineError> {
+        self.forward_observed(tokens, want, None)
+    }
+
+    /// [`Engine::forward`], reporting every FFN layer's input and gate pre-activations to
+    /// `observer` (activation profiling).
+    pub fn forward_observed<'o>(
+        &mut self,
+        tokens: &[TokenId],
+        want: Logits,
+        mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<&[f32], EngineError> {
         let n = tokens.len();
         if n == 0 {
             return Err(EngineError::Empty);
@@ -231,12 +243,17 @@ impl<'m> Engine<'m> {
             Logits::From(k) => k.min(n - 1),
         };
         let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(tokens, first_logit));
+        pool.install(|| self.forward_inner(tokens, first_logit, observer.as_deref_mut()));
         let rows = n - first_logit;
         Ok(&self.s.logits[..rows * c.n_vocab])
     }
 
-    fn forward_inner(&mut self, tokens: &[TokenId], first_logit: usize) {
+    fn forward_inner<'o>(
+        &mut self,
+        tokens: &[TokenId],
+        first_logit: usize,
+        mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) {
         let m = self.model;
         let c = &m.config;
         let f = &m.file;
@@ -253,7 +270,7 @@ impl<'m> Engine<'m> {
         self.rope_tables(pos0, n);
         for (li, layer) in m.weights.layers.iter().enumerate() {
             self.attention_block(li, layer, pos0, n);
-            self.ffn_block(layer, n);
+            self.ffn_block(li, layer, n, observer.as_deref_mut());
         }
         self.kv.len = pos0 + n;
 
@@ -443,7 +460,13 @@ impl<'m> Engine<'m> {
             .for_each(|(x, o)| *x += o);
     }
 
-    fn ffn_block(&mut self, l: &LayerWeights, n: usize) {
+    fn ffn_block<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) {
         let m = self.model;
         let c = &m.config;
         let f = &m.file;
@@ -468,6 +491,9 @@ impl<'m> Engine<'m> {
             d,
             [(&l.gate, None, gate), (&l.up, None, up)],
         );
+        if let Some(o) = observer {
+            o.observe(li, &s.xn[..n * d], &s.gate[..n * ff]);
+        }
         // SwiGLU: neuron i's activation is silu(gate_i . x) * (up_i . x).
         for (g, u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
             *g = silu(*g) * u;

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod perplexity;
+pub mod profile;
 pub mod run;
 pub mod tokenize;
 

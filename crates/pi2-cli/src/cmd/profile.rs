@@ -1,0 +1,274 @@
+//! `pi2 profile`: run the dense model over calibration text and record how its FFN neurons
+//! activate (see `pi2_sparse::Profile`), with two pictures.
+
+use super::{engine, load_model};
+use crate::ModelArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use pi2_model::Model;
+use pi2_sched::Logits;
+use pi2_sparse::{Activation, Calibration, ModelInfo, Profile, ProfileConfig, Profiler};
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Calibration text (keep it apart from evaluation text)
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Tokens to profile (memory: one byte per token, layer and FFN neuron)
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: usize,
+    /// Tokens per chunk; each chunk starts with an empty context, as in perplexity runs
+    #[arg(long = "chunk", default_value_t = 512)]
+    pub chunk: usize,
+    /// Sparsity at which "active" is decided for frequencies, co-activation, trace and cache curves
+    #[arg(long = "sparsity", default_value_t = 0.5)]
+    pub sparsity: f32,
+    /// Output profile (JSON); the trace and pictures go next to it
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Replace existing output files
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The profile's companions: `<stem>.trace`, `<stem>-hotness.svg`, `<stem>-hitrate.svg`.
+pub fn companions(output: &Path) -> [PathBuf; 3] {
+    let stem = output.with_extension("");
+    let s = stem.display();
+    [
+        PathBuf::from(format!("{s}.trace")),
+        PathBuf::from(format!("{s}-hotness.svg")),
+        PathBuf::from(format!("{s}-hitrate.svg")),
+    ]
+}
+
+pub fn model_info(model: &Model, path: &Path) -> ModelInfo {
+    let c = &model.config;
+    ModelInfo {
+        architecture: c.arch.name().to_string(),
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        n_ff: c.n_ff,
+        // Every architecture pi2 loads today gates with SiLU (SwiGLU).
+        activation: Activation::Silu,
+        file_name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        file_bytes: model.file.file_size(),
+    }
+}
+
+pub fn run(a: ProfileArgs) -> Result<()> {
+    if !(0.0..1.0).contains(&a.sparsity) {
+        bail!("--sparsity must be in 0..1 (got {})", a.sparsity);
+    }
+    if a.tokens == 0 || a.chunk == 0 {
+        bail!("--tokens and --chunk must be at least 1");
+    }
+    let [trace_path, hot_svg, hit_svg] = companions(&a.output);
+    for p in [&a.output, &trace_path, &hot_svg, &hit_svg] {
+        if p.exists() && !a.force {
+            bail!("{} exists; pass --force to replace it", p.display());
+        }
+    }
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let path = super::model_path(&a.model)?;
+    let model = load_model(&a.model)?;
+    let c = &model.config;
+    let mut engine = engine(&model, &a.model)?;
+    let chunk = a.chunk.min(engine.n_ctx());
+    let tokens = model.tokenizer.encode(&text, false, false);
+    let n = a.tokens.min(tokens.len());
+    if n < a.tokens {
+        eprintln!(
+            "profile: {} has only {} tokens; profiling all of them",
+            a.file.display(),
+            tokens.len()
+        );
+    }
+    eprintln!(
+        "profile: {n} tokens in chunks of {chunk}, {} layers x {} neurons ({:.0} MiB of scores)",
+        c.n_layer,
+        c.n_ff,
+        (n * c.n_layer * c.n_ff) as f64 / (1 << 20) as f64
+    );
+    let mut profiler = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
+    let pb = ProgressBar::new(n as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} tokens, {per_sec}, eta {eta}")
+            .expect("valid template"),
+    );
+    let bos = model
+        .tokenizer
+        .add_bos
+        .then_some(model.tokenizer.bos)
+        .flatten();
+    for part in tokens[..n].chunks(chunk) {
+        engine.truncate(0);
+        // A BOS opens each chunk where the model expects one; it is not profiled as text.
+        if let Some(b) = bos {
+            engine.forward(&[b], Logits::Last)?;
+        }
+        engine.forward_observed(part, Logits::Last, Some(&mut profiler))?;
+        pb.inc(part.len() as u64);
+    }
+    pb.finish_and_clear();
+    eprintln!("profile: summarising (thresholds, co-activation, cache curves) ..");
+    let info = model_info(&model, &path);
+    let cal = Calibration {
+        file: a
+            .file
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        tokens: n,
+    };
+    let cfg = ProfileConfig {
+        reference_sparsity: a.sparsity,
+    };
+    let (profile, trace) = profiler.finish(info, cal, &cfg)?;
+    profile.save(&a.output)?;
+    trace.write(&trace_path)?;
+    plot_hotness(&profile, &hot_svg)?;
+    plot_hit_rate(&profile, &hit_svg)?;
+    print_summary(&profile);
+    for p in [&a.output, &trace_path, &hot_svg, &hit_svg] {
+        eprintln!("profile: wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn print_summary(p: &Profile) {
+    println!(
+        "layer | threshold@{:.0}% | neurons active >50% of tokens | >90% | never | co-act lift | hit@25% (lru / pinned / best)",
+        p.reference_sparsity * 100.0
+    );
+    for (i, l) in p.layers.iter().enumerate() {
+        let n = l.frequency.len() as f32;
+        let frac = |pred: &dyn Fn(f32) -> bool| {
+            l.frequency.iter().filter(|&&f| pred(f)).count() as f32 / n * 100.0
+        };
+        let h = l
+            .hit_rate
+            .iter()
+            .find(|h| (h.cache_fraction - 0.25).abs() < 1e-6);
+        println!(
+            "{i:>5} | {:>14.4} | {:>28.1}% | {:>3.1}% | {:>4.1}% | {:>11.1} | {}",
+            l.reference_threshold,
+            frac(&|f| f > 0.5),
+            frac(&|f| f > 0.9),
+            frac(&|f| f == 0.0),
+            l.coactivation.mean_lift,
+            h.map_or("-".into(), |h| format!(
+                "{:.2} / {:.2} / {:.2}",
+                h.lru, h.pinned, h.best
+            )),
+        );
+    }
+}
+
+/// Activation frequency of each layer's neurons, sorted hottest first: one line per layer.
+fn plot_hotness(p: &Profile, path: &Path) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let n = p.model.n_ff;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Neuron hotness per layer ({}; active = top {:.0}% of scores)",
+                p.model.file_name,
+                (1.0 - p.reference_sparsity) * 100.0
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f32..100f32, 0f32..1f32)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("neurons, hottest first (% of the layer)")
+        .y_desc("fraction of tokens active")
+        .draw()
+        .map_err(plot_err)?;
+    let layers = p.layers.len().max(2);
+    for (li, l) in p.layers.iter().enumerate() {
+        let mut f = l.frequency.clone();
+        f.sort_by(|a, b| b.total_cmp(a));
+        let color = HSLColor(0.7 * li as f64 / (layers - 1) as f64, 0.8, 0.45);
+        chart
+            .draw_series(LineSeries::new(
+                f.iter()
+                    .enumerate()
+                    .map(|(i, &v)| (i as f32 * 100.0 / n as f32, v)),
+                color,
+            ))
+            .map_err(plot_err)?
+            .label(format!("layer {li}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+    }
+    root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+/// Mean hit rate over layers against cache size, for the three cache layouts.
+fn plot_hit_rate(p: &Profile, path: &Path) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let curve = p.mean_hit_rate();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Neuron cache hit rate vs size ({}, {} calibration tokens)",
+                p.model.file_name, p.calibration.tokens
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f32..100f32, 0f32..1f32)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("cache size (% of each layer's neurons)")
+        .y_desc("hit rate (mean over layers)")
+        .draw()
+        .map_err(plot_err)?;
+    type Pick = fn(&pi2_sparse::HitPoint) -> f32;
+    let series: [(&str, RGBColor, Pick); 3] = [
+        ("LRU", RED, |h| h.lru),
+        ("pinned hottest", BLUE, |h| h.pinned),
+        ("pinned + LRU (best split)", GREEN, |h| h.best),
+    ];
+    for (name, color, pick) in series {
+        chart
+            .draw_series(LineSeries::new(
+                curve.iter().map(|h| (h.cache_fraction * 100.0, pick(h))),
+                color.stroke_width(2),
+            ))
+            .map_err(plot_err)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(plot_err)?;
+    root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("cannot draw the picture: {e:?}")
+}

@@ -1,0 +1,505 @@
+//! Recording activations and summarising them into a [`Profile`].
+
+use crate::hitrate::{hit_rates, HitPoint};
+use crate::{code_edge, score_code, FfnObserver, SparseError, Trace};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+pub const PROFILE_FORMAT: &str = "pi2-profile";
+/// Bumped whenever a field changes meaning; readers refuse other versions.
+pub const PROFILE_VERSION: u32 = 1;
+/// The sparsity levels every profile carries thresholds for.
+pub const SPARSITY_LEVELS: [f32; 10] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
+/// Cache sizes (fractions of a layer's neurons) of the hit-rate curves.
+const CACHE_SIZES: [f32; 12] = [
+    0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0,
+];
+/// Pinned-set fractions tried for the best pinned/LRU split.
+const PINNED_STEPS: [f32; 7] = [0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5];
+
+/// The FFN's activation function on the gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    Silu,
+    Gelu,
+    Relu,
+}
+
+impl Activation {
+    pub fn apply(self, g: f32) -> f32 {
+        match self {
+            Activation::Silu => g / (1.0 + (-g).exp()),
+            Activation::Gelu => {
+                0.5 * g * (1.0 + (0.797_884_6 * (g + 0.044_715 * g * g * g)).tanh())
+            }
+            Activation::Relu => g.max(0.0),
+        }
+    }
+}
+
+/// The model a profile belongs to (checked before a profile is used).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub activation: Activation,
+    pub file_name: String,
+    pub file_bytes: u64,
+}
+
+impl ModelInfo {
+    /// Whether a profile of `self` can be used with `other` (same shapes; the file may differ,
+    /// e.g. another quantization of the same weights).
+    pub fn check_compatible(&self, other: &ModelInfo) -> Result<(), SparseError> {
+        let shape = |m: &ModelInfo| {
+            format!(
+                "{} with {} layers, width {}, {} FFN neurons ({:?})",
+                m.architecture, m.n_layer, m.n_embd, m.n_ff, m.activation
+            )
+        };
+        if shape(self) != shape(other) {
+            return Err(SparseError::ModelMismatch {
+                want: shape(self),
+                got: shape(other),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub file: String,
+    pub tokens: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct ProfileConfig {
+    /// The sparsity at which "active" is decided for frequencies, co-activation and the trace.
+    pub reference_sparsity: f32,
+}
+
+impl Default for ProfileConfig {
+    fn default() -> Self {
+        Self {
+            reference_sparsity: 0.5,
+        }
+    }
+}
+
+/// Co-activation of each neuron with its most co-active partner (highest Jaccard overlap of the
+/// tokens they are active on) at the reference threshold.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Coactivation {
+    /// `partner[i]`: the neuron most often active together with `i`.
+    pub partner: Vec<u32>,
+    /// P(partner active | i active).
+    pub p_partner: Vec<f32>,
+    /// Mean over active neurons of P(partner | i) / P(partner): 1 means independent.
+    pub mean_lift: f32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerProfile {
+    /// `(sparsity, threshold)` for each of [`SPARSITY_LEVELS`]: a fraction `sparsity` of the
+    /// (token, neuron) scores `|act(gate . x)|` lie below `threshold`, to the 4.4% resolution of
+    /// the score codes (the achieved fraction is stored, not the requested one).
+    pub thresholds: Vec<(f32, f32)>,
+    /// Threshold at the reference sparsity.
+    pub reference_threshold: f32,
+    /// Per neuron: fraction of tokens it is active at the reference threshold.
+    pub frequency: Vec<f32>,
+    /// Per neuron: mean and max of `|act(gate . x)|`.
+    pub mean_abs: Vec<f32>,
+    pub max_abs: Vec<f32>,
+    /// Count of scores per code (see [`crate::score_code`]).
+    pub histogram: Vec<u64>,
+    pub coactivation: Coactivation,
+    /// Hit rate of a per-layer neuron cache against its size, on the recorded trace.
+    pub hit_rate: Vec<HitPoint>,
+}
+
+impl LayerProfile {
+    /// The threshold giving `sparsity` (interpolating the histogram to the nearest code edge).
+    pub fn threshold_for(&self, sparsity: f32) -> Result<f32, SparseError> {
+        if !(0.0..1.0).contains(&sparsity) {
+            return Err(SparseError::BadSparsity(sparsity));
+        }
+        Ok(code_edge(threshold_code(&self.histogram, sparsity).0))
+    }
+}
+
+/// The smallest code `c` such that at least `sparsity` of the scores are below `edge(c)`, and
+/// the fraction actually below it.
+fn threshold_code(hist: &[u64], sparsity: f32) -> (u8, f32) {
+    let total: u64 = hist.iter().sum();
+    if total == 0 || sparsity <= 0.0 {
+        return (0, 0.0);
+    }
+    let mut below = 0u64;
+    for (c, &h) in hist.iter().enumerate() {
+        if below as f64 >= sparsity as f64 * total as f64 {
+            return (c as u8, below as f32 / total as f32);
+        }
+        below += h;
+    }
+    (255, below as f32 / total as f32)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub format: String,
+    pub version: u32,
+    pub model: ModelInfo,
+    pub calibration: Calibration,
+    pub reference_sparsity: f32,
+    pub layers: Vec<LayerProfile>,
+}
+
+impl Profile {
+    pub fn save(&self, path: &Path) -> Result<(), SparseError> {
+        let text = serde_json::to_string(self).expect("profiles serialise");
+        std::fs::write(path, text).map_err(|source| SparseError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Profile, SparseError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| SparseError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| SparseError::BadProfile {
+                path: p.clone(),
+                msg: e.to_string(),
+            })?;
+        if v["format"] != PROFILE_FORMAT {
+            return Err(SparseError::BadProfile {
+                path: p,
+                msg: "no `format: pi2-profile` field".into(),
+            });
+        }
+        if v["version"] != PROFILE_VERSION {
+            return Err(SparseError::BadProfile {
+                path: p,
+                msg: format!(
+                    "version {} (this pi2 reads {PROFILE_VERSION})",
+                    v["version"]
+                ),
+            });
+        }
+        let prof: Profile = serde_json::from_value(v).map_err(|e| SparseError::BadProfile {
+            path: p.clone(),
+            msg: e.to_string(),
+        })?;
+        let m = &prof.model;
+        let consistent = prof.layers.len() == m.n_layer
+            && prof.layers.iter().all(|l| {
+                l.frequency.len() == m.n_ff
+                    && l.mean_abs.len() == m.n_ff
+                    && l.max_abs.len() == m.n_ff
+                    && l.coactivation.partner.len() == m.n_ff
+                    && l.histogram.len() == 256
+            });
+        if !consistent {
+            return Err(SparseError::BadProfile {
+                path: p,
+                msg: "per-layer arrays do not match the model's shape".into(),
+            });
+        }
+        Ok(prof)
+    }
+
+    /// Mean over layers of the hit-rate curves.
+    pub fn mean_hit_rate(&self) -> Vec<HitPoint> {
+        let n = self.layers.len().max(1) as f32;
+        let mut out = self.layers[0].hit_rate.clone();
+        for (k, p) in out.iter_mut().enumerate() {
+            p.lru = self.layers.iter().map(|l| l.hit_rate[k].lru).sum::<f32>() / n;
+            p.pinned = self
+                .layers
+                .iter()
+                .map(|l| l.hit_rate[k].pinned)
+                .sum::<f32>()
+                / n;
+            p.best = self.layers.iter().map(|l| l.hit_rate[k].best).sum::<f32>() / n;
+            p.best_pinned_fraction = self
+                .layers
+                .iter()
+                .map(|l| l.hit_rate[k].best_pinned_fraction)
+                .sum::<f32>()
+                / n;
+        }
+        out
+    }
+}
+
+/// Records one byte per (layer, token, neuron): the score code of `|act(gate . x)|`.
+pub struct Profiler {
+    n_ff: usize,
+    act: Activation,
+    codes: Vec<Vec<u8>>,
+    sum_abs: Vec<Vec<f64>>,
+    max_abs: Vec<Vec<f32>>,
+}
+
+impl Profiler {
+    pub fn new(n_layer: usize, n_ff: usize, act: Activation) -> Profiler {
+        Profiler {
+            n_ff,
+            act,
+            codes: vec![Vec::new(); n_layer],
+            sum_abs: vec![vec![0.0; n_ff]; n_layer],
+            max_abs: vec![vec![0.0; n_ff]; n_layer],
+        }
+    }
+
+    /// Tokens recorded (by the first layer).
+    pub fn tokens(&self) -> usize {
+        self.codes.first().map_or(0, |c| c.len() / self.n_ff)
+    }
+
+    /// Bytes held so far.
+    pub fn bytes(&self) -> usize {
+        self.codes.iter().map(Vec::capacity).sum()
+    }
+
+    /// Summarises the recording: thresholds, statistics, co-activation, hit-rate curves, and the
+    /// trace at the reference sparsity.
+    pub fn finish(
+        self,
+        model: ModelInfo,
+        calibration: Calibration,
+        cfg: &ProfileConfig,
+    ) -> Result<(Profile, Trace), SparseError> {
+        if !(0.0..1.0).contains(&cfg.reference_sparsity) {
+            return Err(SparseError::BadSparsity(cfg.reference_sparsity));
+        }
+        let tokens = self.tokens();
+        if tokens == 0 {
+            return Err(SparseError::Empty);
+        }
+        let n = self.n_ff;
+        let mut trace = Trace::new(self.codes.len(), n, tokens);
+        let mut layers = Vec::new();
+        for (li, codes) in self.codes.iter().enumerate() {
+            let mut histogram = vec![0u64; 256];
+            for &c in codes {
+                histogram[c as usize] += 1;
+            }
+            let thresholds = SPARSITY_LEVELS
+                .iter()
+                .map(|&s| {
+                    let (c, achieved) = threshold_code(&histogram, s);
+                    (achieved, code_edge(c))
+                })
+                .collect();
+            let (ref_code, _) = threshold_code(&histogram, cfg.reference_sparsity);
+            let mut counts = vec![0u64; n];
+            for (t, row) in codes.chunks_exact(n).enumerate() {
+                for (i, &c) in row.iter().enumerate() {
+                    if c >= ref_code {
+                        counts[i] += 1;
+                        trace.set(li, t, i);
+                    }
+                }
+            }
+            let coactivation = coactivation(&trace, li, &counts);
+            let hit_rate = hit_rates(&trace, li, &counts, &CACHE_SIZES, &PINNED_STEPS);
+            layers.push(LayerProfile {
+                thresholds,
+                reference_threshold: code_edge(ref_code),
+                frequency: counts.iter().map(|&c| c as f32 / tokens as f32).collect(),
+                mean_abs: self.sum_abs[li]
+                    .iter()
+                    .map(|&s| (s / tokens as f64) as f32)
+                    .collect(),
+                max_abs: self.max_abs[li].clone(),
+                histogram,
+                coactivation,
+                hit_rate,
+            });
+        }
+        Ok((
+            Profile {
+                format: PROFILE_FORMAT.into(),
+                version: PROFILE_VERSION,
+                model,
+                calibration,
+                reference_sparsity: cfg.reference_sparsity,
+                layers,
+            },
+            trace,
+        ))
+    }
+}
+
+impl FfnObserver for Profiler {
+    fn observe(&mut self, layer: usize, _x: &[f32], gate: &[f32]) {
+        let n = self.n_ff;
+        let codes = &mut self.codes[layer];
+        let (sum, max) = (&mut self.sum_abs[layer], &mut self.max_abs[layer]);
+        for row in gate.chunks_exact(n) {
+            for (i, &g) in row.iter().enumerate() {
+                let s = self.act.apply(g).abs();
+                codes.push(score_code(s));
+                sum[i] += s as f64;
+                max[i] = max[i].max(s);
+            }
+        }
+    }
+}
+
+/// Each neuron's most co-active partner, from the trace's bit rows transposed per neuron.
+fn coactivation(trace: &Trace, layer: usize, counts: &[u64]) -> Coactivation {
+    let (n, tokens) = (trace.n_ff, trace.n_tokens);
+    let words = tokens.div_ceil(64);
+    let mut cols = vec![0u64; n * words];
+    for t in 0..tokens {
+        for i in trace.active(layer, t) {
+            cols[i * words + t / 64] |= 1 << (t % 64);
+        }
+    }
+    // Partner = the neuron with the highest Jaccard overlap: raw co-counts would pick whichever
+    // neuron is almost always on, which says nothing about pairing.
+    let mut partner = vec![0u32; n];
+    let mut p_partner = vec![0.0f32; n];
+    let mut best_co = vec![0u32; n];
+    let mut best_jaccard = vec![-1.0f32; n];
+    for i in 0..n {
+        let ci = &cols[i * words..(i + 1) * words];
+        for j in i + 1..n {
+            let cj = &cols[j * words..(j + 1) * words];
+            let co: u32 = ci.iter().zip(cj).map(|(a, b)| (a & b).count_ones()).sum();
+            let union = (counts[i] + counts[j]) as f32 - co as f32;
+            let jac = if union > 0.0 { co as f32 / union } else { 0.0 };
+            if jac > best_jaccard[i] {
+                (best_jaccard[i], best_co[i], partner[i]) = (jac, co, j as u32);
+            }
+            if jac > best_jaccard[j] {
+                (best_jaccard[j], best_co[j], partner[j]) = (jac, co, i as u32);
+            }
+        }
+    }
+    let (mut lift_sum, mut lift_n) = (0.0f64, 0usize);
+    for i in 0..n {
+        if counts[i] > 0 {
+            p_partner[i] = best_co[i] as f32 / counts[i] as f32;
+            let pj = counts[partner[i] as usize] as f64 / tokens as f64;
+            if pj > 0.0 {
+                lift_sum += p_partner[i] as f64 / pj;
+                lift_n += 1;
+            }
+        }
+    }
+    Coactivation {
+        partner,
+        p_partner,
+        mean_lift: if lift_n == 0 {
+            1.0
+        } else {
+            (lift_sum / lift_n as f64) as f32
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(n_layer: usize, n_ff: usize) -> ModelInfo {
+        ModelInfo {
+            architecture: "llama".into(),
+            n_layer,
+            n_embd: 8,
+            n_ff,
+            activation: Activation::Relu,
+            file_name: "m.gguf".into(),
+            file_bytes: 1,
+        }
+    }
+
+    #[test]
+    fn thresholds_frequencies_and_trace_follow_the_scores() {
+        // Neuron i's gate is i/10 on every token (ReLU): sparsity s leaves the top (1-s) active.
+        let (n_ff, tokens) = (20, 30);
+        let mut p = Profiler::new(1, n_ff, Activation::Relu);
+        let row: Vec<f32> = (0..n_ff).map(|i| i as f32 / 10.0).collect();
+        for _ in 0..tokens {
+            p.observe(0, &[], &row);
+        }
+        assert_eq!(p.tokens(), tokens);
+        let cal = Calibration {
+            file: "c.txt".into(),
+            tokens,
+        };
+        let (prof, trace) = p
+            .finish(info(1, n_ff), cal, &ProfileConfig::default())
+            .unwrap();
+        let l = &prof.layers[0];
+        // Half the neurons (0..10) are below the reference threshold, 10..20 at or above it.
+        assert_eq!(l.frequency[..10], [0.0; 10]);
+        assert_eq!(l.frequency[10..], [1.0; 10]);
+        assert!(l.reference_threshold > 0.9 && l.reference_threshold <= 1.0);
+        assert_eq!(
+            trace.active(0, 7).collect::<Vec<_>>(),
+            (10..20).collect::<Vec<_>>()
+        );
+        // Always-on neurons are perfectly co-active; a cache of half the neurons hits after warm-up.
+        assert_eq!(l.coactivation.p_partner[15], 1.0);
+        let half = l.hit_rate.iter().find(|h| h.cache_fraction == 0.5).unwrap();
+        assert!(half.pinned == 1.0 && half.best == 1.0);
+        assert!((half.lru - 29.0 / 30.0).abs() < 1e-6);
+        assert!((l.threshold_for(0.5).unwrap() - l.reference_threshold).abs() < 1e-9);
+        assert!(l.threshold_for(1.5).is_err());
+    }
+
+    #[test]
+    fn profiles_round_trip_and_bad_files_are_refused() {
+        let mut p = Profiler::new(2, 4, Activation::Silu);
+        for l in 0..2 {
+            p.observe(l, &[], &[0.5, -3.0, 2.0, 0.0, 1.0, 1.0, -1.0, 4.0]);
+        }
+        let cal = Calibration {
+            file: "c.txt".into(),
+            tokens: 2,
+        };
+        let (prof, _) = p
+            .finish(info(2, 4), cal, &ProfileConfig::default())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.json");
+        prof.save(&path).unwrap();
+        assert_eq!(Profile::load(&path).unwrap(), prof);
+
+        std::fs::write(&path, "{\"format\": \"pi2-profile\", \"version\": 99}").unwrap();
+        let e = Profile::load(&path).unwrap_err().to_string();
+        assert!(e.contains("version 99"), "{e}");
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(Profile::load(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("not a pi2 profile"));
+        let mut short = prof.clone();
+        short.layers[1].frequency.pop();
+        short.save(&path).unwrap();
+        assert!(Profile::load(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("shape"));
+
+        let mut other = info(2, 4);
+        other.n_ff = 8;
+        let e = prof.model.check_compatible(&other).unwrap_err().to_string();
+        assert!(
+            e.contains("4 FFN neurons") && e.contains("8 FFN neurons"),
+            "{e}"
+        );
+    }
+}
