@@ -23,7 +23,7 @@ pub(super) fn kernel_set() -> KernelSet {
 }
 
 /// The row kernels of a 32-element block type, all from the one `tile` body.
-fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B> {
+pub(super) fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B> {
     RowKernels {
         dot: |w, x| unsafe { tile::<B, 1, 1>([w], [x])[0][0] },
         dot4: |w, x| unsafe { tile::<B, 4, 1>(w, [x]).map(|r| r[0]) },
