@@ -241,61 +241,50 @@ impl Device {
         cmd
     }
 
-    /// Runs a shell command on the device and returns its stdout.
-    fn shell(&self, script: &str) -> Result<String> {
+    /// Runs `adb -s SERIAL <args>` and returns its stdout; on failure, `what` and adb's reason
+    /// (stderr, or stdout where adb reports there).
+    fn call(&self, args: &[&std::ffi::OsStr], what: &str) -> Result<String> {
         let out = self
             .adb()
-            .args(["shell", script])
+            .args(args)
             .output()
             .map_err(|e| format!("cannot run adb: {e}"))?;
         if !out.status.success() {
-            return Err(format!(
-                "`adb shell {script}` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            let why = if err.is_empty() {
+                String::from_utf8_lossy(&out.stdout).trim().to_string()
+            } else {
+                err
+            };
+            return Err(format!("{what} failed: {why}"));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Runs a shell command on the device and returns its stdout.
+    fn shell(&self, script: &str) -> Result<String> {
+        self.call(
+            &["shell".as_ref(), script.as_ref()],
+            &format!("`adb shell {script}`"),
+        )
+    }
+
     fn push(&self, local: &Path, remote: &str) -> Result<()> {
-        let out = self
-            .adb()
-            .arg("push")
-            .arg(local)
-            .arg(remote)
-            .output()
-            .map_err(|e| format!("cannot run adb: {e}"))?;
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr);
-            let why = why.trim();
-            let why = if why.is_empty() {
-                String::from_utf8_lossy(&out.stdout).trim().to_string()
-            } else {
-                why.to_string()
-            };
-            return Err(format!(
-                "pushing {} to {remote} failed: {why}",
-                local.display()
-            ));
-        }
-        Ok(())
+        let what = format!("pushing {} to {remote}", local.display());
+        self.call(
+            &["push".as_ref(), local.as_os_str(), remote.as_ref()],
+            &what,
+        )
+        .map(drop)
     }
 
     fn pull(&self, remote: &str, local: &Path) -> Result<()> {
-        let out = self
-            .adb()
-            .arg("pull")
-            .arg(remote)
-            .arg(local)
-            .output()
-            .map_err(|e| format!("cannot run adb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "pulling {remote} failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(())
+        let what = format!("pulling {remote}");
+        self.call(
+            &["pull".as_ref(), remote.as_ref(), local.as_os_str()],
+            &what,
+        )
+        .map(drop)
     }
 
     /// Free bytes under `dir` on the device (from `df -k`); `None` if the output is not understood.

@@ -178,26 +178,16 @@ fn plot_hotness(p: &Profile, path: &Path) -> Result<()> {
     let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let n = p.model.n_ff;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Neuron hotness per layer ({}; active = top {:.0}% of scores)",
-                p.model.file_name,
-                (1.0 - p.reference_sparsity) * 100.0
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f32..100f32, 0f32..1f32)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("neurons, hottest first (% of the layer)")
-        .y_desc("fraction of tokens active")
-        .draw()
-        .map_err(plot_err)?;
+    let mut chart = frame(
+        &root,
+        format!(
+            "Neuron hotness per layer ({}; active = top {:.0}% of scores)",
+            p.model.file_name,
+            (1.0 - p.reference_sparsity) * 100.0
+        ),
+        "neurons, hottest first (% of the layer)",
+        "fraction of tokens active",
+    )?;
     let layers = p.layers.len().max(2);
     for (li, l) in p.layers.iter().enumerate() {
         let mut f = l.frequency.clone();
@@ -223,25 +213,15 @@ fn plot_hit_rate(p: &Profile, path: &Path) -> Result<()> {
     let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let curve = p.mean_hit_rate();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Neuron cache hit rate vs size ({}, {} calibration tokens)",
-                p.model.file_name, p.calibration.tokens
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f32..100f32, 0f32..1f32)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("cache size (% of each layer's neurons)")
-        .y_desc("hit rate (mean over layers)")
-        .draw()
-        .map_err(plot_err)?;
+    let mut chart = frame(
+        &root,
+        format!(
+            "Neuron cache hit rate vs size ({}, {} calibration tokens)",
+            p.model.file_name, p.calibration.tokens
+        ),
+        "cache size (% of each layer's neurons)",
+        "hit rate (mean over layers)",
+    )?;
     type Pick = fn(&pi2_sparse::HitPoint) -> f32;
     let series: [(&str, RGBColor, Pick); 3] = [
         ("LRU", RED, |h| h.lru),
@@ -267,6 +247,35 @@ fn plot_hit_rate(p: &Profile, path: &Path) -> Result<()> {
         .map_err(plot_err)?;
     root.present().map_err(plot_err)?;
     Ok(())
+}
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf32, plotters::coord::types::RangedCoordf32>,
+>;
+
+/// A percent-by-fraction chart (x 0..100, y 0..1) with a caption and axis names.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: String,
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<Chart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f32..100f32, 0f32..1f32)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(plot_err)?;
+    Ok(chart)
 }
 
 fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
