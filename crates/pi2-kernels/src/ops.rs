@@ -393,8 +393,8 @@ pub fn gather_matvec(ks: &KernelSet, w: &MatRef<'_>, rows: &[u32], x: &ActBuf, o
 }
 
 /// Axpy-accumulate: `y += coeff[i] * w.row(rows[i])` (the down projection stored transposed, so
-/// neuron i's down column is row i). Block by block through a stack buffer: no allocation.
-pub fn axpy_rows(w: &MatRef<'_>, rows: &[u32], coeff: &[f32], y: &mut [f32]) {
+/// neuron i's down column is row i). Runs on the calling thread; zero coefficients are skipped.
+pub fn axpy_rows(ks: &KernelSet, w: &MatRef<'_>, rows: &[u32], coeff: &[f32], y: &mut [f32]) {
     assert_eq!(
         rows.len(),
         coeff.len(),
@@ -405,22 +405,39 @@ pub fn axpy_rows(w: &MatRef<'_>, rows: &[u32], coeff: &[f32], y: &mut [f32]) {
         rows.iter().all(|&r| (r as usize) < w.rows),
         "axpy_rows: row index out of range"
     );
-    let bl = w.ty.block_len();
-    let bb = w.ty.block_bytes();
-    // One block of any type expands to at most QK_K values; F32/F16 rows go 256 values at a time.
-    let step = if bl == 1 { QK_K } else { bl };
-    let mut buf = [0.0f32; QK_K];
-    for (&r, &a) in rows.iter().zip(coeff) {
-        if a == 0.0 {
-            continue;
+    fn blocks<B: QuantBlock>(
+        k: &RowKernels<B>,
+        w: &MatRef<'_>,
+        rows: &[u32],
+        coeff: &[f32],
+        y: &mut [f32],
+    ) {
+        let bpr = w.cols / B::LEN;
+        let all: &[B] = bytemuck::cast_slice(w.data);
+        for (&r, &a) in rows.iter().zip(coeff) {
+            if a != 0.0 {
+                (k.axpy)(&all[r as usize * bpr..(r as usize + 1) * bpr], a, y);
+            }
         }
-        let row = w.row(r as usize);
-        for (c, ys) in y.chunks_mut(step).enumerate() {
-            let bytes = &row[c * step / bl * bb..(c * step + ys.len()) / bl * bb];
-            let vals = &mut buf[..ys.len()];
-            w.ty.dequantize_row(bytes, vals);
-            for (o, v) in ys.iter_mut().zip(vals.iter()) {
-                *o += a * v;
+    }
+    match w.ty {
+        QuantType::Q4_0 => blocks(&ks.q4_0, w, rows, coeff, y),
+        QuantType::Q4_1 => blocks(&ks.q4_1, w, rows, coeff, y),
+        QuantType::Q8_0 => blocks(&ks.q8_0, w, rows, coeff, y),
+        QuantType::Q4_K => blocks(&ks.q4_k, w, rows, coeff, y),
+        QuantType::Q5_K => blocks(&ks.q5_k, w, rows, coeff, y),
+        QuantType::Q6_K => blocks(&ks.q6_k, w, rows, coeff, y),
+        QuantType::F16 => {
+            let all: &[u16] = bytemuck::cast_slice(w.data);
+            for (&r, &a) in rows.iter().zip(coeff) {
+                (ks.axpy_f16)(a, &all[r as usize * w.cols..(r as usize + 1) * w.cols], y);
+            }
+        }
+        QuantType::F32 => {
+            let all: &[f32] = bytemuck::cast_slice(w.data);
+            for (&r, &a) in rows.iter().zip(coeff) {
+                let row = &all[r as usize * w.cols..(r as usize + 1) * w.cols];
+                y.iter_mut().zip(row).for_each(|(o, v)| *o += a * v);
             }
         }
     }
@@ -462,7 +479,7 @@ mod tests {
         }
         // axpy: y = 2*row9 - row3 + 0*row5
         let mut y = vec![1.0; cols];
-        axpy_rows(&w, &[9, 3, 5], &[2.0, -1.0, 0.0], &mut y);
+        axpy_rows(KernelSet::best(), &w, &[9, 3, 5], &[2.0, -1.0, 0.0], &mut y);
         let (mut r9, mut r3) = (vec![0.0; cols], vec![0.0; cols]);
         w.dequantize_row(9, &mut r9);
         w.dequantize_row(3, &mut r3);

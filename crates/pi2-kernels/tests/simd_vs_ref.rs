@@ -1,7 +1,7 @@
 //! Every SIMD tier against the scalar reference, per format, on random blocks and activations.
 //! A tier the CPU lacks is skipped for that CPU (the aarch64 tiers run under qemu in CI).
 
-use pi2_kernels::{dot_row, ActBuf, KernelSet, QuantType, Tier};
+use pi2_kernels::{axpy_rows, dot_row, ActBuf, KernelSet, MatRef, QuantType, Tier};
 use proptest::prelude::*;
 
 /// Allowed |simd - ref| relative to sum(|w_i * x_i|): the integer sums are exact, only the f32
@@ -112,6 +112,55 @@ proptest! {
             for (g, w) in got.iter().zip(&want) {
                 // FMA rounds once where the reference rounds twice.
                 prop_assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{tier:?}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `y += a_i * row_i` over several rows (the sparse down projection) on every tier.
+    #[test]
+    fn axpy_rows_every_tier_matches_reference(
+        ty_i in 0usize..QuantType::ALL.len(),
+        blocks in 1usize..6,
+        seed in proptest::collection::vec(any::<u8>(), 1..64),
+        coeff in proptest::collection::vec(-3.0f32..3.0, 1..5),
+    ) {
+        let ty = QuantType::ALL[ty_i];
+        let blocks = if ty.block_len() == 1 { blocks * 37 } else { blocks };
+        let cols = ty.block_len() * blocks;
+        let n = coeff.len();
+        let mut bytes = Vec::new();
+        for r in 0..n {
+            let s: Vec<u8> = seed.iter().map(|b| b.wrapping_add(r as u8 * 17)).collect();
+            bytes.extend(row_bytes(ty, blocks, &s));
+        }
+        // MatRef wants the type's alignment: copy into an 8-aligned buffer.
+        let mut buf = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..bytes.len()].copy_from_slice(&bytes);
+        let data = &bytemuck::cast_slice::<u64, u8>(&buf)[..bytes.len()];
+        let w = MatRef::new(ty, n, cols, data).unwrap();
+        let rows: Vec<u32> = (0..n as u32).rev().collect();
+        let y0: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 - 3.0).collect();
+        let mut want = y0.clone();
+        axpy_rows(&KernelSet::scalar(), &w, &rows, &coeff, &mut want);
+        let mut row = vec![0.0; cols];
+        let mut magnitude = vec![1.0f32; cols];
+        for (r, a) in rows.iter().zip(&coeff) {
+            w.dequantize_row(*r as usize, &mut row);
+            magnitude.iter_mut().zip(&row).for_each(|(m, v)| *m += (a * v).abs());
+        }
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else { continue };
+            let mut got = y0.clone();
+            axpy_rows(&ks, &w, &rows, &coeff, &mut got);
+            for i in 0..cols {
+                prop_assert!(
+                    (got[i] - want[i]).abs() <= 1e-5 * magnitude[i],
+                    "{ty} {tier:?} [{i}]: {} vs {}", got[i], want[i]
+                );
             }
         }
     }

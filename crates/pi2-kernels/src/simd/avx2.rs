@@ -28,6 +28,7 @@ pub(super) fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>() -> R
         dot: |w, x| unsafe { tile::<B, 1, 1>([w], [x])[0][0] },
         dot4: |w, x| unsafe { tile::<B, 4, 1>(w, [x]).map(|r| r[0]) },
         dot4x2: |w, x| unsafe { tile::<B, 4, 2>(w, x) },
+        axpy: |w, a, y| unsafe { axpy::<B>(w, a, y) },
     }
 }
 
@@ -79,6 +80,8 @@ pub(super) trait Block32: Copy {
     unsafe fn scale(&self) -> f32;
     /// The min term (Q4_1: `m * s_x`), 0 for symmetric formats.
     unsafe fn min_term(&self, x: &BlockQ8) -> f32;
+    /// The block as `scale * q + offset` with `q` the 32 signed bytes, for axpy.
+    unsafe fn values(&self) -> (__m256i, f32, f32);
 }
 
 impl Block32 for BlockQ4_0 {
@@ -101,6 +104,11 @@ impl Block32 for BlockQ4_0 {
     unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
         0.0
     }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        let q = _mm256_sub_epi8(nibbles(&self.qs), _mm256_set1_epi8(8));
+        (q, f16_scalar(self.d), 0.0)
+    }
 }
 
 impl Block32 for BlockQ4_1 {
@@ -118,6 +126,10 @@ impl Block32 for BlockQ4_1 {
     #[inline(always)]
     unsafe fn min_term(&self, x: &BlockQ8) -> f32 {
         f16_scalar(self.m) * x.s
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        (nibbles(&self.qs), f16_scalar(self.d), f16_scalar(self.m))
     }
 }
 
@@ -140,6 +152,35 @@ impl Block32 for BlockQ8_0 {
     #[inline(always)]
     unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
         0.0
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
+        (q, f16_scalar(self.d), 0.0)
+    }
+}
+
+/// `y += a * row`: each block's 32 bytes widen to four 8-lane f32 vectors.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
+    assert!(y.len() >= w.len() * 32, "axpy: output shorter than the row");
+    for (bi, b) in w.iter().enumerate() {
+        let (q, d, off) = b.values();
+        let (ad, aoff) = (_mm256_set1_ps(a * d), _mm256_set1_ps(a * off));
+        let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
+        let yp = y.as_mut_ptr().add(bi * 32);
+        for (k, part) in parts.into_iter().enumerate() {
+            let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+            let p = yp.add(k * 8);
+            _mm256_storeu_ps(
+                p,
+                _mm256_fmadd_ps(v, ad, _mm256_add_ps(_mm256_loadu_ps(p), aoff)),
+            );
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub(super) fn rows<B: KBlock>() -> RowKernels<B> {
         dot: |w, x| unsafe { dot::<B>(w, x) },
         dot4: |w, x| w.map(|r| unsafe { dot::<B>(r, x) }),
         dot4x2: |w, x| w.map(|r| x.map(|xt| unsafe { dot::<B>(r, xt) })),
+        // axpy runs on transposed down rows, which pi2 stores in 32-element formats.
+        axpy: super::axpy_ref::<B>,
     }
 }
 

@@ -103,6 +103,9 @@ pub struct RowKernels<B: QuantBlock> {
     pub dot4: fn([&[B]; 4], &[B::Act]) -> [f32; 4],
     /// Four rows against two activation rows (prefill): `out[row][token]`.
     pub dot4x2: fn([&[B]; 4], [&[B::Act]; 2]) -> [[f32; 2]; 4],
+    /// `y += a * row` (a neuron's down column, stored as a row of the transposed down matrix);
+    /// `y.len()` is the row's element count.
+    pub axpy: fn(&[B], f32, &mut [f32]),
 }
 
 impl<B: QuantBlock> Clone for RowKernels<B> {
@@ -124,6 +127,19 @@ impl<B: QuantBlock> RowKernels<B> {
             dot: B::vec_dot_ref,
             dot4: |w, x| w.map(|r| B::vec_dot_ref(r, x)),
             dot4x2: |w, x| w.map(|r| x.map(|xt| B::vec_dot_ref(r, xt))),
+            axpy: axpy_ref::<B>,
+        }
+    }
+}
+
+/// Scalar reference of [`RowKernels::axpy`]: dequantize block by block into a stack buffer.
+pub fn axpy_ref<B: QuantBlock>(w: &[B], a: f32, y: &mut [f32]) {
+    let mut buf = [0.0f32; quant::QK_K];
+    for (b, ys) in w.iter().zip(y.chunks_exact_mut(B::LEN)) {
+        let vals = &mut buf[..B::LEN];
+        b.dequantize(vals);
+        for (o, v) in ys.iter_mut().zip(vals.iter()) {
+            *o += a * v;
         }
     }
 }

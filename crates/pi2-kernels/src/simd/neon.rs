@@ -29,12 +29,14 @@ fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(dot: bool) -> Row
             dot: |w, x| unsafe { tile_dot::<B, 1, 1>([w], [x])[0][0] },
             dot4: |w, x| unsafe { tile_dot::<B, 4, 1>(w, [x]).map(|r| r[0]) },
             dot4x2: |w, x| unsafe { tile_dot::<B, 4, 2>(w, x) },
+            axpy: |w, a, y| unsafe { axpy::<B>(w, a, y) },
         }
     } else {
         RowKernels {
             dot: |w, x| unsafe { tile_neon::<B, 1, 1>([w], [x])[0][0] },
             dot4: |w, x| unsafe { tile_neon::<B, 4, 1>(w, [x]).map(|r| r[0]) },
             dot4x2: |w, x| unsafe { tile_neon::<B, 4, 2>(w, x) },
+            axpy: |w, a, y| unsafe { axpy::<B>(w, a, y) },
         }
     }
 }
@@ -68,6 +70,10 @@ trait Block32: Copy {
     unsafe fn halves(&self) -> (int8x16_t, int8x16_t);
     fn scale(&self) -> f32;
     fn min_term(&self, x: &BlockQ8) -> f32;
+    /// What `halves` leaves out of each value (`value = scale * q + offset`): Q4_1's min.
+    fn offset(&self) -> f32 {
+        0.0
+    }
 }
 
 impl Block32 for BlockQ4_0 {
@@ -103,6 +109,9 @@ impl Block32 for BlockQ4_1 {
     fn min_term(&self, x: &BlockQ8) -> f32 {
         quant::f16_to_f32(self.m) * x.s
     }
+    fn offset(&self) -> f32 {
+        quant::f16_to_f32(self.m)
+    }
 }
 
 impl Block32 for BlockQ8_0 {
@@ -118,6 +127,30 @@ impl Block32 for BlockQ8_0 {
     }
     fn min_term(&self, _: &BlockQ8) -> f32 {
         0.0
+    }
+}
+
+/// `y += a * row`: each half widens i8 -> i16 -> i32 -> f32 and is fused into `y`.
+unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
+    assert!(y.len() >= w.len() * 32, "axpy: output shorter than the row");
+    for (bi, b) in w.iter().enumerate() {
+        let (h0, h1) = b.halves();
+        let ad = a * b.scale();
+        let aoff = vdupq_n_f32(a * b.offset());
+        let yp = y.as_mut_ptr().add(bi * 32);
+        for (k, h) in [h0, h1].into_iter().enumerate() {
+            let w16 = [vmovl_s8(vget_low_s8(h)), vmovl_high_s8(h)];
+            for (j, v16) in w16.into_iter().enumerate() {
+                for (i, v32) in [vmovl_s16(vget_low_s16(v16)), vmovl_high_s16(v16)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let p = yp.add(k * 16 + j * 8 + i * 4);
+                    let acc = vaddq_f32(vld1q_f32(p), aoff);
+                    vst1q_f32(p, vfmaq_n_f32(acc, vcvtq_f32_s32(v32), ad));
+                }
+            }
+        }
     }
 }
 

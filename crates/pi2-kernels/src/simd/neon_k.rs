@@ -21,12 +21,14 @@ pub(super) fn rows<B: KBlock>(dot: bool) -> RowKernels<B> {
             dot: |w, x| unsafe { dot_dotprod::<B>(w, x) },
             dot4: |w, x| w.map(|r| unsafe { dot_dotprod::<B>(r, x) }),
             dot4x2: |w, x| w.map(|r| x.map(|xt| unsafe { dot_dotprod::<B>(r, xt) })),
+            axpy: super::axpy_ref::<B>,
         }
     } else {
         RowKernels {
             dot: |w, x| unsafe { dot_neon::<B>(w, x) },
             dot4: |w, x| w.map(|r| unsafe { dot_neon::<B>(r, x) }),
             dot4x2: |w, x| w.map(|r| x.map(|xt| unsafe { dot_neon::<B>(r, xt) })),
+            axpy: super::axpy_ref::<B>,
         }
     }
 }
