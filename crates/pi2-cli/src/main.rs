@@ -81,6 +81,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Record how FFN neurons activate over calibration text (thresholds, hotness, cache curves)
     Profile(cmd::profile::ProfileArgs),
+    /// Re-lay a model out as hot-first neuron bundles with predictors and thresholds
+    Convert(cmd::convert::ConvertArgs),
     /// Download the default model into the models folder and verify it
     FetchModel(cmd::FetchArgs),
 }
@@ -95,6 +97,7 @@ fn main() {
         Command::Info(a) => cmd::info::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Profile(a) => cmd::profile::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {

@@ -164,6 +164,29 @@ impl QuantType {
         }
     }
 
+    /// Quantize one row (a whole number of blocks) with the reference quantizer, or `None` for
+    /// the k-quants (pi2 reads them but does not make them).
+    pub fn quantize_row(self, x: &[f32]) -> Option<Vec<u8>> {
+        fn blocks<B: bytemuck::Pod>(x: &[f32], q: fn(&[f32]) -> B) -> Vec<u8> {
+            let bs: Vec<B> = x.chunks_exact(QK).map(q).collect();
+            bytemuck::cast_slice(&bs).to_vec()
+        }
+        if x.len() % self.block_len() != 0 {
+            return None;
+        }
+        Some(match self {
+            Self::F32 => bytemuck::cast_slice(x).to_vec(),
+            Self::F16 => x
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            Self::Q4_0 => blocks(x, quant::BlockQ4_0::quantize),
+            Self::Q4_1 => blocks(x, quant::BlockQ4_1::quantize),
+            Self::Q8_0 => blocks(x, quant::BlockQ8_0::quantize),
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => return None,
+        })
+    }
+
     /// Expand one row to f32 (`out.len()` elements, a whole number of blocks).
     pub fn dequantize_row(self, row: &[u8], out: &mut [f32]) {
         use crate::quant::QuantBlock;

@@ -80,7 +80,10 @@ pub struct LayerWeights {
     /// FFN neurons: row i of gate and up, column i of down, form neuron i.
     pub gate: TensorView,
     pub up: TensorView,
+    /// `ffn_down` (`n_embd` rows of `n_ff`), or in converted files `ffn_down_t`, stored
+    /// transposed (`n_ff` rows of `n_embd`: neuron i's down column is row i).
     pub down: TensorView,
+    pub down_transposed: bool,
 }
 
 /// All weight views of a model.
@@ -330,6 +333,13 @@ impl Weights {
                 }
                 Ok(b)
             };
+            let down = match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
+                Some(d) => (d, false),
+                None => match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
+                    Some(d) => (d, true),
+                    None => return Err(ModelError::MissingTensor(n("ffn_down.weight"))),
+                },
+            };
             layers.push(LayerWeights {
                 attn_norm: f32_view(f, &n("attn_norm.weight"), c.n_embd)?,
                 wq: view(f, &n("attn_q.weight"), &[c.n_embd, c.q_dim()])?,
@@ -342,7 +352,8 @@ impl Weights {
                 ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
                 gate: view(f, &n("ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
                 up: view(f, &n("ffn_up.weight"), &[c.n_embd, c.n_ff])?,
-                down: view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd])?,
+                down: down.0,
+                down_transposed: down.1,
             });
         }
         Ok(Self {

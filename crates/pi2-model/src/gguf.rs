@@ -23,6 +23,8 @@ pub const MAX_DIMS: u32 = 4;
 pub const MAX_ALIGNMENT: u64 = 1 << 16;
 
 const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// PowerInfer's sparse model files: GGUF with its own magic (and predictor tensors).
+pub const POWERINFER_MAGIC: [u8; 4] = *b"PWRI";
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -344,7 +346,7 @@ impl GgufFile {
                 return Err(ModelError::NotGguf(m));
             }
         };
-        if magic != GGUF_MAGIC {
+        if magic != GGUF_MAGIC && magic != POWERINFER_MAGIC {
             return Err(ModelError::NotGguf(magic));
         }
         c.pos = 4;

@@ -9,6 +9,7 @@ pub struct GgufWriter {
     metadata: Vec<(String, Value)>,
     tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
     alignment: u64,
+    magic: Option<[u8; 4]>,
 }
 
 impl GgufWriter {
@@ -17,6 +18,12 @@ impl GgufWriter {
             alignment: 32,
             ..Default::default()
         }
+    }
+
+    /// Write another magic than `GGUF` (PowerInfer's `PWRI` files, in tests).
+    pub fn magic(&mut self, magic: [u8; 4]) -> &mut Self {
+        self.magic = Some(magic);
+        self
     }
 
     pub fn meta(&mut self, key: &str, value: Value) -> &mut Self {
@@ -102,7 +109,7 @@ impl GgufWriter {
 
     pub fn write(&self, out: &mut impl Write) -> io::Result<()> {
         let mut head = Vec::new();
-        head.extend_from_slice(b"GGUF");
+        head.extend_from_slice(&self.magic.unwrap_or(*b"GGUF"));
         head.extend_from_slice(&3u32.to_le_bytes());
         head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
         head.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());

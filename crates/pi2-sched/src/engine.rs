@@ -1,8 +1,9 @@
 //! The dense forward pass. Every FFN matrix is computed row by row (a row of gate/up is one
 //! neuron), so the sparse engine can later restrict the same loops to the active neurons.
 
+use crate::sparse::{SparseFfn, SparseLayer, SparseStats};
 use half::f16;
-use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier};
+use pi2_kernels::{axpy_rows, gather_matvec, matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier};
 use pi2_model::{LayerWeights, Model, RopeKind, TensorView, TokenId};
 use pi2_sparse::FfnObserver;
 use rayon::prelude::*;
@@ -24,6 +25,8 @@ pub enum EngineError {
     CpuNotAllowed { cpu: usize, allowed: String },
     #[error("empty input")]
     Empty,
+    #[error("sparse weights do not fit the model: {0}")]
+    SparseMismatch(String),
 }
 
 /// Engine settings.
@@ -86,6 +89,14 @@ struct Scratch {
     acts: ActBuf,
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    // Sparse FFN: neuron lists, their values, predictor scores, per-thread partial outputs.
+    cand: Vec<u32>,
+    conf: Vec<u32>,
+    vals: Vec<f32>,
+    coeff: Vec<f32>,
+    pred_h: Vec<f32>,
+    pred_s: Vec<f32>,
+    partials: Vec<f32>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -109,6 +120,8 @@ pub struct Engine<'m> {
     kv: KvCache,
     s: Scratch,
     inv_freq: Vec<f32>,
+    sparse: Option<&'m SparseFfn<'m>>,
+    stats: SparseStats,
 }
 
 impl<'m> Engine<'m> {
@@ -170,7 +183,73 @@ impl<'m> Engine<'m> {
             },
             s: Scratch::default(),
             inv_freq,
+            sparse: None,
+            stats: SparseStats::default(),
         })
+    }
+
+    /// Compute the FFN sparsely from now on (`None`: dense). Decode runs the two-phase sparse
+    /// FFN; batches do too when `sparse.batches_too` is set.
+    pub fn set_sparse(&mut self, sparse: Option<&'m SparseFfn<'m>>) -> Result<(), EngineError> {
+        if let Some(sp) = sparse {
+            let c = &self.model.config;
+            if sp.layers.len() != c.n_layer {
+                return Err(EngineError::SparseMismatch(format!(
+                    "{} sparse layers for {} model layers",
+                    sp.layers.len(),
+                    c.n_layer
+                )));
+            }
+            for (i, l) in sp.layers.iter().enumerate() {
+                let bad = |what: String| EngineError::SparseMismatch(format!("layer {i}: {what}"));
+                if (l.down_t.rows, l.down_t.cols) != (c.n_ff, c.n_embd) {
+                    return Err(bad(format!(
+                        "transposed down is {}x{}, expected {}x{}",
+                        l.down_t.rows, l.down_t.cols, c.n_ff, c.n_embd
+                    )));
+                }
+                if let Some(p) = &l.predictor {
+                    if p.fc1.cols != c.n_embd || p.fc2.rows != c.n_ff || p.fc2.cols != p.fc1.rows {
+                        return Err(bad(format!(
+                            "predictor shapes {}x{} and {}x{} do not fit width {} and {} neurons",
+                            p.fc1.rows, p.fc1.cols, p.fc2.rows, p.fc2.cols, c.n_embd, c.n_ff
+                        )));
+                    }
+                    if p.bias.as_ref().is_some_and(|b| b.len() != c.n_ff) {
+                        return Err(bad("predictor bias length".into()));
+                    }
+                } else if sp.use_predictor {
+                    return Err(bad("predictor use asked for but the layer has none".into()));
+                }
+            }
+            self.stats = SparseStats {
+                n_ff: c.n_ff,
+                layer_true_active: vec![0; c.n_layer],
+                layer_true_found: vec![0; c.n_layer],
+                layer_candidates: vec![0; c.n_layer],
+                layer_tokens: vec![0; c.n_layer],
+                ..SparseStats::default()
+            };
+        }
+        self.sparse = sparse;
+        Ok(())
+    }
+
+    /// What the sparse FFN has done since [`Engine::set_sparse`] or [`Engine::reset_stats`].
+    pub fn sparse_stats(&self) -> &SparseStats {
+        &self.stats
+    }
+
+    pub fn reset_stats(&mut self) {
+        let s = &mut self.stats;
+        *s = SparseStats {
+            n_ff: s.n_ff,
+            layer_true_active: vec![0; s.layer_true_active.len()],
+            layer_true_found: vec![0; s.layer_true_found.len()],
+            layer_candidates: vec![0; s.layer_candidates.len()],
+            layer_tokens: vec![0; s.layer_tokens.len()],
+            ..SparseStats::default()
+        };
     }
 
     pub fn model(&self) -> &'m Model {
@@ -481,6 +560,14 @@ impl<'m> Engine<'m> {
                 &mut xn[t * d..(t + 1) * d],
             );
         }
+        if let Some(sp) = self.sparse {
+            if n == 1 {
+                return self.ffn_sparse_token(li, l, &sp.layers[li], sp.use_predictor);
+            }
+            if sp.batches_too {
+                return self.ffn_sparse_batch(li, l, n, &sp.layers[li], sp.use_predictor);
+            }
+        }
         let gate = grow(&mut s.gate, n * ff);
         let up = grow(&mut s.up, n * ff);
         Self::project_many(
@@ -498,6 +585,16 @@ impl<'m> Engine<'m> {
         for (g, u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
             *g = silu(*g) * u;
         }
+        if l.down_transposed {
+            accumulate_down_t(
+                &l.down.mat(f),
+                &s.gate[..n * ff],
+                n,
+                &mut s.partials,
+                &mut s.x,
+            );
+            return;
+        }
         s.acts.quantize(l.down.ty.act_kind(), &s.gate[..n * ff], ff);
         let o = grow(&mut s.o, n * d);
         Self::project(&self.ks, f, &l.down, None, &s.acts, o);
@@ -505,6 +602,229 @@ impl<'m> Engine<'m> {
             .iter_mut()
             .zip(&s.o[..n * d])
             .for_each(|(x, o)| *x += o);
+    }
+}
+
+impl Engine<'_> {
+    /// Candidate scores of the predictor for `n` tokens of `s.xn` into `s.pred_s` (`n * n_ff`).
+    fn predict(&mut self, sl: &SparseLayer<'_>, n: usize) {
+        let p = sl.predictor.as_ref().expect("checked by the caller");
+        let (d, ff, r) = (self.model.config.n_embd, self.model.config.n_ff, p.rank());
+        let s = &mut self.s;
+        let (fc1, fc2) = (p.fc1.mat(), p.fc2.mat());
+        s.acts.quantize(fc1.ty.act_kind(), &s.xn[..n * d], d);
+        let h = grow(&mut s.pred_h, n * r);
+        matmul(&self.ks, &fc1, &s.acts, h);
+        if p.kind.relu() {
+            h.iter_mut().for_each(|v| *v = v.max(0.0));
+        }
+        s.acts.quantize(fc2.ty.act_kind(), &s.pred_h[..n * r], r);
+        let sc = grow(&mut s.pred_s, n * ff);
+        matmul(&self.ks, &fc2, &s.acts, sc);
+        if let Some(b) = &p.bias {
+            for row in sc.chunks_exact_mut(ff) {
+                row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+            }
+        }
+    }
+
+    /// Two-phase sparse FFN of one token: predictor -> candidates -> their gate rows -> confirmed
+    /// neurons -> their up rows and down columns, each phase split over the worker threads.
+    fn ffn_sparse_token(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        sl: &SparseLayer<'_>,
+        use_predictor: bool,
+    ) {
+        let m = self.model;
+        let f = &m.file;
+        let (d, ff) = (m.config.n_embd, m.config.n_ff);
+        let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
+        if predictor.is_some() {
+            self.predict(sl, 1);
+        }
+        let s = &mut self.s;
+        s.cand.clear();
+        match predictor {
+            Some(p) => s
+                .cand
+                .extend((0..ff as u32).filter(|&i| is_candidate(p, s.pred_s[i as usize]))),
+            None => s.cand.extend(0..ff as u32),
+        }
+        let (gate, up, down_t) = (l.gate.mat(f), l.up.mat(f), sl.down_t.mat());
+        let ks = &self.ks;
+        let threads = rayon::current_num_threads();
+
+        // Phase 1: gate rows of the candidates, then the threshold test.
+        s.acts.quantize(gate.ty.act_kind(), &s.xn[..d], d);
+        let nc = s.cand.len();
+        let vals = grow(&mut s.vals, nc);
+        let chunk = nc.div_ceil(threads).max(1);
+        let acts = &s.acts;
+        vals.par_chunks_mut(chunk)
+            .zip(s.cand.par_chunks(chunk))
+            .for_each(|(out, rows)| gather_matvec(ks, &gate, rows, acts, out));
+        s.conf.clear();
+        s.coeff.clear();
+        for (&i, &g) in s.cand.iter().zip(s.vals.iter()) {
+            let a = silu(g);
+            if a.abs() >= sl.threshold {
+                s.conf.push(i);
+                s.coeff.push(a);
+            }
+        }
+
+        // Phase 2: up rows and down columns of the confirmed neurons, one partial sum per task.
+        if up.ty.act_kind() != gate.ty.act_kind() {
+            s.acts.quantize(up.ty.act_kind(), &s.xn[..d], d);
+        }
+        let nf = s.conf.len();
+        let chunk = nf.div_ceil(threads).max(1);
+        let tasks = nf.div_ceil(chunk);
+        let partials = grow(&mut s.partials, tasks.max(1) * d);
+        partials.fill(0.0);
+        let uvals = grow(&mut s.vals, nf);
+        let acts = &s.acts;
+        partials
+            .par_chunks_mut(d)
+            .zip(s.conf.par_chunks(chunk))
+            .zip(s.coeff.par_chunks_mut(chunk))
+            .zip(uvals.par_chunks_mut(chunk))
+            .for_each(|(((y, rows), coeff), u)| {
+                gather_matvec(ks, &up, rows, acts, u);
+                coeff.iter_mut().zip(u.iter()).for_each(|(c, u)| *c *= u);
+                axpy_rows(ks, &down_t, rows, coeff, y);
+            });
+        for part in s.partials[..tasks * d].chunks_exact(d) {
+            s.x[..d].iter_mut().zip(part).for_each(|(x, p)| *x += p);
+        }
+
+        let st = &mut self.stats;
+        st.token_layers += 1;
+        st.candidates += nc as u64;
+        st.confirmed += nf as u64;
+        st.layer_candidates[li] += nc as u64;
+        st.layer_tokens[li] += 1;
+        if predictor.is_none() {
+            st.layer_true_active[li] += nf as u64;
+            st.layer_true_found[li] += nf as u64;
+        }
+        let pred_bytes = predictor.map_or(0, |p| p.bytes());
+        st.ffn_bytes += (pred_bytes
+            + nc * gate.row_bytes()
+            + nf * (up.row_bytes() + down_t.row_bytes())) as u64;
+        st.dense_ffn_bytes += (l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f)) as u64;
+    }
+
+    /// The sparse FFN over a batch with the same result as running [`Self::ffn_sparse_token`]
+    /// per token, computed as masked dense work: all gate and up rows (GEMM, so every neuron's
+    /// activation is known and the predictor's recall is measured), coefficients zeroed outside
+    /// candidates-that-pass, then the transposed down rows accumulated per neuron.
+    fn ffn_sparse_batch(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        sl: &SparseLayer<'_>,
+        use_predictor: bool,
+    ) {
+        let m = self.model;
+        let f = &m.file;
+        let (d, ff) = (m.config.n_embd, m.config.n_ff);
+        let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
+        if predictor.is_some() {
+            self.predict(sl, n);
+        }
+        let s = &mut self.s;
+        let gate = grow(&mut s.gate, n * ff);
+        let up = grow(&mut s.up, n * ff);
+        Self::project_many(
+            &self.ks,
+            f,
+            &mut s.acts,
+            &s.xn[..n * d],
+            d,
+            [(&l.gate, None, gate), (&l.up, None, up)],
+        );
+        let (mut nc, mut nf, mut active, mut found) = (0u64, 0u64, 0u64, 0u64);
+        for t in 0..n {
+            for i in 0..ff {
+                let k = t * ff + i;
+                let a = silu(s.gate[k]);
+                let fires = a.abs() >= sl.threshold;
+                let cand = predictor.is_none_or(|p| is_candidate(p, s.pred_s[k]));
+                nc += cand as u64;
+                active += fires as u64;
+                found += (fires && cand) as u64;
+                nf += (fires && cand) as u64;
+                s.gate[k] = if fires && cand { a * s.up[k] } else { 0.0 };
+            }
+        }
+        let down_t = sl.down_t.mat();
+        accumulate_down_t(&down_t, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
+
+        let st = &mut self.stats;
+        st.token_layers += n as u64;
+        st.candidates += nc;
+        st.confirmed += nf;
+        st.layer_candidates[li] += nc;
+        st.layer_tokens[li] += n as u64;
+        st.layer_true_active[li] += active;
+        st.layer_true_found[li] += found;
+        let (gate, upm) = (l.gate.mat(f), l.up.mat(f));
+        let pred_bytes = predictor.map_or(0, |p| p.bytes()) as u64;
+        st.ffn_bytes += n as u64 * pred_bytes
+            + nc * gate.row_bytes() as u64
+            + nf * (upm.row_bytes() + down_t.row_bytes()) as u64;
+        st.dense_ffn_bytes += n as u64 * (l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f));
+    }
+}
+
+/// `x[t] += sum_i coeff[t][i] * down_t.row(i)` for `n` tokens: the down projection from its
+/// transposed rows. Neuron ranges go to the worker threads, each with its own partial sums; a
+/// neuron whose coefficients are all zero is never read.
+fn accumulate_down_t(
+    down_t: &MatRef<'_>,
+    coeff: &[f32],
+    n: usize,
+    partials: &mut Vec<f32>,
+    x: &mut [f32],
+) {
+    let (ff, d) = (down_t.rows, down_t.cols);
+    let threads = rayon::current_num_threads();
+    let chunk = ff.div_ceil(threads);
+    let tasks = ff.div_ceil(chunk);
+    let partials = grow(partials, tasks * n * d);
+    partials.fill(0.0);
+    partials
+        .par_chunks_mut(n * d)
+        .enumerate()
+        .for_each(|(task, y)| {
+            let mut row = vec![0.0f32; d];
+            for i in task * chunk..((task + 1) * chunk).min(ff) {
+                if (0..n).all(|t| coeff[t * ff + i] == 0.0) {
+                    continue;
+                }
+                down_t.dequantize_row(i, &mut row);
+                for (t, yt) in y.chunks_exact_mut(d).enumerate() {
+                    let a = coeff[t * ff + i];
+                    if a != 0.0 {
+                        yt.iter_mut().zip(&row).for_each(|(o, v)| *o += a * v);
+                    }
+                }
+            }
+        });
+    for part in partials.chunks_exact(n * d) {
+        x[..n * d].iter_mut().zip(part).for_each(|(x, p)| *x += p);
+    }
+}
+
+#[inline]
+fn is_candidate(p: &crate::sparse::PredictorWeights<'_>, score: f32) -> bool {
+    match p.kind {
+        pi2_sparse::PredictorKind::Trained => score > p.cut,
+        pi2_sparse::PredictorKind::Lowrank => silu(score).abs() >= p.cut,
     }
 }
 

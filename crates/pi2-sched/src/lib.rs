@@ -4,13 +4,19 @@
 //! token-by-token decode, a growable KV cache, all matrix work on a persistent worker pool.
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
 
+pub mod convert;
 mod engine;
 mod generate;
 pub mod perplexity;
 mod sampler;
+mod sparse;
 pub mod topology;
 
 pub use engine::{Engine, EngineConfig, EngineError, Logits};
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
+pub use sparse::{
+    transposed, Blob, PredictorWeights, SparseFfn, SparseLayer, SparseModelError, SparseStats,
+    Weight,
+};

@@ -16,10 +16,12 @@
 //! exact.
 
 mod hitrate;
+mod predictor;
 mod profile;
 mod trace;
 
 pub use hitrate::{hit_rates, HitPoint};
+pub use predictor::{lowrank, train, Fit, FitConfig, LayerSamples, Predictor, PredictorKind};
 pub use profile::{
     Activation, Calibration, Coactivation, LayerProfile, ModelInfo, Profile, ProfileConfig,
     Profiler, PROFILE_FORMAT, PROFILE_VERSION, SPARSITY_LEVELS,
@@ -44,6 +46,8 @@ pub enum SparseError {
     BadSparsity(f32),
     #[error("no tokens were profiled")]
     Empty,
+    #[error("cannot fit a predictor: {0}")]
+    Predictor(String),
 }
 
 /// What an engine reports for each FFN layer it computes densely.

@@ -161,8 +161,7 @@ pub struct Profile {
 
 impl Profile {
     pub fn save(&self, path: &Path) -> Result<(), SparseError> {
-        let text = serde_json::to_string(self).expect("profiles serialise");
-        std::fs::write(path, text).map_err(|source| SparseError::Io {
+        std::fs::write(path, self.to_json()).map_err(|source| SparseError::Io {
             path: path.display().to_string(),
             source,
         })
@@ -174,6 +173,16 @@ impl Profile {
             path: p.clone(),
             source,
         })?;
+        Self::from_json(&text, &p)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("profiles serialise")
+    }
+
+    /// Parse and check a profile; `origin` names where it came from in errors.
+    pub fn from_json(text: &str, origin: &str) -> Result<Profile, SparseError> {
+        let p = origin.to_string();
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| SparseError::BadProfile {
                 path: p.clone(),
@@ -214,6 +223,28 @@ impl Profile {
             });
         }
         Ok(prof)
+    }
+
+    /// The profile with neurons renumbered: new neuron `j` of layer `l` is old neuron
+    /// `perm[l][j]` (converted models store neurons hot-first).
+    pub fn permuted(&self, perm: &[Vec<u32>]) -> Profile {
+        let mut out = self.clone();
+        for (l, p) in out.layers.iter_mut().zip(perm) {
+            let mut new_id = vec![0u32; p.len()];
+            for (j, &old) in p.iter().enumerate() {
+                new_id[old as usize] = j as u32;
+            }
+            let pick = |v: &Vec<f32>| p.iter().map(|&o| v[o as usize]).collect::<Vec<f32>>();
+            l.frequency = pick(&l.frequency);
+            l.mean_abs = pick(&l.mean_abs);
+            l.max_abs = pick(&l.max_abs);
+            l.coactivation.p_partner = pick(&l.coactivation.p_partner);
+            l.coactivation.partner = p
+                .iter()
+                .map(|&o| new_id[l.coactivation.partner[o as usize] as usize])
+                .collect();
+        }
+        out
     }
 
     /// Mean over layers of the hit-rate curves.

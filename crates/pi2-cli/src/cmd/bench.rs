@@ -42,6 +42,10 @@ pub struct BenchArgs {
     /// Output format
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
     pub output: Format,
+    /// With sparsity on, every test also runs dense, interleaved repetition by repetition, so
+    /// the two rows compare within one run
+    #[command(flatten)]
+    pub sparse: super::sparse_args::SparseArgs,
 }
 
 /// One table row.
@@ -58,6 +62,11 @@ struct Row {
     avg_ts: f64,
     stddev_ts: f64,
     samples_ts: Vec<f64>,
+    /// `dense` or `sparse` (the FFN).
+    ffn: String,
+    /// Sparse runs: measured fractions (candidates, confirmed, FFN bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sparse: Option<serde_json::Value>,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -99,6 +108,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("-r/--repetitions must be at least 1");
     }
     let model = load_model(&a.model)?;
+    let path = super::model_path(&a.model)?;
+    let sparse = super::sparse_args::build(&a.sparse, &model, &path, false)?;
+    let modes: Vec<Option<&pi2_sched::SparseFfn<'_>>> = match &sparse {
+        None => vec![None],
+        Some(sp) => vec![None, Some(sp)],
+    };
     // engine_config checks one thread count; bench sweeps the whole list.
     let base = engine_config(&ModelArgs {
         threads: a
@@ -163,47 +178,68 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     time_gen(e, &toks, ng)
                 }
             };
-            run(&mut e)?; // warm-up
-            let samples = (0..a.reps)
-                .map(|_| run(&mut e))
-                .collect::<Result<Vec<_>>>()?;
-            let (avg, sd) = mean_sd(&samples);
+            let mut samples = vec![Vec::new(); modes.len()];
+            let mut stats = vec![None; modes.len()];
+            for rep in 0..=a.reps {
+                for (k, mode) in modes.iter().enumerate() {
+                    e.set_sparse(*mode)?;
+                    let ts = run(&mut e)?;
+                    if rep > 0 {
+                        // repetition 0 warms up
+                        samples[k].push(ts);
+                    }
+                    if mode.is_some() {
+                        stats[k] = Some(super::sparse_args::stats_json(e.sparse_stats()));
+                    }
+                }
+            }
+            e.set_sparse(None)?;
             let test = if np > 0 {
                 format!("pp{np}")
             } else {
                 format!("tg{ng}")
             };
-            let row = Row {
-                model: name.clone(),
-                size_bytes: model.file.file_size(),
-                params: model.n_params(),
-                backend: backend.clone(),
-                threads: t,
-                test,
-                n_prompt: np,
-                n_gen: ng,
-                avg_ts: avg,
-                stddev_ts: sd,
-                samples_ts: samples,
-            };
-            if let Format::Md = a.output {
-                if rows.is_empty() {
-                    println!("| model | size | params | backend | threads | test | t/s |");
-                    println!("| ----- | ---: | -----: | ------- | ------: | ---: | --: |");
+            for ((samples, stat), mode) in samples.into_iter().zip(stats).zip(&modes) {
+                let (avg, sd) = mean_sd(&samples);
+                let row = Row {
+                    model: name.clone(),
+                    size_bytes: model.file.file_size(),
+                    params: model.n_params(),
+                    backend: backend.clone(),
+                    threads: t,
+                    test: test.clone(),
+                    n_prompt: np,
+                    n_gen: ng,
+                    avg_ts: avg,
+                    stddev_ts: sd,
+                    samples_ts: samples,
+                    ffn: if mode.is_some() { "sparse" } else { "dense" }.into(),
+                    sparse: stat,
+                };
+                if let Format::Md = a.output {
+                    if rows.is_empty() {
+                        println!(
+                            "| model | size | params | backend | threads | ffn | test | t/s |"
+                        );
+                        println!(
+                            "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |"
+                        );
+                    }
+                    println!(
+                        "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                        row.model,
+                        row.size_bytes as f64 / (1 << 20) as f64,
+                        row.params as f64 / 1e6,
+                        row.backend,
+                        row.threads,
+                        row.ffn,
+                        row.test,
+                        row.avg_ts,
+                        row.stddev_ts
+                    );
                 }
-                println!(
-                    "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} |",
-                    row.model,
-                    row.size_bytes as f64 / (1 << 20) as f64,
-                    row.params as f64 / 1e6,
-                    row.backend,
-                    row.threads,
-                    row.test,
-                    row.avg_ts,
-                    row.stddev_ts
-                );
+                rows.push(row);
             }
-            rows.push(row);
         }
     }
     if let Format::Json = a.output {

@@ -2,10 +2,12 @@
 
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod info;
 pub mod perplexity;
 pub mod profile;
 pub mod run;
+pub mod sparse_args;
 pub mod tokenize;
 
 use crate::{fetch, ModelArgs, SampleArgs};

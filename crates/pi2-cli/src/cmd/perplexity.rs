@@ -22,6 +22,8 @@ pub struct PerplexityArgs {
     /// Evaluate only the first N chunks
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
+    #[command(flatten)]
+    pub sparse: super::sparse_args::SparseArgs,
 }
 
 pub fn run(mut a: PerplexityArgs) -> Result<()> {
@@ -34,7 +36,10 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         a.model.ctx_size = model.config.n_ctx_train;
     }
     let n_ctx = a.model.ctx_size;
+    let path = super::model_path(&a.model)?;
+    let sparse = super::sparse_args::build(&a.sparse, &model, &path, true)?;
     let mut engine = engine(&model, &a.model)?;
+    engine.set_sparse(sparse.as_ref())?;
     eprintln!("perplexity: tokenizing the input ..");
     let tokens = model.tokenizer.encode(&text, true, false);
     if tokens.len() < 2 * n_ctx {
@@ -75,6 +80,9 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         "Final estimate: PPL = {:.4} +/- {:.5}",
         last.ppl, last.stderr
     )?;
+    if sparse.is_some() {
+        super::sparse_args::print_stats(engine.sparse_stats());
+    }
     eprintln!(
         "perplexity: {} tokens scored in {:.1} s",
         last.chunk * (n_ctx - n_ctx / 2 - 1),

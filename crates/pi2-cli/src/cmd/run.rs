@@ -35,11 +35,16 @@ pub struct RunArgs {
     /// Print one JSON object (ids, text, timings, peak RSS) instead of streaming
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub sparse: super::sparse_args::SparseArgs,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let model = load_model(&a.model)?;
+    let path = super::model_path(&a.model)?;
+    let sparse = super::sparse_args::build(&a.sparse, &model, &path, false)?;
     let mut engine = engine(&model, &a.model)?;
+    engine.set_sparse(sparse.as_ref())?;
     let mut sampler = sampler(&a.sample);
     let tok = &model.tokenizer;
     let prompt_text = if a.chat {
@@ -113,6 +118,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "peak_rss_bytes": peak,
             "threads": engine.threads(),
             "kernel_tier": engine.tier().name(),
+            "sparse": sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
         });
         writeln!(stdout, "{}", serde_json::to_string_pretty(&out)?)?;
     } else {

@@ -1,0 +1,161 @@
+//! `pi2 convert`: a model re-laid out as hot-first neuron bundles, with predictors and thresholds.
+
+use super::sparse_args::{check_sparsity, parse_type, thresholds};
+use super::{engine, load_model, model_path};
+use crate::ModelArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use pi2_model::Model;
+use pi2_sched::convert::{self, ConvertConfig};
+use pi2_sparse::{FitConfig, PredictorKind, Profile};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Activation profile of this model (from `pi2 profile`)
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// Calibration text the predictors are fitted on (never the text you evaluate on)
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Calibration tokens (the last 20% are held out)
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: usize,
+    /// Tokens per calibration chunk (each from an empty cache)
+    #[arg(long, default_value_t = 512)]
+    pub chunk: usize,
+    /// FFN sparsity the thresholds are set for (0..0.95)
+    #[arg(long, default_value_t = 0.5)]
+    pub sparsity: f32,
+    /// Predictor: lowrank (training-free, fast), trained, or none
+    #[arg(long, default_value = "lowrank")]
+    pub predictor: String,
+    /// Recall the predictor cut is set for on the held-out tokens
+    #[arg(long, default_value_t = 0.97)]
+    pub recall: f32,
+    /// Largest predictor rank tried (multiples of 32)
+    #[arg(long, default_value_t = 192)]
+    pub max_rank: usize,
+    /// Type of the transposed down rows (default: the model's down type)
+    #[arg(long)]
+    pub down_type: Option<String>,
+    /// I/O granule the tensors are aligned to (bytes, power of two)
+    #[arg(long, default_value_t = 4096)]
+    pub granule: u32,
+    /// Output GGUF file
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Replace the output file if it exists
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run(a: ConvertArgs) -> Result<()> {
+    let sparsity = check_sparsity(a.sparsity)?;
+    if !(0.5..=1.0).contains(&a.recall) {
+        bail!("--recall {} is outside 0.5..1", a.recall);
+    }
+    let predictor = match a.predictor.as_str() {
+        "none" => None,
+        k => Some(
+            PredictorKind::from_name(k)
+                .with_context(|| format!("unknown predictor `{k}` (lowrank, trained, none)"))?,
+        ),
+    };
+    let input = model_path(&a.model)?;
+    // Refuse early, before minutes of work.
+    if a.output.exists() && !a.force {
+        bail!("{} exists; pass --force to replace it", a.output.display());
+    }
+    if let (Ok(x), Ok(y)) = (a.output.canonicalize(), input.canonicalize()) {
+        if x == y {
+            bail!(
+                "{} is the input model; choose another output file",
+                a.output.display()
+            );
+        }
+    }
+    let model = load_model(&a.model)?;
+    let profile = Profile::load(&a.profile)?;
+    profile
+        .model
+        .check_compatible(&super::profile::model_info(&model, &input))
+        .with_context(|| format!("profile {}", a.profile.display()))?;
+    let th = thresholds(&profile, sparsity)?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let mut tokens = model.tokenizer.encode(&text, false, false);
+    tokens.truncate(a.tokens);
+    if tokens.len() < 64 {
+        bail!(
+            "{} has only {} tokens; calibration needs at least 64",
+            a.file.display(),
+            tokens.len()
+        );
+    }
+    let t0 = Instant::now();
+    let mut eng = engine(&model, &a.model)?;
+    let bar = ProgressBar::new(tokens.len() as u64).with_style(
+        ProgressStyle::with_template("calibrating {bar:30} {pos}/{len} tokens {eta}").unwrap(),
+    );
+    let samples = convert::collect_samples(&mut eng, &tokens, a.chunk, &th, |d| {
+        bar.set_position(d as u64)
+    })?;
+    bar.finish_and_clear();
+    drop(eng);
+    eprintln!(
+        "convert: {} calibration tokens in {:.1} s; fitting {} predictors ..",
+        tokens.len(),
+        t0.elapsed().as_secs_f64(),
+        a.predictor
+    );
+    let cfg = ConvertConfig {
+        sparsity,
+        predictor,
+        down_type: a.down_type.as_deref().map(parse_type).transpose()?,
+        granule: a.granule,
+        held_out: 0.2,
+        fit: FitConfig {
+            target_recall: a.recall,
+            max_rank: a.max_rank,
+            ..FitConfig::default()
+        },
+    };
+    let t1 = Instant::now();
+    let (writer, report) = convert::convert(&model, &profile, &th, samples, &cfg)?;
+    eprintln!("convert: fitted in {:.1} s", t1.elapsed().as_secs_f64());
+    convert::write_file(&writer, &a.output, &input, a.force)?;
+    let written =
+        Model::load(&a.output).with_context(|| format!("cannot re-read {}", a.output.display()))?;
+    if let Err(e) = convert::verify(&model, &written) {
+        let _ = std::fs::remove_file(&a.output);
+        return Err(e).context("verification failed; the output was removed");
+    }
+    println!("layer  threshold  fired  rank  recall  candidates");
+    for (i, r) in report.iter().enumerate() {
+        println!(
+            "{i:>5}  {:>9.4}  {:>5.3}  {:>4}  {:>6.3}  {:>10.3}",
+            r.threshold, r.fired, r.rank, r.recall, r.candidates
+        );
+    }
+    let n = report.len() as f32;
+    println!(
+        "mean   {:>9}  {:>5.3}  {:>4.0}  {:>6.3}  {:>10.3}",
+        "",
+        report.iter().map(|r| r.fired).sum::<f32>() / n,
+        report.iter().map(|r| r.rank as f32).sum::<f32>() / n,
+        report.iter().map(|r| r.recall).sum::<f32>() / n,
+        report.iter().map(|r| r.candidates).sum::<f32>() / n
+    );
+    eprintln!(
+        "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
+        a.output.display(),
+        written.file.file_size() as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

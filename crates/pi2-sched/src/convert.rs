@@ -1,0 +1,679 @@
+//! Neuron-bundle model files: `pi2 convert` writes them, [`load_sparse`] reads them (and
+//! PowerInfer's sparse GGUF files).
+//!
+//! A converted file is a GGUF file. Dense tensors are copied byte for byte. Each FFN layer is
+//! re-laid out as neuron bundles, hot neurons first (by how often they fired on the calibration
+//! text): neuron `j` of the file is row `j` of `blk.N.ffn_gate.weight`, row `j` of
+//! `blk.N.ffn_up.weight` and row `j` of `blk.N.ffn_down_t.weight` (its down column, stored
+//! transposed), each part readable on its own; tensor data starts on the I/O granule
+//! (`general.alignment` = `pi2.io.granule`). `blk.N.ffn_perm` (I32) maps each file neuron to the
+//! source model's neuron. The predictor is `blk.N.fc1.weight` (`rank x n_embd`),
+//! `blk.N.fc2.weight` (`n_ff x rank`) and `blk.N.fc2.bias`. Metadata `pi2.*` holds the format
+//! version, the per-layer thresholds and predictor cuts, held-out recall and candidate fractions,
+//! and the profile (renumbered to the file's neuron order) as JSON. There is no `ffn_down`:
+//! dense prefill reads the transposed rows too, so the file holds each weight once.
+
+use crate::engine::{Engine, EngineError, Logits};
+use crate::sparse::{Blob, PredictorWeights, SparseFfn, SparseLayer, SparseModelError, Weight};
+use pi2_kernels::QuantType;
+use pi2_model::writer::GgufWriter;
+use pi2_model::{GgufFile, Model, TokenId, Value};
+use pi2_sparse::{
+    Activation, FfnObserver, FitConfig, LayerSamples, Predictor, PredictorKind, Profile,
+};
+use rayon::prelude::*;
+use std::path::Path;
+
+pub const KEY_VERSION: &str = "pi2.version";
+pub const FORMAT_VERSION: u32 = 1;
+const KEY_THRESHOLDS: &str = "pi2.sparse.thresholds";
+const KEY_SPARSITY: &str = "pi2.sparse.sparsity";
+const KEY_ACTIVATION: &str = "pi2.sparse.activation";
+const KEY_GRANULE: &str = "pi2.io.granule";
+const KEY_KIND: &str = "pi2.predictor.kind";
+const KEY_CUTS: &str = "pi2.predictor.cuts";
+const KEY_RECALL: &str = "pi2.predictor.recall";
+const KEY_CANDIDATES: &str = "pi2.predictor.candidates";
+const KEY_PROFILE: &str = "pi2.profile";
+const KEY_SOURCE: &str = "pi2.source";
+const POWERINFER_THRESHOLD: &str = "powerinfer.sparse_threshold";
+const GGML_I32: u32 = 26;
+
+/// Conversion errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{0}")]
+    Sparse(#[from] SparseModelError),
+    #[error("{0}")]
+    Fit(#[from] pi2_sparse::SparseError),
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    Model(#[from] pi2_model::ModelError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Refused(String),
+    #[error("the written file does not match what was converted: {0}")]
+    Verify(String),
+}
+
+fn corrupt(msg: String) -> SparseModelError {
+    SparseModelError::Model(pi2_model::ModelError::Corrupt(msg))
+}
+
+fn f32s_le(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
+        .collect()
+}
+
+/// Per-layer float array from metadata.
+fn f32_array(f: &GgufFile, key: &str, n: usize) -> Result<Vec<f32>, SparseModelError> {
+    let a = f
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| corrupt(format!("`{key}` is missing or not an array")))?;
+    let v: Option<Vec<f32>> = a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect();
+    match v {
+        Some(v) if v.len() == n => Ok(v),
+        _ => Err(corrupt(format!("`{key}` must hold {n} numbers"))),
+    }
+}
+
+fn weight<'a>(
+    f: &'a GgufFile,
+    name: &str,
+    rows: Option<usize>,
+    cols: Option<usize>,
+) -> Result<Option<Weight<'a>>, SparseModelError> {
+    let Some(t) = f.tensor(name) else {
+        return Ok(None);
+    };
+    let ty = QuantType::from_ggml_id(t.ggml_type)
+        .ok_or_else(|| corrupt(format!("{name}: unsupported type {}", t.type_name())))?;
+    let (c, r) = match t.dims[..] {
+        [c, r] => (c as usize, r as usize),
+        _ => return Err(corrupt(format!("{name}: not a matrix"))),
+    };
+    if rows.is_some_and(|x| x != r) || cols.is_some_and(|x| x != c) {
+        return Err(corrupt(format!(
+            "{name} is {r}x{c}, expected {}x{}",
+            rows.map_or("?".into(), |x| x.to_string()),
+            cols.map_or("?".into(), |x| x.to_string())
+        )));
+    }
+    Weight::new(ty, r, c, Blob::File(f.tensor_data(t)))
+        .map(Some)
+        .map_err(|e| corrupt(format!("{name}: {e}")))
+}
+
+/// The sparse weights of a converted model (and its profile), of a PowerInfer sparse GGUF file
+/// (predictors `blk.N.fc1/fc2`, `ffn_down_t`; no profile), or `None` for a plain model.
+pub fn load_sparse(
+    model: &Model,
+) -> Result<Option<(SparseFfn<'_>, Option<Profile>)>, SparseModelError> {
+    let f = &model.file;
+    let c = &model.config;
+    let pi2 = f.get(KEY_VERSION).is_some();
+    let powerinfer = !pi2 && f.tensor("blk.0.fc1.weight").is_some();
+    if !pi2 && !powerinfer {
+        return Ok(None);
+    }
+    let (kind, thresholds, cuts) = if pi2 {
+        let v = f.get(KEY_VERSION).and_then(Value::as_u64);
+        if v != Some(FORMAT_VERSION as u64) {
+            return Err(corrupt(format!(
+                "converted-model format version {v:?}; this pi2 reads {FORMAT_VERSION}"
+            )));
+        }
+        let kind = match f.get(KEY_KIND).and_then(Value::as_str) {
+            Some("none") => None,
+            Some(k) => Some(
+                PredictorKind::from_name(k)
+                    .ok_or_else(|| corrupt(format!("unknown predictor kind `{k}`")))?,
+            ),
+            None => return Err(corrupt(format!("`{KEY_KIND}` is missing"))),
+        };
+        let t = f32_array(f, KEY_THRESHOLDS, c.n_layer)?;
+        crate::sparse::check_thresholds(&t, c.n_layer)?;
+        let cuts = match kind {
+            Some(_) => f32_array(f, KEY_CUTS, c.n_layer)?,
+            None => vec![0.0; c.n_layer],
+        };
+        (kind, t, cuts)
+    } else {
+        // PowerInfer: sigmoid(score) > sparse_threshold, i.e. the logit above its log-odds.
+        let p = f
+            .get(POWERINFER_THRESHOLD)
+            .and_then(Value::as_f64)
+            .unwrap_or(0.5);
+        if !(p > 0.0 && p < 1.0) {
+            return Err(corrupt(format!(
+                "{POWERINFER_THRESHOLD} {p} is not in (0, 1)"
+            )));
+        }
+        let cut = (p / (1.0 - p)).ln() as f32;
+        (
+            Some(PredictorKind::Trained),
+            vec![0.0; c.n_layer],
+            vec![cut; c.n_layer],
+        )
+    };
+    let mut layers = Vec::with_capacity(c.n_layer);
+    for (li, l) in model.weights.layers.iter().enumerate() {
+        let name = |s: &str| format!("blk.{li}.{s}");
+        let down_t = if l.down_transposed {
+            Weight::new(
+                l.down.ty,
+                c.n_ff,
+                c.n_embd,
+                Blob::File(l.down.mat(f).bytes()),
+            )
+            .map_err(|e| corrupt(e.to_string()))?
+        } else {
+            weight(f, &name("ffn_down_t.weight"), Some(c.n_ff), Some(c.n_embd))?
+                .ok_or_else(|| corrupt(format!("{} is missing", name("ffn_down_t.weight"))))?
+        };
+        let predictor = match kind {
+            None => None,
+            Some(kind) => {
+                let fc1 = weight(f, &name("fc1.weight"), None, Some(c.n_embd))?
+                    .ok_or_else(|| corrupt(format!("{} is missing", name("fc1.weight"))))?;
+                let fc2 = weight(f, &name("fc2.weight"), Some(c.n_ff), Some(fc1.rows))?
+                    .ok_or_else(|| corrupt(format!("{} is missing", name("fc2.weight"))))?;
+                let bias = match f.tensor(&name("fc2.bias")) {
+                    None => None,
+                    Some(t) if t.ggml_type == 0 && t.n_elements() == c.n_ff as u64 => {
+                        Some(f32s_le(f.tensor_data(t)))
+                    }
+                    Some(_) => {
+                        return Err(corrupt(format!(
+                            "{} is not {} F32 values",
+                            name("fc2.bias"),
+                            c.n_ff
+                        )))
+                    }
+                };
+                Some(PredictorWeights {
+                    kind,
+                    fc1,
+                    fc2,
+                    bias,
+                    cut: cuts[li],
+                })
+            }
+        };
+        layers.push(SparseLayer {
+            threshold: thresholds[li],
+            down_t,
+            predictor,
+        });
+    }
+    let profile = match f.get(KEY_PROFILE).and_then(Value::as_str) {
+        Some(text) => {
+            Some(Profile::from_json(text, KEY_PROFILE).map_err(|e| corrupt(e.to_string()))?)
+        }
+        None => None,
+    };
+    let sp = SparseFfn {
+        use_predictor: layers.iter().all(|l| l.predictor.is_some()),
+        layers,
+        batches_too: false,
+    };
+    Ok(Some((sp, profile)))
+}
+
+/// Records (x, fired) pairs per layer during a dense calibration run.
+struct SampleObserver<'a> {
+    samples: Vec<LayerSamples>,
+    thresholds: &'a [f32],
+    act: Activation,
+}
+
+impl FfnObserver for SampleObserver<'_> {
+    fn observe(&mut self, layer: usize, x: &[f32], gate: &[f32]) {
+        let s = &mut self.samples[layer];
+        let (d, ff) = (s.n_embd, s.n_ff);
+        for (xt, gt) in x.chunks_exact(d).zip(gate.chunks_exact(ff)) {
+            s.push(xt, gt, self.thresholds[layer], self.act);
+        }
+    }
+}
+
+/// Run the dense model over `tokens` in chunks of `chunk` (each from an empty cache) and record
+/// every layer's (input, fired) pairs at `thresholds`; `progress(done)` after each chunk.
+pub fn collect_samples(
+    engine: &mut Engine<'_>,
+    tokens: &[TokenId],
+    chunk: usize,
+    thresholds: &[f32],
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<LayerSamples>, EngineError> {
+    let c = &engine.model().config;
+    let mut obs = SampleObserver {
+        samples: (0..c.n_layer)
+            .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
+            .collect(),
+        thresholds,
+        act: Activation::Silu,
+    };
+    let mut done = 0;
+    for part in tokens.chunks(chunk.max(1)) {
+        engine.truncate(0);
+        engine.forward_observed(part, Logits::Last, Some(&mut obs))?;
+        done += part.len();
+        progress(done);
+    }
+    engine.truncate(0);
+    Ok(obs.samples)
+}
+
+/// What `convert` chose per layer, measured on the held-out calibration tokens.
+#[derive(Clone, Debug)]
+pub struct LayerReport {
+    pub threshold: f32,
+    pub rank: usize,
+    pub recall: f32,
+    pub candidates: f32,
+    /// Fraction of neurons that fired (held-out).
+    pub fired: f32,
+}
+
+/// Settings of [`convert`].
+#[derive(Clone, Debug)]
+pub struct ConvertConfig {
+    pub sparsity: f32,
+    /// `None`: no predictor (every neuron a candidate).
+    pub predictor: Option<PredictorKind>,
+    /// Type of the transposed down rows (default: the model's down type if it can be made for
+    /// rows of `n_embd`, else Q8_0).
+    pub down_type: Option<QuantType>,
+    /// I/O granule the tensors are aligned to.
+    pub granule: u32,
+    /// Fraction of calibration tokens held out for early stopping and cut calibration.
+    pub held_out: f32,
+    pub fit: FitConfig,
+}
+
+impl Default for ConvertConfig {
+    fn default() -> Self {
+        Self {
+            sparsity: 0.5,
+            predictor: Some(PredictorKind::Lowrank),
+            down_type: None,
+            granule: 4096,
+            held_out: 0.2,
+            fit: FitConfig::default(),
+        }
+    }
+}
+
+/// Pick the storage type for predictor rows of `cols`.
+fn predictor_type(cols: usize) -> QuantType {
+    if cols % 32 == 0 {
+        QuantType::Q8_0
+    } else {
+        QuantType::F16
+    }
+}
+
+/// Build the converted GGUF image of `model` (see the module docs) from calibration `samples`
+/// (their fired bits must be at `thresholds`).
+pub fn convert(
+    model: &Model,
+    profile: &Profile,
+    thresholds: &[f32],
+    mut samples: Vec<LayerSamples>,
+    cfg: &ConvertConfig,
+) -> Result<(GgufWriter, Vec<LayerReport>), ConvertError> {
+    let f = &model.file;
+    let c = &model.config;
+    crate::sparse::check_thresholds(thresholds, c.n_layer)?;
+    if !cfg.granule.is_power_of_two()
+        || cfg.granule < 32
+        || cfg.granule as u64 > pi2_model::gguf::MAX_ALIGNMENT
+    {
+        return Err(ConvertError::Refused(format!(
+            "I/O granule {} must be a power of two in 32..={}",
+            cfg.granule,
+            pi2_model::gguf::MAX_ALIGNMENT
+        )));
+    }
+    if model.weights.layers.iter().any(|l| l.down_transposed) {
+        return Err(ConvertError::Refused(
+            "the model is already converted".into(),
+        ));
+    }
+    for s in samples.iter_mut() {
+        s.hold_out(cfg.held_out);
+    }
+    // Fit every layer (layers in parallel; each fit is single-threaded).
+    let fits: Vec<Result<(Vec<u32>, Option<Predictor>, LayerReport), ConvertError>> = (0..c
+        .n_layer)
+        .into_par_iter()
+        .map(|li| {
+            let s = &samples[li];
+            let l = &model.weights.layers[li];
+            let mut fired = vec![0u32; c.n_ff];
+            for t in 0..s.len() {
+                for (i, n) in fired.iter_mut().enumerate() {
+                    *n += s.fired(t, i) as u32;
+                }
+            }
+            // Hot-first order (stable: ties keep the model's order).
+            let mut perm: Vec<u32> = (0..c.n_ff as u32).collect();
+            perm.sort_by_key(|&i| std::cmp::Reverse(fired[i as usize]));
+            let held = s.len() - s.train;
+            let fired_held = (s.train..s.len())
+                .map(|t| (0..c.n_ff).filter(|&i| s.fired(t, i)).count())
+                .sum::<usize>() as f32
+                / (held * c.n_ff).max(1) as f32;
+            let mut fit_cfg = cfg.fit.clone();
+            fit_cfg.gate_row_bytes = l.gate.mat(f).row_bytes() as f32;
+            fit_cfg.predictor_weight_bytes = predictor_type(c.n_embd).block_bytes() as f32
+                / predictor_type(c.n_embd).block_len() as f32;
+            let fit = match cfg.predictor {
+                None => None,
+                Some(kind) => {
+                    let gate = l.gate.mat(f);
+                    let mut w = vec![0.0f32; c.n_ff * c.n_embd];
+                    for (r, row) in w.chunks_exact_mut(c.n_embd).enumerate() {
+                        gate.dequantize_row(r, row);
+                    }
+                    let low = pi2_sparse::lowrank(&w, s, &fit_cfg)?;
+                    Some(match kind {
+                        PredictorKind::Lowrank => low,
+                        PredictorKind::Trained => {
+                            pi2_sparse::train(s, low.predictor.rank, &fit_cfg)?
+                        }
+                    })
+                }
+            };
+            let report = LayerReport {
+                threshold: thresholds[li],
+                rank: fit.as_ref().map_or(0, |x| x.predictor.rank),
+                recall: fit.as_ref().map_or(1.0, |x| x.recall),
+                candidates: fit.as_ref().map_or(1.0, |x| x.candidates),
+                fired: fired_held,
+            };
+            Ok((perm, fit.map(|x| x.predictor), report))
+        })
+        .collect();
+    let mut layers = Vec::new();
+    for r in fits {
+        layers.push(r?);
+    }
+
+    let mut w = GgufWriter::new();
+    for (k, v) in &f.metadata {
+        if k != "general.alignment" && !k.starts_with("pi2.") {
+            w.meta(k, v.clone());
+        }
+    }
+    w.meta("general.alignment", Value::U32(cfg.granule));
+    w.meta(KEY_VERSION, Value::U32(FORMAT_VERSION));
+    w.meta(KEY_SPARSITY, Value::F32(cfg.sparsity));
+    w.meta(KEY_ACTIVATION, Value::String("silu".into()));
+    w.meta(KEY_GRANULE, Value::U32(cfg.granule));
+    let floats = |v: Vec<f32>| Value::Array(v.into_iter().map(Value::F32).collect());
+    w.meta(KEY_THRESHOLDS, floats(thresholds.to_vec()));
+    w.meta(
+        KEY_KIND,
+        Value::String(cfg.predictor.map_or("none", |k| k.name()).into()),
+    );
+    if cfg.predictor.is_some() {
+        w.meta(
+            KEY_CUTS,
+            floats(layers.iter().map(|l| l.1.as_ref().unwrap().cut).collect()),
+        );
+    }
+    w.meta(
+        KEY_RECALL,
+        floats(layers.iter().map(|l| l.2.recall).collect()),
+    );
+    w.meta(
+        KEY_CANDIDATES,
+        floats(layers.iter().map(|l| l.2.candidates).collect()),
+    );
+    let perms: Vec<Vec<u32>> = layers.iter().map(|l| l.0.clone()).collect();
+    w.meta(
+        KEY_PROFILE,
+        Value::String(profile.permuted(&perms).to_json()),
+    );
+    w.meta(
+        KEY_SOURCE,
+        Value::String(model.name.clone().unwrap_or_else(|| "unnamed model".into())),
+    );
+
+    let ffn_name = |n: &str| {
+        n.starts_with("blk.")
+            && (n.ends_with(".ffn_gate.weight")
+                || n.ends_with(".ffn_up.weight")
+                || n.ends_with(".ffn_down.weight"))
+    };
+    for t in &f.tensors {
+        if !ffn_name(&t.name) {
+            w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
+        }
+    }
+    for (li, ((perm, pred, _), l)) in layers.iter().zip(&model.weights.layers).enumerate() {
+        let name = |s: &str| format!("blk.{li}.{s}");
+        for (tv, n) in [(&l.gate, "ffn_gate.weight"), (&l.up, "ffn_up.weight")] {
+            let m = tv.mat(f);
+            let mut bytes = Vec::with_capacity(m.bytes().len());
+            for &i in perm {
+                bytes.extend_from_slice(m.row(i as usize));
+            }
+            w.tensor(
+                &name(n),
+                &[c.n_embd as u64, c.n_ff as u64],
+                tv.ty.ggml_id(),
+                bytes,
+            );
+        }
+        let down = l.down.mat(f);
+        let dt = down_type(cfg.down_type, down.ty, c.n_embd)?;
+        let t = crate::sparse::transposed(&down);
+        let mut bytes = Vec::new();
+        for &i in perm {
+            let row = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
+            bytes.extend(dt.quantize_row(row).expect("type checked by down_type"));
+        }
+        w.tensor(
+            &name("ffn_down_t.weight"),
+            &[c.n_embd as u64, c.n_ff as u64],
+            dt.ggml_id(),
+            bytes,
+        );
+        let perm_bytes: Vec<u8> = perm
+            .iter()
+            .flat_map(|&i| (i as i32).to_le_bytes())
+            .collect();
+        w.tensor(&name("ffn_perm"), &[c.n_ff as u64], GGML_I32, perm_bytes);
+        if let Some(p) = pred {
+            let t1 = predictor_type(c.n_embd);
+            let fc1: Vec<u8> = p
+                .fc1
+                .chunks_exact(c.n_embd)
+                .flat_map(|r| t1.quantize_row(r).expect("predictor type fits"))
+                .collect();
+            w.tensor(
+                &name("fc1.weight"),
+                &[c.n_embd as u64, p.rank as u64],
+                t1.ggml_id(),
+                fc1,
+            );
+            let t2 = predictor_type(p.rank);
+            let fc2: Vec<u8> = perm
+                .iter()
+                .flat_map(|&i| {
+                    let r = &p.fc2[i as usize * p.rank..(i as usize + 1) * p.rank];
+                    t2.quantize_row(r).expect("predictor type fits")
+                })
+                .collect();
+            w.tensor(
+                &name("fc2.weight"),
+                &[p.rank as u64, c.n_ff as u64],
+                t2.ggml_id(),
+                fc2,
+            );
+            let bias: Vec<u8> = perm
+                .iter()
+                .flat_map(|&i| p.bias[i as usize].to_le_bytes())
+                .collect();
+            w.tensor(&name("fc2.bias"), &[c.n_ff as u64], 0, bias);
+        }
+    }
+    Ok((w, layers.into_iter().map(|l| l.2).collect()))
+}
+
+fn down_type(
+    want: Option<QuantType>,
+    model: QuantType,
+    n_embd: usize,
+) -> Result<QuantType, ConvertError> {
+    let ok = |t: QuantType| t.quantize_row(&vec![0.0; n_embd]).is_some();
+    match want {
+        Some(t) if ok(t) => Ok(t),
+        Some(t) => Err(ConvertError::Refused(format!(
+            "cannot store down rows of {n_embd} as {t} (pi2 makes F32, F16, Q8_0, Q4_0, Q4_1 in whole blocks)"
+        ))),
+        None if ok(model) => Ok(model),
+        None => Ok(QuantType::Q8_0),
+    }
+}
+
+/// Write `w` to `out` through a temporary file in the same folder, renamed into place at the
+/// end. Refuses to write over `input`, and over an existing file unless `force`.
+pub fn write_file(
+    w: &GgufWriter,
+    out: &Path,
+    input: &Path,
+    force: bool,
+) -> Result<(), ConvertError> {
+    let io = |path: &Path| {
+        let p = path.display().to_string();
+        move |source| ConvertError::Io { path: p, source }
+    };
+    if let (Ok(a), Ok(b)) = (out.canonicalize(), input.canonicalize()) {
+        if a == b {
+            return Err(ConvertError::Refused(format!(
+                "{} is the input model; choose another output file",
+                out.display()
+            )));
+        }
+    }
+    if out.exists() && !force {
+        return Err(ConvertError::Refused(format!(
+            "{} exists; pass --force to replace it",
+            out.display()
+        )));
+    }
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.pi2-tmp-{}",
+        out.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
+        w.write(&mut file).map_err(io(&tmp))?;
+        use std::io::Write;
+        file.flush().map_err(io(&tmp))?;
+        file.get_ref().sync_all().map_err(io(&tmp))?;
+        std::fs::rename(&tmp, out).map_err(io(out))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Re-read a converted file and compare it with its source: dense tensors byte for byte, gate
+/// and up rows against the source rows named by `ffn_perm`, transposed down rows against the
+/// source down columns (within the storage type's rounding), and the sparse weights must load.
+pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
+    let bad = |m: String| ConvertError::Verify(m);
+    let (fs, fc) = (&source.file, &converted.file);
+    let c = &source.config;
+    for t in &fs.tensors {
+        if t.name.contains(".ffn_gate.")
+            || t.name.contains(".ffn_up.")
+            || t.name.contains(".ffn_down.")
+        {
+            continue;
+        }
+        let o = fc
+            .tensor(&t.name)
+            .ok_or_else(|| bad(format!("{} is missing", t.name)))?;
+        if o.dims != t.dims || o.ggml_type != t.ggml_type || fc.tensor_data(o) != fs.tensor_data(t)
+        {
+            return Err(bad(format!("{} differs from the source", t.name)));
+        }
+    }
+    for (li, (ls, lc)) in source
+        .weights
+        .layers
+        .iter()
+        .zip(&converted.weights.layers)
+        .enumerate()
+    {
+        let pt = fc
+            .tensor(&format!("blk.{li}.ffn_perm"))
+            .ok_or_else(|| bad(format!("blk.{li}.ffn_perm is missing")))?;
+        let perm: Vec<i32> = fc
+            .tensor_data(pt)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let mut seen = vec![false; c.n_ff];
+        for &p in &perm {
+            if p < 0 || p as usize >= c.n_ff || std::mem::replace(&mut seen[p as usize], true) {
+                return Err(bad(format!("blk.{li}.ffn_perm is not a permutation")));
+            }
+        }
+        if perm.len() != c.n_ff {
+            return Err(bad(format!("blk.{li}.ffn_perm has {} entries", perm.len())));
+        }
+        for (a, b) in [(&ls.gate, &lc.gate), (&ls.up, &lc.up)] {
+            let (ma, mb) = (a.mat(fs), b.mat(fc));
+            for (j, &i) in perm.iter().enumerate() {
+                if mb.row(j) != ma.row(i as usize) {
+                    return Err(bad(format!("{} row {j} is not source row {i}", b.name)));
+                }
+            }
+        }
+        if !lc.down_transposed {
+            return Err(bad(format!("layer {li} has no transposed down matrix")));
+        }
+        let (down, dt) = (ls.down.mat(fs), lc.down.mat(fc));
+        let t = crate::sparse::transposed(&down);
+        let mut row = vec![0.0; c.n_embd];
+        for (j, &i) in perm.iter().enumerate() {
+            dt.dequantize_row(j, &mut row);
+            let want = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
+            let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // Q4 rounding is at most half a step of (max - min) / 15 per 32-value block.
+            let tol = amax * 0.07 + 1e-6;
+            if let Some((k, _)) = row
+                .iter()
+                .zip(want)
+                .enumerate()
+                .find(|(_, (a, b))| (*a - *b).abs() > tol)
+            {
+                return Err(bad(format!(
+                    "blk.{li}.ffn_down_t row {j} element {k} is not source down column {i}"
+                )));
+            }
+        }
+    }
+    load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! The sparse FFN against the dense one, convert round trips, PowerInfer import, bad input.
+
+use pi2_kernels::QuantType;
+use pi2_model::synth::{build, SynthSpec};
+use pi2_model::{GgufFile, Model, Value};
+use pi2_sched::convert::{self, ConvertConfig};
+use pi2_sched::{Engine, EngineConfig, Logits, SparseFfn};
+use pi2_sparse::{Activation, Calibration, ModelInfo, PredictorKind, ProfileConfig, Profiler};
+
+fn spec(ty: QuantType) -> SynthSpec {
+    SynthSpec {
+        n_embd: 64,
+        n_ff: 192,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        weight_type: ty,
+        embd_type: QuantType::F32,
+        ..SynthSpec::default()
+    }
+}
+
+fn model(s: &SynthSpec) -> Model {
+    Model::from_file(GgufFile::from_bytes(&build(s).to_bytes()).unwrap()).unwrap()
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        threads: 2,
+        n_ctx: 256,
+        ..EngineConfig::default()
+    }
+}
+
+const TOKENS: [u32; 12] = [5, 17, 42, 3, 99, 7, 64, 12, 8, 150, 33, 2];
+
+/// Logits of every position, decoding one token at a time.
+fn decode_all(e: &mut Engine<'_>, toks: &[u32]) -> Vec<Vec<f32>> {
+    e.truncate(0);
+    toks.iter()
+        .map(|&t| e.forward(&[t], Logits::Last).unwrap().to_vec())
+        .collect()
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3);
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+#[test]
+fn sparsity_zero_gives_the_dense_logits() {
+    for ty in [QuantType::F32, QuantType::Q4_1] {
+        let m = model(&spec(ty));
+        let sp = SparseFfn::from_dense(&m, &[0.0, 0.0], Some(QuantType::F32)).unwrap();
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        let dense = decode_all(&mut e, &TOKENS);
+        e.set_sparse(Some(&sp)).unwrap();
+        let sparse = decode_all(&mut e, &TOKENS);
+        for (d, s) in dense.iter().zip(&sparse) {
+            // dense quantizes the down input to 8 bits; sparse accumulates f32 coefficients
+            let tol = if ty == QuantType::F32 { 1e-4 } else { 2e-2 };
+            assert!(max_rel_diff(d, s) < tol, "{ty}: {}", max_rel_diff(d, s));
+        }
+        let st = e.sparse_stats();
+        assert_eq!(st.confirmed_fraction(), 1.0);
+        assert_eq!(st.candidate_fraction(), 1.0);
+    }
+}
+
+/// The gather/axpy decode path equals the masked dense computation of a batch, and skipping
+/// neurons really changes the result.
+#[test]
+fn gather_path_equals_masked_dense_batch() {
+    let m = model(&spec(QuantType::Q8_0));
+    let sp = SparseFfn::from_dense(&m, &[0.05, 0.08], None).unwrap();
+    let mut sp_batch = SparseFfn::from_dense(&m, &[0.05, 0.08], None).unwrap();
+    sp_batch.batches_too = true;
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    let dense = decode_all(&mut e, &TOKENS);
+    e.set_sparse(Some(&sp)).unwrap();
+    let by_token = decode_all(&mut e, &TOKENS);
+    let st = e.sparse_stats().clone();
+    assert!(
+        st.confirmed_fraction() < 0.95 && st.confirmed_fraction() > 0.05,
+        "{}",
+        st.confirmed_fraction()
+    );
+    e.set_sparse(Some(&sp_batch)).unwrap();
+    e.truncate(0);
+    let batch = e.forward(&TOKENS, Logits::From(0)).unwrap().to_vec();
+    let nv = m.config.n_vocab;
+    let mut differs = 0.0f32;
+    for (t, row) in by_token.iter().enumerate() {
+        let b = &batch[t * nv..(t + 1) * nv];
+        assert!(
+            max_rel_diff(row, b) < 1e-3,
+            "token {t}: {}",
+            max_rel_diff(row, b)
+        );
+        differs = differs.max(max_rel_diff(row, &dense[t]));
+    }
+    assert!(differs > 1e-3, "sparsity changed nothing");
+    let bst = e.sparse_stats();
+    assert_eq!(
+        bst.confirmed, st.confirmed,
+        "batch and decode confirm the same neurons"
+    );
+}
+
+fn profile_and_samples(
+    m: &Model,
+    sparsity: f32,
+) -> (pi2_sparse::Profile, Vec<f32>, Vec<pi2_sparse::LayerSamples>) {
+    let c = &m.config;
+    let toks: Vec<u32> = (0..200u32)
+        .map(|i| (i * 37 + 11) % c.n_vocab as u32)
+        .collect();
+    let mut e = Engine::new(m, &cfg()).unwrap();
+    let mut prof = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
+    for part in toks.chunks(100) {
+        e.truncate(0);
+        e.forward_observed(part, Logits::Last, Some(&mut prof))
+            .unwrap();
+    }
+    let info = ModelInfo {
+        architecture: "llama".into(),
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        n_ff: c.n_ff,
+        activation: Activation::Silu,
+        file_name: "synth".into(),
+        file_bytes: 0,
+    };
+    let cal = Calibration {
+        file: "synth".into(),
+        tokens: toks.len(),
+    };
+    let (profile, _) = prof.finish(info, cal, &ProfileConfig::default()).unwrap();
+    let th: Vec<f32> = profile
+        .layers
+        .iter()
+        .map(|l| l.threshold_for(sparsity).unwrap())
+        .collect();
+    let samples = convert::collect_samples(&mut e, &toks, 100, &th, |_| {}).unwrap();
+    (profile, th, samples)
+}
+
+#[test]
+fn convert_round_trips_and_runs_sparse() {
+    let m = model(&spec(QuantType::Q4_1));
+    let (profile, th, samples) = profile_and_samples(&m, 0.5);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.gguf");
+    std::fs::write(&input, build(&spec(QuantType::Q4_1)).to_bytes()).unwrap();
+    for kind in [PredictorKind::Lowrank, PredictorKind::Trained] {
+        let cfg_c = ConvertConfig {
+            sparsity: 0.5,
+            predictor: Some(kind),
+            granule: 256,
+            fit: pi2_sparse::FitConfig {
+                max_rank: 64,
+                epochs: 3,
+                ..Default::default()
+            },
+            ..ConvertConfig::default()
+        };
+        let (w, report) = convert::convert(&m, &profile, &th, samples.clone(), &cfg_c).unwrap();
+        assert_eq!(report.len(), 2);
+        let out = dir.path().join(format!("out-{}.gguf", kind.name()));
+        convert::write_file(&w, &out, &input, false).unwrap();
+        // never over an existing file without force, never over the input
+        assert!(convert::write_file(&w, &out, &input, false).is_err());
+        assert!(convert::write_file(&w, &input, &input, true).is_err());
+        let conv = Model::load(&out).unwrap();
+        convert::verify(&m, &conv).unwrap();
+        assert_eq!(conv.file.alignment, 256);
+        let (sp, prof) = convert::load_sparse(&conv).unwrap().unwrap();
+        assert!(sp.use_predictor && prof.is_some());
+        assert_eq!(sp.layers[0].predictor.as_ref().unwrap().kind, kind);
+        // The converted model runs dense (prefill path) and sparse, and agrees with the source
+        // densely: the permutation does not change the function.
+        let mut e0 = Engine::new(&m, &cfg()).unwrap();
+        let want = e0.forward(&TOKENS, Logits::Last).unwrap().to_vec();
+        let mut e1 = Engine::new(&conv, &cfg()).unwrap();
+        let got = e1.forward(&TOKENS, Logits::Last).unwrap().to_vec();
+        assert!(
+            max_rel_diff(&want, &got) < 5e-2,
+            "{}",
+            max_rel_diff(&want, &got)
+        );
+        e1.set_sparse(Some(&sp)).unwrap();
+        let _ = decode_all(&mut e1, &TOKENS);
+        let st = e1.sparse_stats();
+        assert!(
+            st.candidate_fraction() < 1.0 && st.confirmed_fraction() <= st.candidate_fraction()
+        );
+    }
+    // A corrupted file is refused with a clear error.
+    let out = dir.path().join("out-lowrank.gguf");
+    let mut bytes = std::fs::read(&out).unwrap();
+    let key = b"pi2.sparse.thresholds";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    bytes[at + 4] = b'X';
+    let bad = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
+    let err = convert::load_sparse(&bad).unwrap_err().to_string();
+    assert!(err.contains("pi2.sparse.thresholds"), "{err}");
+}
+
+#[test]
+fn powerinfer_files_load() {
+    let s = spec(QuantType::F32);
+    let base = model(&s);
+    let c = &base.config;
+    let mut w = build(&s);
+    w.magic(*b"PWRI");
+    w.meta("powerinfer.sparse_threshold", Value::F32(0.5));
+    let rank = 32;
+    for li in 0..c.n_layer {
+        let down = base.weights.layers[li].down.mat(&base.file);
+        let t = pi2_sched::transposed(&down);
+        w.tensor(
+            &format!("blk.{li}.ffn_down_t.weight"),
+            &[c.n_embd as u64, c.n_ff as u64],
+            0,
+            bytemuck::cast_slice(&t).to_vec(),
+        );
+        let fc1: Vec<f32> = (0..rank * c.n_embd)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 20.0)
+            .collect();
+        let fc2: Vec<f32> = (0..c.n_ff * rank)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 10.0)
+            .collect();
+        w.tensor(
+            &format!("blk.{li}.fc1.weight"),
+            &[c.n_embd as u64, rank as u64],
+            0,
+            bytemuck::cast_slice(&fc1).to_vec(),
+        );
+        w.tensor(
+            &format!("blk.{li}.fc2.weight"),
+            &[rank as u64, c.n_ff as u64],
+            0,
+            bytemuck::cast_slice(&fc2).to_vec(),
+        );
+    }
+    let bytes = w.to_bytes();
+    assert_eq!(&bytes[..4], b"PWRI");
+    let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
+    let (sp, prof) = convert::load_sparse(&m).unwrap().unwrap();
+    assert!(prof.is_none() && sp.use_predictor);
+    let p = sp.layers[0].predictor.as_ref().unwrap();
+    assert_eq!(
+        (p.kind, p.rank(), p.cut),
+        (PredictorKind::Trained, rank, 0.0)
+    );
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    e.set_sparse(Some(&sp)).unwrap();
+    let _ = decode_all(&mut e, &TOKENS);
+    let st = e.sparse_stats();
+    // threshold 0: every candidate is confirmed; the predictor picks a strict subset
+    assert_eq!(st.confirmed, st.candidates);
+    assert!(st.candidate_fraction() > 0.0 && st.candidate_fraction() < 1.0);
+}
+
+#[test]
+fn bad_sparse_input_is_refused() {
+    let m = model(&spec(QuantType::F32));
+    assert!(SparseFfn::from_dense(&m, &[0.1], None).is_err());
+    assert!(SparseFfn::from_dense(&m, &[0.1, f32::NAN], None).is_err());
+    assert!(SparseFfn::from_dense(&m, &[0.1, 0.1], Some(QuantType::Q4_K)).is_err());
+    // sparse weights of another model shape
+    let other = model(&SynthSpec {
+        n_ff: 128,
+        ..spec(QuantType::F32)
+    });
+    let sp = SparseFfn::from_dense(&other, &[0.1, 0.1], None).unwrap();
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    let err = e.set_sparse(Some(&sp)).unwrap_err().to_string();
+    assert!(err.contains("transposed down"), "{err}");
+    // a plain model has no sparse layout
+    assert!(convert::load_sparse(&m).unwrap().is_none());
+}
