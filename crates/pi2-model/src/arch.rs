@@ -333,13 +333,20 @@ impl Weights {
                 }
                 Ok(b)
             };
-            let down = match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
-                Some(d) => (d, false),
-                None => match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
-                    Some(d) => (d, true),
-                    None => return Err(ModelError::MissingTensor(n("ffn_down.weight"))),
-                },
+            // Looked up after the other tensors (struct fields evaluate in order), so a missing
+            // layer reports its first tensor.
+            let down = || -> Result<(TensorView, bool)> {
+                match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
+                    Some(d) => Ok((d, false)),
+                    None => {
+                        match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
+                            Some(d) => Ok((d, true)),
+                            None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
+                        }
+                    }
+                }
             };
+            let mut down_transposed = false;
             layers.push(LayerWeights {
                 attn_norm: f32_view(f, &n("attn_norm.weight"), c.n_embd)?,
                 wq: view(f, &n("attn_q.weight"), &[c.n_embd, c.q_dim()])?,
@@ -352,8 +359,12 @@ impl Weights {
                 ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
                 gate: view(f, &n("ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
                 up: view(f, &n("ffn_up.weight"), &[c.n_embd, c.n_ff])?,
-                down: down.0,
-                down_transposed: down.1,
+                down: {
+                    let (d, t) = down()?;
+                    down_transposed = t;
+                    d
+                },
+                down_transposed,
             });
         }
         Ok(Self {
