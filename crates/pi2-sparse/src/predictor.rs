@@ -591,14 +591,10 @@ fn orthonormalize(q: &mut [f32], n: usize, r: usize) {
     for j in 0..r {
         let scale = cols[j].iter().map(|v| v * v).sum::<f64>().sqrt();
         for pass in 0..3 {
-            for k in 0..j {
-                let dot: f64 = cols[j].iter().zip(&cols[k]).map(|(a, b)| a * b).sum();
-                let (cj, ck) = if k < j {
-                    let (lo, hi) = cols.split_at_mut(j);
-                    (&mut hi[0], &lo[k])
-                } else {
-                    unreachable!()
-                };
+            let (done, rest) = cols.split_at_mut(j);
+            let cj = &mut rest[0];
+            for ck in done.iter() {
+                let dot: f64 = cj.iter().zip(ck).map(|(a, b)| a * b).sum();
                 cj.iter_mut().zip(ck).for_each(|(a, b)| *a -= dot * b);
             }
             let norm = cols[j].iter().map(|v| v * v).sum::<f64>().sqrt();
