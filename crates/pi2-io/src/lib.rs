@@ -1,5 +1,98 @@
-//! pi2-io: the flash reader (aligned buffers, O_DIRECT with a buffered fallback, request
-//! coalescing, one submission queue at the device's preferred depth, device profiling).
-//! It knows nothing about tensors.
+//! pi2-io: the flash reader. It knows nothing about tensors: it reads byte ranges of one file into
+//! caller memory, fast, the way phone flash wants to be read.
 //!
-//! Empty until the flash-offload work: the dense engine reads weights through the model mapping.
+//! - [`ReadEngine`]: how bytes leave the device. [`PreadEngine`] is the portable default
+//!   (`pread`, with `O_DIRECT` and aligned buffers where the file system allows it, else buffered
+//!   reads whose pages are dropped again so the page cache cannot act as a hidden cache).
+//!   [`FaultEngine`] wraps any engine to inject latency, short reads and `EIO` in tests.
+//! - [`Reader`]: one I/O thread owns submission (UFS has a single command queue and loses
+//!   throughput when several cores submit). It sorts what is pending by offset, merges nearby
+//!   requests into reads of at most `max_request` bytes, keeps at most `depth` reads in flight
+//!   per engine call and reports each request as soon as its read lands.
+//! - [`profile`]: throughput and latency against read size, queue depth and file span
+//!   (`pi2 profile-io`), for the planner.
+
+mod buf;
+mod engine;
+pub mod profile;
+mod reader;
+
+pub use buf::AlignedBuf;
+pub use engine::{FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
+pub use reader::{Completion, Reader, ReaderConfig, ReaderStats, Request};
+
+use std::path::PathBuf;
+
+/// I/O errors, each naming what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("read of {len} bytes at offset {offset} failed: {source}")]
+    Read {
+        offset: u64,
+        len: usize,
+        source: std::io::Error,
+    },
+    #[error("short read at offset {offset}: {got} of {want} bytes (file truncated?)")]
+    ShortRead {
+        offset: u64,
+        want: usize,
+        got: usize,
+    },
+    #[error(
+        "read of {len} bytes at offset {offset} is misaligned for this engine (alignment {align})"
+    )]
+    Misaligned {
+        offset: u64,
+        len: usize,
+        align: usize,
+    },
+    #[error(
+        "request of {len} bytes at offset {offset} ends past the end of the file ({size} bytes)"
+    )]
+    OutOfRange { offset: u64, len: usize, size: u64 },
+    #[error("the I/O thread has stopped")]
+    Closed,
+}
+
+impl IoError {
+    /// A copy for reporting to several waiters (the source error is kept by kind and text).
+    pub fn duplicate(&self) -> IoError {
+        let dup = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+        match self {
+            IoError::Open { path, source } => IoError::Open {
+                path: path.clone(),
+                source: dup(source),
+            },
+            IoError::Read {
+                offset,
+                len,
+                source,
+            } => IoError::Read {
+                offset: *offset,
+                len: *len,
+                source: dup(source),
+            },
+            IoError::ShortRead { offset, want, got } => IoError::ShortRead {
+                offset: *offset,
+                want: *want,
+                got: *got,
+            },
+            IoError::Misaligned { offset, len, align } => IoError::Misaligned {
+                offset: *offset,
+                len: *len,
+                align: *align,
+            },
+            IoError::OutOfRange { offset, len, size } => IoError::OutOfRange {
+                offset: *offset,
+                len: *len,
+                size: *size,
+            },
+            IoError::Closed => IoError::Closed,
+        }
+    }
+}

@@ -14,7 +14,8 @@ mod types;
 mod ops;
 
 pub use ops::{
-    axpy_rows, dot_row, gather_matvec, matmul, matmul_many, ActBuf, ActRow, MatRef, MAX_MATMUL_JOBS,
+    axpy_rows, axpy_rows_by, dot_row, gather_matvec, gather_matvec_by, matmul, matmul_many, ActBuf,
+    ActRow, MatRef, MAX_MATMUL_JOBS,
 };
 pub use simd::{cpu_features, KernelSet, RowKernels, Tier};
 pub use types::{ActKind, KernelError, QuantType};

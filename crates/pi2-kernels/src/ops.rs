@@ -346,47 +346,68 @@ pub fn matmul_many(ks: &KernelSet, acts: &ActBuf, jobs: &mut [(MatRef<'_>, &mut 
 ///
 /// `x` must be quantized for `w.ty` (one token); `out.len() == rows.len()`.
 pub fn gather_matvec(ks: &KernelSet, w: &MatRef<'_>, rows: &[u32], x: &ActBuf, out: &mut [f32]) {
-    assert_eq!(out.len(), rows.len(), "gather_matvec: output size");
-    assert_eq!(
-        x.kind(),
-        w.ty.act_kind(),
-        "gather_matvec: activation kind mismatch"
-    );
-    assert_eq!(x.cols, w.cols, "gather_matvec: width mismatch");
     assert!(
         rows.iter().all(|&r| (r as usize) < w.rows),
         "gather_matvec: row index out of range"
     );
-    fn blocks<B: QuantBlock>(
+    gather_matvec_by(ks, w.ty, w.cols, |k| w.row(rows[k] as usize), x, out)
+}
+
+/// [`gather_matvec`] over rows that may live in different buffers (a neuron cache): `out[k] =
+/// dot(row(k), x)` for `k < out.len()`. Each row must hold `cols` elements of `ty` and be
+/// aligned for it. The same rows in the same order give bit-identical results wherever they live.
+pub fn gather_matvec_by<'r>(
+    ks: &KernelSet,
+    ty: QuantType,
+    cols: usize,
+    row: impl Fn(usize) -> &'r [u8],
+    x: &ActBuf,
+    out: &mut [f32],
+) {
+    assert_eq!(
+        x.kind(),
+        ty.act_kind(),
+        "gather_matvec: activation kind mismatch"
+    );
+    assert_eq!(x.cols, cols, "gather_matvec: width mismatch");
+    let row_bytes = ty
+        .row_bytes(cols)
+        .expect("gather_matvec: whole blocks per row");
+    let row = |k: usize| {
+        let r = row(k);
+        assert_eq!(r.len(), row_bytes, "gather_matvec: row size");
+        r
+    };
+    fn blocks<'r, B: QuantBlock>(
         k: &RowKernels<B>,
-        w: &MatRef<'_>,
-        rows: &[u32],
+        row: impl Fn(usize) -> &'r [u8],
         x: &[B::Act],
         out: &mut [f32],
     ) {
-        let bpr = w.cols / B::LEN;
-        let all: &[B] = bytemuck::cast_slice(w.data);
-        let row = |r: u32| &all[r as usize * bpr..(r as usize + 1) * bpr];
-        let mut groups = rows.chunks_exact(4);
+        let row = |i: usize| -> &[B] { bytemuck::cast_slice(row(i)) };
+        let n = out.len();
         let mut outs = out.chunks_exact_mut(4);
-        for (g, o) in (&mut groups).zip(&mut outs) {
-            o.copy_from_slice(&(k.dot4)([row(g[0]), row(g[1]), row(g[2]), row(g[3])], x));
+        for (g, o) in (&mut outs).enumerate() {
+            let i = 4 * g;
+            o.copy_from_slice(&(k.dot4)([row(i), row(i + 1), row(i + 2), row(i + 3)], x));
         }
-        for (&r, o) in groups.remainder().iter().zip(outs.into_remainder()) {
-            *o = (k.dot)(row(r), x);
+        let rem = outs.into_remainder();
+        let first = n - rem.len();
+        for (j, o) in rem.iter_mut().enumerate() {
+            *o = (k.dot)(row(first + j), x);
         }
     }
     let (q8, q8k) = (&x.q8[..x.q8_len()], &x.q8k[..x.q8k_len()]);
-    match w.ty {
-        QuantType::Q4_0 => blocks(&ks.q4_0, w, rows, q8, out),
-        QuantType::Q4_1 => blocks(&ks.q4_1, w, rows, q8, out),
-        QuantType::Q8_0 => blocks(&ks.q8_0, w, rows, q8, out),
-        QuantType::Q4_K => blocks(&ks.q4_k, w, rows, q8k, out),
-        QuantType::Q5_K => blocks(&ks.q5_k, w, rows, q8k, out),
-        QuantType::Q6_K => blocks(&ks.q6_k, w, rows, q8k, out),
+    match ty {
+        QuantType::Q4_0 => blocks(&ks.q4_0, row, q8, out),
+        QuantType::Q4_1 => blocks(&ks.q4_1, row, q8, out),
+        QuantType::Q8_0 => blocks(&ks.q8_0, row, q8, out),
+        QuantType::Q4_K => blocks(&ks.q4_k, row, q8k, out),
+        QuantType::Q5_K => blocks(&ks.q5_k, row, q8k, out),
+        QuantType::Q6_K => blocks(&ks.q6_k, row, q8k, out),
         QuantType::F32 | QuantType::F16 => {
-            for (&r, o) in rows.iter().zip(out.iter_mut()) {
-                *o = dot_row(ks, w.ty, w.row(r as usize), x.row(0));
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = dot_row(ks, ty, row(k), x.row(0));
             }
         }
     }
@@ -400,44 +421,58 @@ pub fn axpy_rows(ks: &KernelSet, w: &MatRef<'_>, rows: &[u32], coeff: &[f32], y:
         coeff.len(),
         "axpy_rows: one coefficient per row"
     );
-    assert_eq!(y.len(), w.cols, "axpy_rows: output width");
     assert!(
         rows.iter().all(|&r| (r as usize) < w.rows),
         "axpy_rows: row index out of range"
     );
-    fn blocks<B: QuantBlock>(
+    axpy_rows_by(ks, w.ty, |k| w.row(rows[k] as usize), coeff, y)
+}
+
+/// [`axpy_rows`] over rows that may live in different buffers: `y += coeff[k] * row(k)` for
+/// `k < coeff.len()`, in that order. Each row holds `y.len()` elements of `ty`, aligned for it.
+pub fn axpy_rows_by<'r>(
+    ks: &KernelSet,
+    ty: QuantType,
+    row: impl Fn(usize) -> &'r [u8],
+    coeff: &[f32],
+    y: &mut [f32],
+) {
+    let row_bytes = ty
+        .row_bytes(y.len())
+        .expect("axpy_rows: whole blocks per row");
+    let row = |k: usize| {
+        let r = row(k);
+        assert_eq!(r.len(), row_bytes, "axpy_rows: row size");
+        r
+    };
+    fn blocks<'r, B: QuantBlock>(
         k: &RowKernels<B>,
-        w: &MatRef<'_>,
-        rows: &[u32],
+        row: impl Fn(usize) -> &'r [u8],
         coeff: &[f32],
         y: &mut [f32],
     ) {
-        let bpr = w.cols / B::LEN;
-        let all: &[B] = bytemuck::cast_slice(w.data);
-        for (&r, &a) in rows.iter().zip(coeff) {
+        for (i, &a) in coeff.iter().enumerate() {
             if a != 0.0 {
-                (k.axpy)(&all[r as usize * bpr..(r as usize + 1) * bpr], a, y);
+                (k.axpy)(bytemuck::cast_slice(row(i)), a, y);
             }
         }
     }
-    match w.ty {
-        QuantType::Q4_0 => blocks(&ks.q4_0, w, rows, coeff, y),
-        QuantType::Q4_1 => blocks(&ks.q4_1, w, rows, coeff, y),
-        QuantType::Q8_0 => blocks(&ks.q8_0, w, rows, coeff, y),
-        QuantType::Q4_K => blocks(&ks.q4_k, w, rows, coeff, y),
-        QuantType::Q5_K => blocks(&ks.q5_k, w, rows, coeff, y),
-        QuantType::Q6_K => blocks(&ks.q6_k, w, rows, coeff, y),
+    match ty {
+        QuantType::Q4_0 => blocks(&ks.q4_0, row, coeff, y),
+        QuantType::Q4_1 => blocks(&ks.q4_1, row, coeff, y),
+        QuantType::Q8_0 => blocks(&ks.q8_0, row, coeff, y),
+        QuantType::Q4_K => blocks(&ks.q4_k, row, coeff, y),
+        QuantType::Q5_K => blocks(&ks.q5_k, row, coeff, y),
+        QuantType::Q6_K => blocks(&ks.q6_k, row, coeff, y),
         QuantType::F16 => {
-            let all: &[u16] = bytemuck::cast_slice(w.data);
-            for (&r, &a) in rows.iter().zip(coeff) {
-                (ks.axpy_f16)(a, &all[r as usize * w.cols..(r as usize + 1) * w.cols], y);
+            for (i, &a) in coeff.iter().enumerate() {
+                (ks.axpy_f16)(a, bytemuck::cast_slice(row(i)), y);
             }
         }
         QuantType::F32 => {
-            let all: &[f32] = bytemuck::cast_slice(w.data);
-            for (&r, &a) in rows.iter().zip(coeff) {
-                let row = &all[r as usize * w.cols..(r as usize + 1) * w.cols];
-                y.iter_mut().zip(row).for_each(|(o, v)| *o += a * v);
+            for (i, &a) in coeff.iter().enumerate() {
+                let r: &[f32] = bytemuck::cast_slice(row(i));
+                y.iter_mut().zip(r).for_each(|(o, v)| *o += a * v);
             }
         }
     }

@@ -1,0 +1,300 @@
+//! Read engines: how bytes leave the device.
+
+use crate::IoError;
+use std::fs::File;
+use std::path::Path;
+use std::time::Duration;
+
+/// One read: fill `buf` from `offset`. At least `need` bytes must arrive (the rest of `buf` may
+/// lie past the end of the file: direct reads are whole aligned blocks).
+pub struct ReadOp<'a> {
+    pub offset: u64,
+    pub buf: &'a mut [u8],
+    pub need: usize,
+}
+
+/// Something that reads byte ranges of one file. Engines are driven by one thread (the
+/// [`crate::Reader`]'s), so they need not be `Sync`.
+pub trait ReadEngine: Send {
+    /// Short name for reports (`pread-direct`, `pread-buffered`, ...).
+    fn name(&self) -> &'static str;
+    /// Offsets, lengths and buffer addresses must be multiples of this.
+    fn alignment(&self) -> usize;
+    /// File size in bytes.
+    fn size(&self) -> u64;
+    /// Perform every op (an engine with a deeper queue may overlap them). Stops at the first
+    /// failure and reports it.
+    fn read_batch(&mut self, ops: &mut [ReadOp<'_>]) -> Result<(), IoError>;
+}
+
+impl ReadEngine for Box<dyn ReadEngine> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn alignment(&self) -> usize {
+        (**self).alignment()
+    }
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn read_batch(&mut self, ops: &mut [ReadOp<'_>]) -> Result<(), IoError> {
+        (**self).read_batch(ops)
+    }
+}
+
+/// `pread(2)` with `O_DIRECT` where the file system accepts it, else buffered reads whose pages
+/// are dropped after each read (`POSIX_FADV_DONTNEED`), so repeated reads really go to the device.
+pub struct PreadEngine {
+    file: File,
+    size: u64,
+    direct: bool,
+    fallback: Option<String>,
+}
+
+/// Direct-I/O alignment: the largest logical block size in use (4 KiB covers UFS, eMMC and NVMe).
+const DIRECT_ALIGN: usize = 4096;
+
+impl PreadEngine {
+    /// Open `path` for reading; `direct` asks for `O_DIRECT` (falls back, see
+    /// [`PreadEngine::fallback_reason`]).
+    pub fn open(path: impl AsRef<Path>, direct: bool) -> Result<Self, IoError> {
+        let path = path.as_ref();
+        let open_err = |source| IoError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let plain = File::open(path).map_err(open_err)?;
+        let meta = plain.metadata().map_err(open_err)?;
+        if meta.is_dir() {
+            return Err(open_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory",
+            )));
+        }
+        let size = meta.len();
+        let mut engine = Self {
+            file: plain,
+            size,
+            direct: false,
+            fallback: None,
+        };
+        if direct {
+            match open_direct(path, size) {
+                Ok(f) => {
+                    engine.file = f;
+                    engine.direct = true;
+                }
+                Err(why) => engine.fallback = Some(why),
+            }
+        }
+        Ok(engine)
+    }
+
+    /// Whether reads bypass the page cache with `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Why `O_DIRECT` was asked for but is not used (e.g. tmpfs refuses it).
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    fn read_one(&self, op: &mut ReadOp<'_>) -> Result<(), IoError> {
+        let mut got = 0;
+        while got < op.buf.len() {
+            match pread(&self.file, &mut op.buf[got..], op.offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(IoError::Read {
+                        offset: op.offset,
+                        len: op.buf.len(),
+                        source,
+                    })
+                }
+            }
+            if self.direct && got % DIRECT_ALIGN != 0 {
+                break; // a direct read ends short only at the end of the file
+            }
+        }
+        if !self.direct {
+            drop_pages(&self.file, op.offset, got);
+        }
+        if got < op.need {
+            return Err(IoError::ShortRead {
+                offset: op.offset,
+                want: op.need,
+                got,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl ReadEngine for PreadEngine {
+    fn name(&self) -> &'static str {
+        if self.direct {
+            "pread-direct"
+        } else {
+            "pread-buffered"
+        }
+    }
+
+    fn alignment(&self) -> usize {
+        if self.direct {
+            DIRECT_ALIGN
+        } else {
+            1
+        }
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_batch(&mut self, ops: &mut [ReadOp<'_>]) -> Result<(), IoError> {
+        let align = self.alignment() as u64;
+        for op in ops.iter_mut() {
+            if op.offset % align != 0
+                || op.buf.len() as u64 % align != 0
+                || op.buf.as_ptr() as u64 % align != 0
+            {
+                return Err(IoError::Misaligned {
+                    offset: op.offset,
+                    len: op.buf.len(),
+                    align: align as usize,
+                });
+            }
+            self.read_one(op)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn pread(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    std::os::unix::fs::FileExt::read_at(f, buf, offset)
+}
+
+#[cfg(not(unix))]
+fn pread(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    std::os::windows::fs::FileExt::seek_read(f, buf, offset)
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn open_direct(path: &Path, size: u64) -> Result<File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(|e| format!("O_DIRECT open refused ({e})"))?;
+    // Some file systems accept the flag and refuse the reads: probe one block.
+    if size > 0 {
+        let mut probe = crate::AlignedBuf::new(DIRECT_ALIGN, DIRECT_ALIGN);
+        pread(&f, &mut probe, 0).map_err(|e| format!("O_DIRECT read refused ({e})"))?;
+    }
+    Ok(f)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn open_direct(_: &Path, _: u64) -> Result<File, String> {
+    Err("O_DIRECT is not available on this OS".into())
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn drop_pages(f: &File, offset: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    // Advisory: failing only leaves pages cached.
+    // SAFETY: plain syscall on an open descriptor.
+    unsafe {
+        libc::posix_fadvise(
+            f.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn drop_pages(_: &File, _: u64, _: usize) {}
+
+/// What a [`FaultEngine`] does wrong.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan {
+    /// Added to every read (a slow device).
+    pub latency: Duration,
+    /// Added per byte read, in nanoseconds (a device of limited bandwidth).
+    pub ns_per_byte: f64,
+    /// Reads from this index on (0-based, counting reads) fail with `EIO`.
+    pub eio_from: Option<u64>,
+    /// This read returns half of what it should.
+    pub short_at: Option<u64>,
+}
+
+/// Wraps an engine and injects the faults of a [`FaultPlan`].
+pub struct FaultEngine<E> {
+    inner: E,
+    plan: FaultPlan,
+    reads: u64,
+}
+
+impl<E: ReadEngine> FaultEngine<E> {
+    pub fn new(inner: E, plan: FaultPlan) -> Self {
+        Self {
+            inner,
+            plan,
+            reads: 0,
+        }
+    }
+
+    /// Reads performed (or attempted) so far.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+}
+
+impl<E: ReadEngine> ReadEngine for FaultEngine<E> {
+    fn name(&self) -> &'static str {
+        "fault"
+    }
+
+    fn alignment(&self) -> usize {
+        self.inner.alignment()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn read_batch(&mut self, ops: &mut [ReadOp<'_>]) -> Result<(), IoError> {
+        for op in ops.iter_mut() {
+            let i = self.reads;
+            self.reads += 1;
+            let delay = self.plan.latency
+                + Duration::from_nanos((self.plan.ns_per_byte * op.buf.len() as f64) as u64);
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            if self.plan.eio_from.is_some_and(|k| i >= k) {
+                return Err(IoError::Read {
+                    offset: op.offset,
+                    len: op.buf.len(),
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                });
+            }
+            self.inner.read_batch(std::slice::from_mut(op))?;
+            if self.plan.short_at == Some(i) {
+                return Err(IoError::ShortRead {
+                    offset: op.offset,
+                    want: op.need,
+                    got: op.need / 2,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! Device profiling: throughput and latency of random reads against read size, queue depth
+//! (concurrent submitters) and the span of the file they fall in. The planner reads these.
+
+use crate::{AlignedBuf, IoError, PreadEngine, ReadEngine, ReadOp};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One measured point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoPoint {
+    /// Bytes per read.
+    pub read_size: usize,
+    /// Threads submitting at once.
+    pub depth: usize,
+    /// Reads fall at random aligned offsets in the first `span` bytes of the file.
+    pub span: u64,
+    pub reads: u64,
+    /// Bytes per second over all threads.
+    pub bytes_per_sec: f64,
+    /// Per-read latency percentiles in microseconds.
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    /// Engine used (`pread-direct` unless the file system refused it).
+    pub engine: &'static str,
+}
+
+/// Small, fast, seedable generator for offsets (no dependency needed for this).
+struct SplitMix(u64);
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Random reads of `read_size` bytes from `depth` threads for about `time`.
+pub fn measure(
+    path: &Path,
+    read_size: usize,
+    depth: usize,
+    span: u64,
+    time: Duration,
+) -> Result<IoPoint, IoError> {
+    let depth = depth.max(1);
+    let probe = PreadEngine::open(path, true)?;
+    let (size, align, engine) = (probe.size(), probe.alignment().max(512), probe.name());
+    drop(probe);
+    let read_size = read_size.div_ceil(align) * align;
+    let span = span.min(size) / align as u64 * align as u64;
+    if span < read_size as u64 {
+        return Err(IoError::OutOfRange {
+            offset: 0,
+            len: read_size,
+            size,
+        });
+    }
+    let slots = (span - read_size as u64) / align as u64 + 1;
+    let results: Vec<Result<Vec<u64>, IoError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..depth)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut eng = PreadEngine::open(path, true)?;
+                    let mut buf = AlignedBuf::new(read_size, align);
+                    let mut rng = SplitMix(0x5eed + t as u64);
+                    let mut lat = Vec::new();
+                    let start = Instant::now();
+                    while start.elapsed() < time || lat.len() < 8 {
+                        let offset = rng.next() % slots * align as u64;
+                        let t0 = Instant::now();
+                        eng.read_batch(&mut [ReadOp {
+                            offset,
+                            buf: &mut buf[..read_size],
+                            need: read_size,
+                        }])?;
+                        lat.push(t0.elapsed().as_nanos() as u64);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("profiling thread"))
+            .collect()
+    });
+    let mut all = Vec::new();
+    let mut busiest = 0u64;
+    for r in results {
+        let lat = r?;
+        busiest = busiest.max(lat.iter().sum());
+        all.extend(lat);
+    }
+    all.sort_unstable();
+    let pct = |p: f64| all[((all.len() - 1) as f64 * p) as usize] as f64 / 1e3;
+    Ok(IoPoint {
+        read_size,
+        depth,
+        span,
+        reads: all.len() as u64,
+        bytes_per_sec: (all.len() * read_size) as f64 / (busiest as f64 / 1e9),
+        lat_p50_us: pct(0.5),
+        lat_p99_us: pct(0.99),
+        engine,
+    })
+}

@@ -1,0 +1,275 @@
+//! One conformance suite run against every read engine, plus the reader's scheduling and the
+//! fault engine's errors.
+
+use pi2_io::{
+    AlignedBuf, FaultEngine, FaultPlan, IoError, PreadEngine, ReadEngine, ReadOp, Reader,
+    ReaderConfig, Request,
+};
+use proptest::prelude::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn data(size: usize) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+fn file(size: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.bin");
+    let bytes = data(size);
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(&bytes)
+        .unwrap();
+    (dir, path, bytes)
+}
+
+/// Every engine under test, by name.
+fn engines(path: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
+    vec![
+        ("direct", Box::new(PreadEngine::open(path, true).unwrap())),
+        (
+            "buffered",
+            Box::new(PreadEngine::open(path, false).unwrap()),
+        ),
+        (
+            "fault-free",
+            Box::new(FaultEngine::new(
+                PreadEngine::open(path, true).unwrap(),
+                FaultPlan::default(),
+            )),
+        ),
+    ]
+}
+
+#[test]
+fn engines_read_aligned_ranges_and_the_tail() {
+    let size = 3 * 4096 + 1000;
+    let (_d, path, bytes) = file(size);
+    for (name, mut e) in engines(&path) {
+        assert_eq!(e.size(), size as u64, "{name}");
+        let a = e.alignment();
+        let mut buf = AlignedBuf::new(8192, 4096);
+        e.read_batch(&mut [ReadOp {
+            offset: 4096,
+            buf: &mut buf[..8192],
+            need: 8192,
+        }])
+        .unwrap();
+        assert_eq!(&buf[..8192], &bytes[4096..12288], "{name}");
+        // The last block: only 1000 bytes exist, and that is all that is needed.
+        let mut tail = AlignedBuf::new(4096, 4096);
+        e.read_batch(&mut [ReadOp {
+            offset: 12288,
+            buf: &mut tail[..4096],
+            need: 1000,
+        }])
+        .unwrap();
+        assert_eq!(&tail[..1000], &bytes[12288..], "{name}");
+        // Asking for more than exists is a short read, named as such.
+        let err = e
+            .read_batch(&mut [ReadOp {
+                offset: 12288,
+                buf: &mut tail[..4096],
+                need: 4096,
+            }])
+            .unwrap_err();
+        assert!(
+            matches!(err, IoError::ShortRead { got: 1000, .. }),
+            "{name}: {err}"
+        );
+        if a > 1 {
+            let err = e
+                .read_batch(&mut [ReadOp {
+                    offset: 100,
+                    buf: &mut buf[..4096],
+                    need: 4096,
+                }])
+                .unwrap_err();
+            assert!(matches!(err, IoError::Misaligned { .. }), "{name}: {err}");
+        }
+    }
+}
+
+#[test]
+fn direct_io_is_used_where_the_file_system_allows() {
+    let (_d, path, _) = file(8192);
+    let e = PreadEngine::open(&path, true).unwrap();
+    // The test directory is on a disk file system here; tmpfs would refuse and say why.
+    assert!(e.is_direct() || e.fallback_reason().is_some());
+    assert!(!PreadEngine::open(&path, false).unwrap().is_direct());
+}
+
+#[test]
+fn open_errors_name_the_path() {
+    let err = PreadEngine::open("/nonexistent/model.gguf", true)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("/nonexistent/model.gguf"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let err = PreadEngine::open(dir.path(), true).err().unwrap();
+    assert!(err.to_string().contains("directory"), "{err}");
+}
+
+fn read_all(reader: &Reader, reqs: &[(u64, usize)]) -> Result<Vec<Vec<u8>>, IoError> {
+    let mut out: Vec<Vec<u8>> = reqs.iter().map(|&(_, l)| vec![0u8; l]).collect();
+    let list: Vec<Request> = reqs
+        .iter()
+        .zip(out.iter_mut())
+        .enumerate()
+        .map(|(i, (&(offset, len), d))| Request {
+            offset,
+            len,
+            dst: d.as_mut_ptr(),
+            tag: i as u64,
+        })
+        .collect();
+    // SAFETY: `out` is untouched until every completion is in.
+    unsafe { reader.submit(&list)? };
+    let mut seen = vec![false; reqs.len()];
+    let mut first_err = None;
+    while seen.iter().any(|s| !s) {
+        let c = reader.recv()?;
+        match c.result {
+            Ok(()) => {
+                assert!(!seen[c.tag as usize], "tag {} completed twice", c.tag);
+                seen[c.tag as usize] = true;
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+                seen[c.tag as usize] = true;
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Any set of (possibly overlapping, unaligned, large) requests comes back byte-exact through
+    /// every engine, whatever the merge and split settings.
+    #[test]
+    fn reader_returns_exact_bytes(
+        reqs in prop::collection::vec((0u64..200_000, 1usize..20_000), 1..60),
+        max_request in prop::sample::select(vec![4096usize, 16384, 131072]),
+        gap in prop::sample::select(vec![0usize, 4096, 65536]),
+        depth in 1usize..5,
+    ) {
+        let size = 220_000usize;
+        let (_d, path, bytes) = file(size);
+        let reqs: Vec<(u64, usize)> = reqs
+            .into_iter()
+            .map(|(o, l)| (o, l.min(size - o as usize)))
+            .collect();
+        for (name, e) in engines(&path) {
+            let reader = Reader::new(e, ReaderConfig { max_request, depth, merge_gap: gap });
+            let out = read_all(&reader, &reqs).unwrap();
+            for (&(o, l), got) in reqs.iter().zip(&out) {
+                prop_assert_eq!(&got[..], &bytes[o as usize..o as usize + l], "{}", name);
+            }
+            let st = reader.stats();
+            prop_assert_eq!(st.requests, reqs.len() as u64);
+            prop_assert!(st.reads >= 1);
+            prop_assert_eq!(reader.outstanding(), 0);
+        }
+    }
+}
+
+#[test]
+fn nearby_requests_merge_into_few_reads() {
+    let (_d, path, bytes) = file(1 << 20);
+    let reader = Reader::new(
+        PreadEngine::open(&path, true).unwrap(),
+        ReaderConfig {
+            max_request: 128 << 10,
+            depth: 2,
+            merge_gap: 0,
+        },
+    );
+    // 64 rows of 360 bytes packed back to back (in reverse order: the reader sorts them).
+    let reqs: Vec<(u64, usize)> = (0..64u64).rev().map(|i| (8192 + i * 360, 360)).collect();
+    let out = read_all(&reader, &reqs).unwrap();
+    for (&(o, l), got) in reqs.iter().zip(&out) {
+        assert_eq!(&got[..], &bytes[o as usize..o as usize + l]);
+    }
+    let st = reader.stats();
+    assert_eq!(st.reads, 1, "{st:?}");
+    assert_eq!(st.bytes_requested, 64 * 360);
+}
+
+#[test]
+fn out_of_range_requests_are_refused_before_reading() {
+    let (_d, path, _) = file(10_000);
+    let reader = Reader::new(
+        PreadEngine::open(&path, true).unwrap(),
+        ReaderConfig::default(),
+    );
+    let err = read_all(&reader, &[(9_000, 2_000)]).unwrap_err();
+    assert!(
+        matches!(err, IoError::OutOfRange { size: 10_000, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn faults_end_with_clear_errors() {
+    let (_d, path, _) = file(1 << 20);
+    let reqs: Vec<(u64, usize)> = (0..8u64).map(|i| (i * 100_000, 500)).collect();
+    let eio = FaultEngine::new(
+        PreadEngine::open(&path, true).unwrap(),
+        FaultPlan {
+            eio_from: Some(3),
+            ..FaultPlan::default()
+        },
+    );
+    let reader = Reader::new(eio, ReaderConfig::default());
+    let err = read_all(&reader, &reqs).unwrap_err();
+    assert!(err.to_string().contains("Input/output error"), "{err}");
+    let short = FaultEngine::new(
+        PreadEngine::open(&path, true).unwrap(),
+        FaultPlan {
+            short_at: Some(0),
+            ..FaultPlan::default()
+        },
+    );
+    let reader = Reader::new(short, ReaderConfig::default());
+    let err = read_all(&reader, &reqs).unwrap_err();
+    assert!(matches!(err, IoError::ShortRead { .. }), "{err}");
+}
+
+#[test]
+fn latency_injection_slows_reads() {
+    let (_d, path, _) = file(1 << 16);
+    let mut slow = FaultEngine::new(
+        PreadEngine::open(&path, true).unwrap(),
+        FaultPlan {
+            latency: Duration::from_millis(20),
+            ..FaultPlan::default()
+        },
+    );
+    let mut buf = AlignedBuf::new(4096, 4096);
+    let t = std::time::Instant::now();
+    slow.read_batch(&mut [ReadOp {
+        offset: 0,
+        buf: &mut buf[..4096],
+        need: 4096,
+    }])
+    .unwrap();
+    // A lower bound only: sleeping never returns early.
+    assert!(t.elapsed() >= Duration::from_millis(20));
+    assert_eq!(slow.reads(), 1);
+}
+
+#[test]
+fn profile_measures_a_point() {
+    let (_d, path, _) = file(1 << 20);
+    let p = pi2_io::profile::measure(&path, 4096, 2, 1 << 20, Duration::from_millis(30)).unwrap();
+    assert_eq!((p.read_size, p.depth), (4096, 2));
+    assert!(p.reads >= 16 && p.bytes_per_sec > 0.0 && p.lat_p99_us >= p.lat_p50_us);
+}
