@@ -1,0 +1,120 @@
+//! Eviction policies over slot ids.
+
+/// Decides which slot to evict. Callbacks tell it what the cache did; `victim` is asked for the
+/// slot to reuse among those `evictable` allows (slots in use by the current step are not).
+pub trait EvictionPolicy: Send {
+    fn name(&self) -> &'static str;
+    /// Prepare for `n_slots` slots (called once by the cache).
+    fn init(&mut self, n_slots: usize);
+    /// A slot received a new key.
+    fn inserted(&mut self, slot: u32);
+    /// A slot's key was looked up and hit.
+    fn touched(&mut self, slot: u32);
+    /// The slot to evict, if any slot is evictable.
+    fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32>;
+}
+
+const NIL: u32 = u32::MAX;
+
+/// An intrusive doubly linked list over slot ids (no allocation after `init`).
+#[derive(Clone, Debug, Default)]
+struct List {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32, // most recent
+    tail: u32, // least recent
+    linked: Vec<bool>,
+}
+
+impl List {
+    fn init(&mut self, n: usize) {
+        self.prev = vec![NIL; n];
+        self.next = vec![NIL; n];
+        self.linked = vec![false; n];
+        self.head = NIL;
+        self.tail = NIL;
+    }
+    fn unlink(&mut self, s: u32) {
+        if !self.linked[s as usize] {
+            return;
+        }
+        let (p, n) = (self.prev[s as usize], self.next[s as usize]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.linked[s as usize] = false;
+    }
+    fn push_front(&mut self, s: u32) {
+        self.unlink(s);
+        self.prev[s as usize] = NIL;
+        self.next[s as usize] = self.head;
+        if self.head != NIL {
+            self.prev[self.head as usize] = s;
+        }
+        self.head = s;
+        if self.tail == NIL {
+            self.tail = s;
+        }
+        self.linked[s as usize] = true;
+    }
+    /// From the least recent end, the first slot `ok` accepts.
+    fn oldest(&self, ok: &dyn Fn(u32) -> bool) -> Option<u32> {
+        let mut s = self.tail;
+        while s != NIL {
+            if ok(s) {
+                return Some(s);
+            }
+            s = self.prev[s as usize];
+        }
+        None
+    }
+}
+
+/// Least recently used: a hit moves the slot to the front.
+#[derive(Clone, Debug, Default)]
+pub struct Lru(List);
+
+impl EvictionPolicy for Lru {
+    fn name(&self) -> &'static str {
+        "lru"
+    }
+    fn init(&mut self, n_slots: usize) {
+        self.0.init(n_slots)
+    }
+    fn inserted(&mut self, slot: u32) {
+        self.0.push_front(slot)
+    }
+    fn touched(&mut self, slot: u32) {
+        self.0.push_front(slot)
+    }
+    fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
+        self.0.oldest(evictable)
+    }
+}
+
+/// First in, first out: hits do not reorder (the baseline LRU must beat).
+#[derive(Clone, Debug, Default)]
+pub struct Fifo(List);
+
+impl EvictionPolicy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn init(&mut self, n_slots: usize) {
+        self.0.init(n_slots)
+    }
+    fn inserted(&mut self, slot: u32) {
+        self.0.push_front(slot)
+    }
+    fn touched(&mut self, _: u32) {}
+    fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
+        self.0.oldest(evictable)
+    }
+}
