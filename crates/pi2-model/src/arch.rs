@@ -346,7 +346,7 @@ impl Weights {
                     }
                 }
             };
-            let mut down_transposed = false;
+            let down_transposed: bool;
             layers.push(LayerWeights {
                 attn_norm: f32_view(f, &n("attn_norm.weight"), c.n_embd)?,
                 wq: view(f, &n("attn_q.weight"), &[c.n_embd, c.q_dim()])?,

@@ -1,12 +1,19 @@
 //! The dense forward pass. Every FFN matrix is computed row by row (a row of gate/up is one
 //! neuron), so the sparse engine can later restrict the same loops to the active neurons.
 
+use crate::offload::{Offload, GATE, UPDOWN};
 use crate::sparse::{SparseFfn, SparseLayer, SparseStats};
 use half::f16;
-use pi2_kernels::{axpy_rows, gather_matvec, matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier};
+use pi2_io::Request;
+use pi2_kernels::{
+    axpy_rows_by, gather_matvec_by, matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier,
+};
 use pi2_model::{LayerWeights, Model, RopeKind, TensorView, TokenId};
 use pi2_sparse::FfnObserver;
 use rayon::prelude::*;
+use std::sync::atomic::{
+    AtomicU32, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Release,
+};
 
 /// Engine errors: bad requests rather than bad files (the model was checked at load).
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +34,10 @@ pub enum EngineError {
     Empty,
     #[error("sparse weights do not fit the model: {0}")]
     SparseMismatch(String),
+    #[error("reading the model's neurons failed: {0}")]
+    Io(#[from] pi2_io::IoError),
+    #[error("offloaded FFN: {0}")]
+    Offload(String),
 }
 
 /// Engine settings.
@@ -41,6 +52,10 @@ pub struct EngineConfig {
     /// CPUs to pin the compute threads to, thread `i` on `cpus[i % len]` (empty: let the OS
     /// place them). See [`crate::topology::Topology::select`].
     pub cpus: Vec<usize>,
+    /// Neurons per cluster in sparse decode (a multiple of 4): a cluster is computed as soon as
+    /// its rows are resident, and is the unit of partial sums (so results do not depend on
+    /// residency or thread count).
+    pub cluster: usize,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +67,7 @@ impl Default for EngineConfig {
             n_ctx: 0,
             tier: None,
             cpus: Vec::new(),
+            cluster: 64,
         }
     }
 }
@@ -91,13 +107,24 @@ struct Scratch {
     rope_sin: Vec<f32>,
     // Sparse FFN: neuron lists, their values, predictor scores, per-thread partial outputs.
     cand: Vec<u32>,
-    conf: Vec<u32>,
     vals: Vec<f32>,
     coeff: Vec<f32>,
     pred_h: Vec<f32>,
     pred_s: Vec<f32>,
     partials: Vec<f32>,
+    // Cluster pipeline: row addresses per candidate, its cold slot (NO_SLOT if pinned or in
+    // the file mapping), outstanding reads per cluster, the up rows' activations.
+    gate_at: Vec<usize>,
+    up_at: Vec<usize>,
+    down_at: Vec<usize>,
+    slot: Vec<u32>,
+    pend_gate: Vec<AtomicU32>,
+    pend_updown: Vec<AtomicU32>,
+    reqs: Vec<Request>,
+    acts_up: ActBuf,
 }
+
+const NO_SLOT: u32 = u32::MAX;
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
@@ -122,6 +149,8 @@ pub struct Engine<'m> {
     inv_freq: Vec<f32>,
     sparse: Option<&'m SparseFfn<'m>>,
     stats: SparseStats,
+    offload: Option<Offload>,
+    cluster: usize,
 }
 
 impl<'m> Engine<'m> {
@@ -185,6 +214,8 @@ impl<'m> Engine<'m> {
             inv_freq,
             sparse: None,
             stats: SparseStats::default(),
+            offload: None,
+            cluster: cfg.cluster.max(4).div_ceil(4) * 4,
         })
     }
 
@@ -235,6 +266,37 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
+    /// Read the FFN from flash through `offload` from now on (`None`: from the file mapping).
+    /// Needs the sparse weights of a converted model (see [`Engine::set_sparse`]).
+    pub fn set_offload(&mut self, offload: Option<Offload>) -> Result<(), EngineError> {
+        if offload.is_some() && self.sparse.is_none() {
+            return Err(EngineError::Offload(
+                "offloading needs the sparse FFN of a converted model".into(),
+            ));
+        }
+        if let Some(o) = &offload {
+            if o.layers.len() != self.model.config.n_layer || o.n_ff != self.model.config.n_ff {
+                return Err(EngineError::Offload("built for another model".into()));
+            }
+        }
+        self.offload = offload;
+        Ok(())
+    }
+
+    /// The offloaded FFN, if any (budget, statistics).
+    pub fn offload(&self) -> Option<&Offload> {
+        self.offload.as_ref()
+    }
+
+    pub fn offload_mut(&mut self) -> Option<&mut Offload> {
+        self.offload.as_mut()
+    }
+
+    /// Neurons per cluster in sparse decode.
+    pub fn cluster(&self) -> usize {
+        self.cluster
+    }
+
     /// What the sparse FFN has done since [`Engine::set_sparse`] or [`Engine::reset_stats`].
     pub fn sparse_stats(&self) -> &SparseStats {
         &self.stats
@@ -280,6 +342,22 @@ impl<'m> Engine<'m> {
         self.kv.len = self.kv.len.min(n);
     }
 
+    /// Bytes the KV cache holds when the context is full.
+    pub fn kv_bytes_full(&self) -> usize {
+        let c = &self.model.config;
+        2 * self.n_ctx * c.kv_dim() * c.n_layer * std::mem::size_of::<f16>()
+    }
+
+    /// Working buffers for batches of up to `n_batch` tokens (activations, logits, predictor
+    /// scores, cluster partials), an upper estimate for memory budgets.
+    pub fn scratch_bytes(&self, n_batch: usize) -> usize {
+        let c = &self.model.config;
+        let n = n_batch.max(1);
+        let per_token = 8 * c.n_embd + c.q_dim() + 2 * c.kv_dim() + 4 * c.n_ff + c.n_vocab;
+        4 * (n * per_token + self.threads() * n * c.n_embd + 2 * c.n_ff * 3)
+            + 4 * self.n_ctx * rayon::current_num_threads().max(self.threads())
+    }
+
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> usize {
         self.kv
@@ -322,7 +400,7 @@ impl<'m> Engine<'m> {
             Logits::From(k) => k.min(n - 1),
         };
         let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(tokens, first_logit, observer.as_deref_mut()));
+        pool.install(|| self.forward_inner(tokens, first_logit, observer.as_deref_mut()))?;
         let rows = n - first_logit;
         Ok(&self.s.logits[..rows * c.n_vocab])
     }
@@ -332,7 +410,7 @@ impl<'m> Engine<'m> {
         tokens: &[TokenId],
         first_logit: usize,
         mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
-    ) {
+    ) -> Result<(), EngineError> {
         let m = self.model;
         let c = &m.config;
         let f = &m.file;
@@ -349,7 +427,7 @@ impl<'m> Engine<'m> {
         self.rope_tables(pos0, n);
         for (li, layer) in m.weights.layers.iter().enumerate() {
             self.attention_block(li, layer, pos0, n);
-            self.ffn_block(li, layer, n, observer.as_deref_mut());
+            self.ffn_block(li, layer, n, observer.as_deref_mut())?;
         }
         self.kv.len = pos0 + n;
 
@@ -366,6 +444,7 @@ impl<'m> Engine<'m> {
             .acts
             .quantize(out.ty.act_kind(), &self.s.xn[..rows * d], d);
         matmul(&self.ks, &out, &self.s.acts, logits);
+        Ok(())
     }
 
     /// cos/sin of every (token, frequency) pair of this batch.
@@ -545,7 +624,7 @@ impl<'m> Engine<'m> {
         l: &LayerWeights,
         n: usize,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
-    ) {
+    ) -> Result<(), EngineError> {
         let m = self.model;
         let c = &m.config;
         let f = &m.file;
@@ -564,19 +643,45 @@ impl<'m> Engine<'m> {
             if n == 1 {
                 return self.ffn_sparse_token(li, l, &sp.layers[li], sp.use_predictor);
             }
-            if sp.batches_too {
-                return self.ffn_sparse_batch(li, l, n, &sp.layers[li], sp.use_predictor);
-            }
         }
-        let gate = grow(&mut s.gate, n * ff);
-        let up = grow(&mut s.up, n * ff);
-        Self::project_many(
+        // Whole matrices: from the file mapping, or staged from flash layer by layer.
+        let staged = match &mut self.offload {
+            Some(o) => Some(o.stage_layer(li)?),
+            None => None,
+        };
+        let (gate, up, down) = match (&self.offload, staged) {
+            (Some(o), Some(b)) => o.stage_mats(b, li, d),
+            _ => (l.gate.mat(f), l.up.mat(f), l.down.mat(f)),
+        };
+        let dense_bytes = (gate.bytes().len() + up.bytes().len() + down.bytes().len()) as u64;
+        if let Some(sp) = self.sparse.filter(|sp| sp.batches_too) {
+            let sl = &sp.layers[li];
+            let down_t = if staged.is_some() {
+                down
+            } else {
+                sl.down_t.mat()
+            };
+            ffn_sparse_batch(
+                &self.ks,
+                s,
+                &mut self.stats,
+                li,
+                n,
+                sl,
+                sp.use_predictor,
+                [gate, up, down_t],
+                dense_bytes,
+            );
+            return Ok(());
+        }
+        let gate_out = grow(&mut s.gate, n * ff);
+        let up_out = grow(&mut s.up, n * ff);
+        project_pair(
             &self.ks,
-            f,
             &mut s.acts,
             &s.xn[..n * d],
             d,
-            [(&l.gate, None, gate), (&l.up, None, up)],
+            [(gate, gate_out), (up, up_out)],
         );
         if let Some(o) = observer {
             o.observe(li, &s.xn[..n * d], &s.gate[..n * ff]);
@@ -585,66 +690,131 @@ impl<'m> Engine<'m> {
         for (g, u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
             *g = silu(*g) * u;
         }
-        if l.down_transposed {
+        if staged.is_some() || l.down_transposed {
             accumulate_down_t(
-                &l.down.mat(f),
+                &self.ks,
+                &down,
                 &s.gate[..n * ff],
                 n,
                 &mut s.partials,
                 &mut s.x,
             );
-            return;
+            return Ok(());
         }
-        s.acts.quantize(l.down.ty.act_kind(), &s.gate[..n * ff], ff);
+        s.acts.quantize(down.ty.act_kind(), &s.gate[..n * ff], ff);
         let o = grow(&mut s.o, n * d);
-        Self::project(&self.ks, f, &l.down, None, &s.acts, o);
+        matmul(&self.ks, &down, &s.acts, o);
         s.x[..n * d]
             .iter_mut()
             .zip(&s.o[..n * d])
             .for_each(|(x, o)| *x += o);
+        Ok(())
     }
 }
 
-impl Engine<'_> {
-    /// Candidate scores of the predictor for `n` tokens of `s.xn` into `s.pred_s` (`n * n_ff`).
-    fn predict(&mut self, sl: &SparseLayer<'_>, n: usize) {
-        let p = sl.predictor.as_ref().expect("checked by the caller");
-        let (d, ff, r) = (self.model.config.n_embd, self.model.config.n_ff, p.rank());
-        let s = &mut self.s;
-        let (fc1, fc2) = (p.fc1.mat(), p.fc2.mat());
-        s.acts.quantize(fc1.ty.act_kind(), &s.xn[..n * d], d);
-        let h = grow(&mut s.pred_h, n * r);
-        matmul(&self.ks, &fc1, &s.acts, h);
-        if p.kind.relu() {
-            h.iter_mut().for_each(|v| *v = v.max(0.0));
-        }
-        s.acts.quantize(fc2.ty.act_kind(), &s.pred_h[..n * r], r);
-        let sc = grow(&mut s.pred_s, n * ff);
-        matmul(&self.ks, &fc2, &s.acts, sc);
-        if let Some(b) = &p.bias {
-            for row in sc.chunks_exact_mut(ff) {
-                row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
-            }
+/// `outs[j] = x W_j^T` for two matrices sharing the input (one quantization when their
+/// activation formats agree).
+fn project_pair(
+    ks: &KernelSet,
+    acts: &mut ActBuf,
+    x: &[f32],
+    d: usize,
+    mut jobs: [(MatRef<'_>, &mut [f32]); 2],
+) {
+    let (k0, k1) = (jobs[0].0.ty.act_kind(), jobs[1].0.ty.act_kind());
+    if k0 == k1 {
+        acts.quantize(k0, x, d);
+        matmul_many(ks, acts, &mut jobs);
+    } else {
+        for (w, out) in jobs {
+            acts.quantize(w.ty.act_kind(), x, d);
+            matmul(ks, &w, acts, out);
         }
     }
+}
 
-    /// Two-phase sparse FFN of one token: predictor -> candidates -> their gate rows -> confirmed
-    /// neurons -> their up rows and down columns, each phase split over the worker threads.
+/// Candidate scores of the predictor for `n` tokens of `s.xn` into `s.pred_s` (`n * n_ff`).
+fn predict(ks: &KernelSet, s: &mut Scratch, sl: &SparseLayer<'_>, d: usize, ff: usize, n: usize) {
+    let p = sl.predictor.as_ref().expect("checked by the caller");
+    let r = p.rank();
+    let (fc1, fc2) = (p.fc1.mat(), p.fc2.mat());
+    s.acts.quantize(fc1.ty.act_kind(), &s.xn[..n * d], d);
+    let h = grow(&mut s.pred_h, n * r);
+    matmul(ks, &fc1, &s.acts, h);
+    if p.kind.relu() {
+        h.iter_mut().for_each(|v| *v = v.max(0.0));
+    }
+    s.acts.quantize(fc2.ty.act_kind(), &s.pred_h[..n * r], r);
+    let sc = grow(&mut s.pred_s, n * ff);
+    matmul(ks, &fc2, &s.acts, sc);
+    if let Some(b) = &p.bias {
+        for row in sc.chunks_exact_mut(ff) {
+            row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+        }
+    }
+}
+
+/// A pointer that tasks of one layer step share; each task touches only its own cluster's range.
+#[derive(Clone, Copy)]
+struct Disjoint<T>(*mut T);
+// SAFETY: used only for per-cluster disjoint ranges, ordered by the pipeline's atomics.
+unsafe impl<T> Send for Disjoint<T> {}
+unsafe impl<T> Sync for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
+    /// # Safety
+    /// No other live reference may overlap `r`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, r: std::ops::Range<usize>) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(r.start), r.len())
+    }
+}
+
+/// The rows of one step, by address (file mapping, pinned block or cache slot).
+///
+/// # Safety
+/// `at` must be the address of `len` readable bytes that nothing writes meanwhile.
+unsafe fn row_at<'a>(at: usize, len: usize) -> &'a [u8] {
+    std::slice::from_raw_parts(at as *const u8, len)
+}
+
+thread_local! {
+    /// Confirmed positions of the cluster a task is computing, and their up values.
+    static CONFIRMED: std::cell::RefCell<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<Request>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
+}
+
+impl Engine<'_> {
+    /// Two-phase sparse FFN of one token, as a cluster pipeline: predictor -> candidates (in
+    /// clusters of `self.cluster`) -> gate rows -> confirmed neurons -> their up rows and down
+    /// columns. With an [`Offload`], rows come from pinned blocks, cache slots or flash: a
+    /// cluster's gate phase starts once its gate rows are resident (missing ones are read by
+    /// the I/O thread meanwhile), and its up/down phase once its confirmed neurons' rows are.
+    /// Each cluster sums into its own partial; partials are added in cluster order, so the
+    /// result does not depend on residency, timing or threads.
     fn ffn_sparse_token(
         &mut self,
         li: usize,
         l: &LayerWeights,
         sl: &SparseLayer<'_>,
         use_predictor: bool,
-    ) {
+    ) -> Result<(), EngineError> {
         let m = self.model;
         let f = &m.file;
         let (d, ff) = (m.config.n_embd, m.config.n_ff);
         let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
+        let Engine {
+            ks,
+            s,
+            stats,
+            offload,
+            cluster,
+            ..
+        } = self;
+        let (ks, cl) = (&*ks, *cluster);
         if predictor.is_some() {
-            self.predict(sl, 1);
+            predict(ks, s, sl, d, ff, 1);
         }
-        let s = &mut self.s;
         s.cand.clear();
         match predictor {
             Some(p) => s
@@ -652,139 +822,361 @@ impl Engine<'_> {
                 .extend((0..ff as u32).filter(|&i| is_candidate(p, s.pred_s[i as usize]))),
             None => s.cand.extend(0..ff as u32),
         }
-        let (gate, up, down_t) = (l.gate.mat(f), l.up.mat(f), sl.down_t.mat());
-        let ks = &self.ks;
-        let threads = rayon::current_num_threads();
-
-        // Phase 1: gate rows of the candidates, then the threshold test.
-        s.acts.quantize(gate.ty.act_kind(), &s.xn[..d], d);
         let nc = s.cand.len();
-        let vals = grow(&mut s.vals, nc);
-        let chunk = nc.div_ceil(threads).max(1);
-        let acts = &s.acts;
-        vals.par_chunks_mut(chunk)
-            .zip(s.cand.par_chunks(chunk))
-            .for_each(|(out, rows)| gather_matvec(ks, &gate, rows, acts, out));
-        s.conf.clear();
-        s.coeff.clear();
-        for (&i, &g) in s.cand.iter().zip(s.vals.iter()) {
-            let a = silu(g);
-            if a.abs() >= sl.threshold {
-                s.conf.push(i);
-                s.coeff.push(a);
+        let nclust = nc.div_ceil(cl);
+        let (gate_m, up_m, down_m) = (l.gate.mat(f), l.up.mat(f), sl.down_t.mat());
+        let (gty, uty, dty) = (gate_m.ty, up_m.ty, down_m.ty);
+        let (grb, urb, drb) = (gate_m.row_bytes(), up_m.row_bytes(), down_m.row_bytes());
+
+        // Where every candidate's rows are, and which must be read.
+        for v in [&mut s.gate_at, &mut s.up_at, &mut s.down_at] {
+            v.clear();
+        }
+        s.slot.clear();
+        s.reqs.clear();
+        if s.pend_gate.len() < nclust {
+            s.pend_gate.resize_with(nclust, || AtomicU32::new(0));
+            s.pend_updown.resize_with(nclust, || AtomicU32::new(0));
+        }
+        s.pend_gate[..nclust]
+            .iter()
+            .for_each(|p| p.store(0, Release));
+        match offload.as_mut() {
+            None => {
+                for &i in &s.cand {
+                    s.gate_at.push(gate_m.row(i as usize).as_ptr() as usize);
+                    s.up_at.push(up_m.row(i as usize).as_ptr() as usize);
+                    s.down_at.push(down_m.row(i as usize).as_ptr() as usize);
+                    s.slot.push(NO_SLOT);
+                }
+            }
+            Some(o) => {
+                let (lay, hot) = (&o.layers[li], &o.hot[li]);
+                o.cache.begin_step();
+                for (k, &i) in s.cand.iter().enumerate() {
+                    let i = i as usize;
+                    if i < hot.n {
+                        let base = hot.buf.as_ptr() as usize;
+                        s.gate_at.push(base + i * grb);
+                        s.up_at.push(base + hot.up_at + i * urb);
+                        s.down_at.push(base + hot.down_at + i * drb);
+                        s.slot.push(NO_SLOT);
+                        o.stats.gate_hot += 1;
+                        continue;
+                    }
+                    let key = (li * ff + i) as u32;
+                    let slot = match o.cache.lookup(key) {
+                        Some(slot) => slot,
+                        None => o.cache.insert(key).ok_or_else(|| {
+                            EngineError::Offload("the neuron cache has no free slot".into())
+                        })?,
+                    };
+                    let base = o.cache.slot_ptr(slot) as usize;
+                    s.gate_at.push(base + lay.gate.slot_at);
+                    s.up_at.push(base + lay.up.slot_at);
+                    s.down_at.push(base + lay.down.slot_at);
+                    s.slot.push(slot.0);
+                    if o.cache.parts(slot) & GATE == 0 {
+                        s.pend_gate[k / cl].fetch_add(1, AcqRel);
+                        s.reqs.push(Request {
+                            offset: lay.gate.row_offset(i),
+                            len: grb,
+                            dst: (base + lay.gate.slot_at) as *mut u8,
+                            tag: (k as u64) << 1,
+                        });
+                        o.stats.gate_reads += 1;
+                    } else {
+                        o.stats.gate_hits += 1;
+                    }
+                }
+                // SAFETY: the slots were claimed for this step (not evictable until the next)
+                // and nothing reads their gate part before its completion arrives.
+                unsafe { o.reader.submit(&s.reqs)? };
             }
         }
 
-        // Phase 2: up rows and down columns of the confirmed neurons, one partial sum per task.
-        if up.ty.act_kind() != gate.ty.act_kind() {
-            s.acts.quantize(up.ty.act_kind(), &s.xn[..d], d);
-        }
-        let nf = s.conf.len();
-        let chunk = nf.div_ceil(threads).max(1);
-        let tasks = nf.div_ceil(chunk);
-        let partials = grow(&mut s.partials, tasks.max(1) * d);
-        partials.fill(0.0);
-        let uvals = grow(&mut s.vals, nf);
-        let acts = &s.acts;
-        partials
-            .par_chunks_mut(d)
-            .zip(s.conf.par_chunks(chunk))
-            .zip(s.coeff.par_chunks_mut(chunk))
-            .zip(uvals.par_chunks_mut(chunk))
-            .for_each(|(((y, rows), coeff), u)| {
-                gather_matvec(ks, &up, rows, acts, u);
-                coeff.iter_mut().zip(u.iter()).for_each(|(c, u)| *c *= u);
-                axpy_rows(ks, &down_t, rows, coeff, y);
+        // Activations for the gate and up rows.
+        s.acts.quantize(gty.act_kind(), &s.xn[..d], d);
+        s.acts_up.quantize(uty.act_kind(), &s.xn[..d], d);
+        grow(&mut s.vals, nc);
+        grow(&mut s.coeff, nc);
+        grow(&mut s.partials, nclust.max(1) * d);
+        let (vals, coeff, partials) = (
+            Disjoint(s.vals.as_mut_ptr()),
+            Disjoint(s.coeff.as_mut_ptr()),
+            Disjoint(s.partials.as_mut_ptr()),
+        );
+        let confirmed = AtomicUsize::new(0);
+        let updown_reads = AtomicUsize::new(0);
+        let updown_cached = AtomicUsize::new(0);
+        let done = AtomicUsize::new(0);
+        let failed: std::sync::Mutex<Option<pi2_io::IoError>> = std::sync::Mutex::new(None);
+        let o = offload.as_ref();
+        let (acts, acts_up, cand) = (&s.acts, &s.acts_up, &s.cand);
+        let (gate_at, up_at, down_at, slots) = (&s.gate_at, &s.up_at, &s.down_at, &s.slot);
+        let (pend_gate, pend_updown) = (&s.pend_gate, &s.pend_updown);
+        let threshold = sl.threshold;
+        let range = |c: usize| c * cl..((c + 1) * cl).min(nc);
+
+        // Phase 2 of cluster `c`: up rows and down columns of its confirmed neurons.
+        let updown = |c: usize| {
+            let r = range(c);
+            CONFIRMED.with_borrow_mut(|(pos, coef, u, _)| {
+                pos.clear();
+                coef.clear();
+                // SAFETY: this cluster's range, owned by this task.
+                let cf = unsafe { coeff.range(r.clone()) };
+                for (j, &a) in cf.iter().enumerate() {
+                    if !a.is_nan() {
+                        pos.push((r.start + j) as u32);
+                        coef.push(a);
+                    }
+                }
+                u.clear();
+                u.resize(pos.len(), 0.0);
+                // SAFETY (rows): pinned, mapped, or their reads have completed.
+                let up_row = |j: usize| unsafe { row_at(up_at[pos[j] as usize], urb) };
+                gather_matvec_by(ks, uty, d, up_row, acts_up, u);
+                coef.iter_mut().zip(u.iter()).for_each(|(a, u)| *a *= u);
+                // SAFETY: this cluster's partial.
+                let y = unsafe { partials.range(c * d..(c + 1) * d) };
+                y.fill(0.0);
+                let down_row = |j: usize| unsafe { row_at(down_at[pos[j] as usize], drb) };
+                axpy_rows_by(ks, dty, down_row, coef, y);
+                if let Some(o) = o {
+                    for &k in pos.iter().filter(|&&k| slots[k as usize] != NO_SLOT) {
+                        o.cache
+                            .add_parts(pi2_cache::Slot(slots[k as usize]), UPDOWN);
+                    }
+                }
+                confirmed.fetch_add(pos.len(), AcqRel);
             });
-        for part in s.partials[..tasks * d].chunks_exact(d) {
+            done.fetch_add(1, AcqRel);
+        };
+        // Phase 1 of cluster `c`: gate rows, the threshold, then reads of the confirmed
+        // neurons' missing up/down rows (phase 2 runs here at once if none are missing).
+        let gate = |c: usize| {
+            let r = range(c);
+            // SAFETY: this cluster's ranges, owned by this task.
+            let (v, cf) = unsafe { (vals.range(r.clone()), coeff.range(r.clone())) };
+            // SAFETY (rows): pinned, mapped, or their reads have completed.
+            let gate_row = |j: usize| unsafe { row_at(gate_at[r.start + j], grb) };
+            gather_matvec_by(ks, gty, d, gate_row, acts, v);
+            // Not confirmed: NaN (an exact 0 coefficient still belongs to a confirmed neuron).
+            for (a, &g) in cf.iter_mut().zip(v.iter()) {
+                let act = silu(g);
+                *a = if act.abs() >= threshold {
+                    act
+                } else {
+                    f32::NAN
+                };
+            }
+            let Some(o) = o else { return updown(c) };
+            let lay = &o.layers[li];
+            CONFIRMED.with_borrow_mut(|(_, _, _, reqs)| {
+                reqs.clear();
+                for (j, &a) in cf.iter().enumerate() {
+                    let k = r.start + j;
+                    if slots[k] == NO_SLOT {
+                        continue;
+                    }
+                    let slot = pi2_cache::Slot(slots[k]);
+                    o.cache.add_parts(slot, GATE);
+                    if a.is_nan() {
+                        continue;
+                    }
+                    if o.cache.parts(slot) & UPDOWN != 0 {
+                        updown_cached.fetch_add(1, AcqRel);
+                        continue;
+                    }
+                    let (i, tag) = (cand[k] as usize, (k as u64) << 1 | 1);
+                    reqs.push(Request {
+                        offset: lay.up.row_offset(i),
+                        len: urb,
+                        dst: up_at[k] as *mut u8,
+                        tag,
+                    });
+                    reqs.push(Request {
+                        offset: lay.down.row_offset(i),
+                        len: drb,
+                        dst: down_at[k] as *mut u8,
+                        tag,
+                    });
+                }
+                updown_reads.fetch_add(reqs.len() / 2, AcqRel);
+                // One extra count held by this task, so the driver cannot start phase 2 first.
+                pend_updown[c].store(reqs.len() as u32 + 1, Release);
+                // SAFETY: the slots were claimed for this step; their up/down parts are not
+                // read before their completions arrive.
+                if let Err(e) = unsafe { o.reader.submit(reqs) } {
+                    failed.lock().unwrap().get_or_insert(e);
+                }
+            });
+            if pend_updown[c].fetch_sub(1, AcqRel) == 1 {
+                updown(c);
+            }
+        };
+
+        // The driver: start resident clusters, then route completions to their clusters while
+        // helping with compute; block only when nothing but I/O is left to wait for.
+        let mut io_wait = std::time::Duration::ZERO;
+        rayon::scope(|sc| {
+            let (gate, updown) = (&gate, &updown);
+            for c in 0..nclust {
+                if pend_gate[c].load(Acquire) == 0 {
+                    sc.spawn(move |_| gate(c));
+                }
+            }
+            let handle = |comp: pi2_io::Completion| match comp.result {
+                Err(e) => {
+                    failed.lock().unwrap().get_or_insert(e);
+                }
+                Ok(()) => {
+                    let c = (comp.tag >> 1) as usize / cl;
+                    if comp.tag & 1 == 0 {
+                        if pend_gate[c].fetch_sub(1, AcqRel) == 1 {
+                            sc.spawn(move |_| gate(c));
+                        }
+                    } else if pend_updown[c].fetch_sub(1, AcqRel) == 1 {
+                        sc.spawn(move |_| updown(c));
+                    }
+                }
+            };
+            while done.load(Acquire) < nclust && failed.lock().unwrap().is_none() {
+                if let Some(o) = o {
+                    match o.reader.try_recv() {
+                        Ok(Some(comp)) => {
+                            handle(comp);
+                            continue;
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            failed.lock().unwrap().get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+                if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                    continue;
+                }
+                match o.filter(|o| o.reader.outstanding() > 0) {
+                    Some(o) => {
+                        let t0 = std::time::Instant::now();
+                        let comp = o.reader.recv();
+                        io_wait += t0.elapsed();
+                        match comp {
+                            Ok(comp) => handle(comp),
+                            Err(e) => {
+                                failed.lock().unwrap().get_or_insert(e);
+                            }
+                        }
+                    }
+                    None => std::thread::yield_now(),
+                }
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap() {
+            // Wait out reads still in flight into the cache, then report.
+            if let Some(o) = o {
+                while o.reader.outstanding() > 0 && o.reader.recv().is_ok() {}
+            }
+            return Err(e.into());
+        }
+        let nf = confirmed.into_inner();
+        for part in s.partials[..nclust * d].chunks_exact(d) {
             s.x[..d].iter_mut().zip(part).for_each(|(x, p)| *x += p);
         }
+        if let Some(o) = offload.as_mut() {
+            let st = &mut o.stats;
+            st.token_layers += 1;
+            st.io_wait_ns += io_wait.as_nanos() as u64;
+            let (reads, cached) = (updown_reads.into_inner(), updown_cached.into_inner());
+            st.updown_reads += reads as u64;
+            st.updown_hits += cached as u64;
+            st.updown_hot += (nf - reads - cached) as u64;
+        }
 
-        let st = &mut self.stats;
-        st.token_layers += 1;
-        st.candidates += nc as u64;
-        st.confirmed += nf as u64;
-        st.layer_candidates[li] += nc as u64;
-        st.layer_tokens[li] += 1;
+        stats.token_layers += 1;
+        stats.candidates += nc as u64;
+        stats.confirmed += nf as u64;
+        stats.layer_candidates[li] += nc as u64;
+        stats.layer_tokens[li] += 1;
         if predictor.is_none() {
-            st.layer_true_active[li] += nf as u64;
-            st.layer_true_found[li] += nf as u64;
+            stats.layer_true_active[li] += nf as u64;
+            stats.layer_true_found[li] += nf as u64;
         }
         let pred_bytes = predictor.map_or(0, |p| p.bytes());
-        st.ffn_bytes += (pred_bytes
-            + nc * gate.row_bytes()
-            + nf * (up.row_bytes() + down_t.row_bytes())) as u64;
-        st.dense_ffn_bytes += (l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f)) as u64;
+        stats.ffn_bytes += (pred_bytes + nc * grb + nf * (urb + drb)) as u64;
+        stats.dense_ffn_bytes += (l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f)) as u64;
+        Ok(())
     }
+}
 
-    /// The sparse FFN over a batch with the same result as running [`Self::ffn_sparse_token`]
-    /// per token, computed as masked dense work: all gate and up rows (GEMM, so every neuron's
-    /// activation is known and the predictor's recall is measured), coefficients zeroed outside
-    /// candidates-that-pass, then the transposed down rows accumulated per neuron.
-    fn ffn_sparse_batch(
-        &mut self,
-        li: usize,
-        l: &LayerWeights,
-        n: usize,
-        sl: &SparseLayer<'_>,
-        use_predictor: bool,
-    ) {
-        let m = self.model;
-        let f = &m.file;
-        let (d, ff) = (m.config.n_embd, m.config.n_ff);
-        let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
-        if predictor.is_some() {
-            self.predict(sl, n);
-        }
-        let s = &mut self.s;
-        let gate = grow(&mut s.gate, n * ff);
-        let up = grow(&mut s.up, n * ff);
-        Self::project_many(
-            &self.ks,
-            f,
-            &mut s.acts,
-            &s.xn[..n * d],
-            d,
-            [(&l.gate, None, gate), (&l.up, None, up)],
-        );
-        let (mut nc, mut nf, mut active, mut found) = (0u64, 0u64, 0u64, 0u64);
-        for t in 0..n {
-            for i in 0..ff {
-                let k = t * ff + i;
-                let a = silu(s.gate[k]);
-                let fires = a.abs() >= sl.threshold;
-                let cand = predictor.is_none_or(|p| is_candidate(p, s.pred_s[k]));
-                nc += cand as u64;
-                active += fires as u64;
-                found += (fires && cand) as u64;
-                nf += (fires && cand) as u64;
-                s.gate[k] = if fires && cand { a * s.up[k] } else { 0.0 };
-            }
-        }
-        let down_t = sl.down_t.mat();
-        accumulate_down_t(&down_t, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
-
-        let st = &mut self.stats;
-        st.token_layers += n as u64;
-        st.candidates += nc;
-        st.confirmed += nf;
-        st.layer_candidates[li] += nc;
-        st.layer_tokens[li] += n as u64;
-        st.layer_true_active[li] += active;
-        st.layer_true_found[li] += found;
-        let (gate, upm) = (l.gate.mat(f), l.up.mat(f));
-        let pred_bytes = predictor.map_or(0, |p| p.bytes()) as u64;
-        st.ffn_bytes += n as u64 * pred_bytes
-            + nc * gate.row_bytes() as u64
-            + nf * (upm.row_bytes() + down_t.row_bytes()) as u64;
-        st.dense_ffn_bytes += n as u64 * (l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f));
+/// The sparse FFN over a batch with the same result as running the token path per token,
+/// computed as masked dense work: all gate and up rows (GEMM, so every neuron's activation is
+/// known and the predictor's recall is measured), coefficients zeroed outside
+/// candidates-that-pass, then the transposed down rows accumulated per neuron.
+#[allow(clippy::too_many_arguments)]
+fn ffn_sparse_batch(
+    ks: &KernelSet,
+    s: &mut Scratch,
+    st: &mut SparseStats,
+    li: usize,
+    n: usize,
+    sl: &SparseLayer<'_>,
+    use_predictor: bool,
+    [gate, up, down_t]: [MatRef<'_>; 3],
+    dense_bytes: u64,
+) {
+    let (d, ff) = (gate.cols, gate.rows);
+    let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
+    if predictor.is_some() {
+        predict(ks, s, sl, d, ff, n);
     }
+    let gate_out = grow(&mut s.gate, n * ff);
+    let up_out = grow(&mut s.up, n * ff);
+    project_pair(
+        ks,
+        &mut s.acts,
+        &s.xn[..n * d],
+        d,
+        [(gate, gate_out), (up, up_out)],
+    );
+    let (mut nc, mut nf, mut active, mut found) = (0u64, 0u64, 0u64, 0u64);
+    for t in 0..n {
+        for i in 0..ff {
+            let k = t * ff + i;
+            let a = silu(s.gate[k]);
+            let fires = a.abs() >= sl.threshold;
+            let cand = predictor.is_none_or(|p| is_candidate(p, s.pred_s[k]));
+            nc += cand as u64;
+            active += fires as u64;
+            found += (fires && cand) as u64;
+            nf += (fires && cand) as u64;
+            s.gate[k] = if fires && cand { a * s.up[k] } else { 0.0 };
+        }
+    }
+    accumulate_down_t(ks, &down_t, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
+
+    st.token_layers += n as u64;
+    st.candidates += nc;
+    st.confirmed += nf;
+    st.layer_candidates[li] += nc;
+    st.layer_tokens[li] += n as u64;
+    st.layer_true_active[li] += active;
+    st.layer_true_found[li] += found;
+    let pred_bytes = predictor.map_or(0, |p| p.bytes()) as u64;
+    st.ffn_bytes += n as u64 * pred_bytes
+        + nc * gate.row_bytes() as u64
+        + nf * (up.row_bytes() + down_t.row_bytes()) as u64;
+    st.dense_ffn_bytes += n as u64 * dense_bytes;
 }
 
 /// `x[t] += sum_i coeff[t][i] * down_t.row(i)` for `n` tokens: the down projection from its
 /// transposed rows. Neuron ranges go to the worker threads, each with its own partial sums; a
 /// neuron whose coefficients are all zero is never read.
 fn accumulate_down_t(
+    ks: &KernelSet,
     down_t: &MatRef<'_>,
     coeff: &[f32],
     n: usize,
@@ -801,18 +1193,10 @@ fn accumulate_down_t(
         .par_chunks_mut(n * d)
         .enumerate()
         .for_each(|(task, y)| {
-            let mut row = vec![0.0f32; d];
-            for i in task * chunk..((task + 1) * chunk).min(ff) {
-                if (0..n).all(|t| coeff[t * ff + i] == 0.0) {
-                    continue;
-                }
-                down_t.dequantize_row(i, &mut row);
-                for (t, yt) in y.chunks_exact_mut(d).enumerate() {
-                    let a = coeff[t * ff + i];
-                    if a != 0.0 {
-                        yt.iter_mut().zip(&row).for_each(|(o, v)| *o += a * v);
-                    }
-                }
+            let rows = task * chunk..((task + 1) * chunk).min(ff);
+            for (t, yt) in y.chunks_exact_mut(d).enumerate() {
+                let c = &coeff[t * ff + rows.start..t * ff + rows.end];
+                axpy_rows_by(ks, down_t.ty, |j| down_t.row(rows.start + j), c, yt);
             }
         });
     for part in partials.chunks_exact(n * d) {

@@ -7,6 +7,7 @@
 pub mod convert;
 mod engine;
 mod generate;
+pub mod offload;
 pub mod perplexity;
 mod sampler;
 mod sparse;
@@ -14,6 +15,7 @@ pub mod topology;
 
 pub use engine::{Engine, EngineConfig, EngineError, Logits};
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
+pub use offload::{Offload, OffloadConfig, OffloadError, OffloadStats};
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{

@@ -80,6 +80,7 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
         n_ctx: a.ctx_size,
         tier,
         cpus,
+        ..EngineConfig::default()
     })
 }
 

@@ -1,0 +1,500 @@
+//! Models larger than memory: the FFN neuron bundles of a converted model stay on flash and are
+//! read on demand into a segmented cache (pinned hot neurons + LRU cold slots) under one byte
+//! budget. The engine's cluster pipeline ([`crate::Engine`]) computes resident clusters while
+//! the I/O thread reads missing rows.
+//!
+//! Residency never changes arithmetic: the same rows in the same clusters give the same logits
+//! as in-memory sparse decode.
+
+use crate::sparse::SparseFfn;
+use pi2_cache::{Budget, CacheError, Lru, Region, SlotCache};
+use pi2_io::{AlignedBuf, IoError, PreadEngine, ReadEngine, Reader, ReaderConfig, Request};
+use pi2_kernels::{MatRef, QuantType};
+use pi2_model::Model;
+use std::path::Path;
+
+/// Offloading errors.
+#[derive(Debug, thiserror::Error)]
+pub enum OffloadError {
+    #[error("{0}")]
+    Budget(#[from] CacheError),
+    #[error("{0}")]
+    Io(#[from] IoError),
+    #[error("cannot offload this model: {0}")]
+    Model(String),
+}
+
+/// How to offload.
+#[derive(Clone, Debug)]
+pub struct OffloadConfig {
+    /// Bytes the engine may keep resident: fixed region, pinned hot neurons, cold cache and
+    /// working buffers (process overhead not included, see the README).
+    pub budget: u64,
+    /// Share of the neuron memory pinned to the hottest neurons (the rest is the LRU cache).
+    pub hot_share: f64,
+    /// Use `O_DIRECT` (falls back to buffered reads with dropped pages where refused).
+    pub direct: bool,
+    pub reader: ReaderConfig,
+    /// Inject faults/latency (tests, the ablation bench).
+    pub faults: Option<pi2_io::FaultPlan>,
+}
+
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        Self {
+            budget: u64::MAX,
+            hot_share: 0.5,
+            direct: true,
+            reader: ReaderConfig::default(),
+            faults: None,
+        }
+    }
+}
+
+/// Where one FFN matrix of a layer lies in the file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Part {
+    pub offset: u64,
+    pub ty: QuantType,
+    pub row_bytes: usize,
+    /// Offset of this part's row inside a cache slot / hot block.
+    pub slot_at: usize,
+}
+
+impl Part {
+    pub fn row_offset(&self, i: usize) -> u64 {
+        self.offset + (i * self.row_bytes) as u64
+    }
+}
+
+/// A layer's three bundle parts: gate rows, up rows, transposed down rows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FfnLayout {
+    pub gate: Part,
+    pub up: Part,
+    pub down: Part,
+}
+
+impl FfnLayout {
+    fn bytes(&self, n_ff: usize) -> usize {
+        n_ff * (self.gate.row_bytes + self.up.row_bytes + self.down.row_bytes)
+    }
+}
+
+/// The pinned hot neurons of one layer (`n` first neurons of the hot-first file order):
+/// gate rows, up rows and down rows, each block padded to 64 bytes.
+pub(crate) struct HotLayer {
+    pub n: usize,
+    pub buf: AlignedBuf,
+    pub up_at: usize,
+    pub down_at: usize,
+}
+
+/// Part bits of a cold slot.
+pub(crate) const GATE: u8 = 1;
+pub(crate) const UPDOWN: u8 = 2;
+
+/// What offloaded decode did (since the last reset).
+#[derive(Clone, Debug, Default)]
+pub struct OffloadStats {
+    /// Candidate gate rows found pinned / in the cold cache / read from flash.
+    pub gate_hot: u64,
+    pub gate_hits: u64,
+    pub gate_reads: u64,
+    /// Confirmed neurons' up and down rows found pinned / cached / read.
+    pub updown_hot: u64,
+    pub updown_hits: u64,
+    pub updown_reads: u64,
+    /// Time the decode spent blocked waiting for reads, in nanoseconds.
+    pub io_wait_ns: u64,
+    /// Token-layers computed sparsely from the cache.
+    pub token_layers: u64,
+    /// Layers read whole for dense batches (prefill).
+    pub dense_layer_reads: u64,
+}
+
+impl OffloadStats {
+    /// Neuron parts served from memory (pinned or cached) among all needed.
+    pub fn hit_rate(&self) -> f64 {
+        let hit = self.gate_hot + self.gate_hits + self.updown_hot + self.updown_hits;
+        hit as f64 / (hit + self.gate_reads + self.updown_reads).max(1) as f64
+    }
+}
+
+/// The offloaded FFN: reader, layout, pinned hot rows, cold cache, prefill staging.
+pub struct Offload {
+    pub(crate) reader: Reader,
+    pub(crate) layers: Vec<FfnLayout>,
+    pub(crate) hot: Vec<HotLayer>,
+    pub(crate) cache: SlotCache<Lru>,
+    /// Two layer-sized buffers: prefill computes from one while the next layer is read into
+    /// the other.
+    pub(crate) stage: [AlignedBuf; 2],
+    pub(crate) stage_layer: [Option<usize>; 2],
+    pub(crate) stats: OffloadStats,
+    pub(crate) n_ff: usize,
+    budget: Budget,
+    direct: bool,
+    fallback: Option<String>,
+}
+
+const PAD: usize = 64;
+fn pad(n: usize) -> usize {
+    n.div_ceil(PAD) * PAD
+}
+
+/// Non-FFN resident bytes, the working buffers and what one decode step needs at least.
+pub(crate) struct Plan {
+    pub layout: Vec<FfnLayout>,
+    pub fixed: u64,
+    pub stage: usize,
+    pub bundle: usize,
+}
+
+fn is_bundle_tensor(name: &str) -> bool {
+    name.starts_with("blk.")
+        && [
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down_t.weight",
+            "ffn_down.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
+/// The file layout of the FFN bundles and the size of everything else.
+pub(crate) fn plan(
+    model: &Model,
+    sparse: &SparseFfn<'_>,
+    kv_bytes: u64,
+    scratch: u64,
+) -> Result<Plan, OffloadError> {
+    let f = &model.file;
+    let c = &model.config;
+    if !model.weights.layers.iter().all(|l| l.down_transposed) {
+        return Err(OffloadError::Model(
+            "offloading reads neuron bundles: convert the model first (`pi2 convert`)".into(),
+        ));
+    }
+    let mut layout = Vec::with_capacity(c.n_layer);
+    for (li, l) in model.weights.layers.iter().enumerate() {
+        let part = |name: &str, at: usize| -> Result<Part, OffloadError> {
+            let t = f
+                .tensor(name)
+                .ok_or_else(|| OffloadError::Model(format!("tensor `{name}` is missing")))?;
+            let ty = QuantType::from_ggml_id(t.ggml_type)
+                .ok_or_else(|| OffloadError::Model(format!("`{name}`: unsupported type")))?;
+            let row_bytes = (t.size as usize) / c.n_ff;
+            Ok(Part {
+                offset: f.data_offset + t.offset,
+                ty,
+                row_bytes,
+                slot_at: at,
+            })
+        };
+        let gate = part(&l.gate.name, 0)?;
+        let up = part(&l.up.name, pad(gate.row_bytes))?;
+        let down = part(&l.down.name, up.slot_at + pad(up.row_bytes))?;
+        if sparse.layers[li].down_t.rows != c.n_ff {
+            return Err(OffloadError::Model(format!(
+                "layer {li}: transposed down shape"
+            )));
+        }
+        layout.push(FfnLayout { gate, up, down });
+    }
+    let fixed: u64 = f
+        .tensors
+        .iter()
+        .filter(|t| !is_bundle_tensor(&t.name))
+        .map(|t| t.size)
+        .sum::<u64>()
+        + kv_bytes
+        + scratch;
+    let stage = layout
+        .iter()
+        .map(|l| l.bytes(c.n_ff) + 3 * PAD)
+        .max()
+        .unwrap_or(0);
+    let bundle = layout
+        .iter()
+        .map(|l| l.down.slot_at + pad(l.down.row_bytes))
+        .max()
+        .unwrap_or(0);
+    Ok(Plan {
+        layout,
+        fixed,
+        stage,
+        bundle,
+    })
+}
+
+impl Offload {
+    /// Open `path` (the file `model` was loaded from) for offloaded FFN reads under `cfg.budget`.
+    /// `kv_bytes` and `scratch` are the engine's KV cache and working buffers (fixed region).
+    pub fn new(
+        model: &Model,
+        sparse: &SparseFfn<'_>,
+        path: &Path,
+        kv_bytes: u64,
+        scratch: u64,
+        frequency: Option<&[Vec<f32>]>,
+        cfg: &OffloadConfig,
+    ) -> Result<Offload, OffloadError> {
+        let c = &model.config;
+        let (n_layer, n_ff) = (c.n_layer, c.n_ff);
+        let p = plan(model, sparse, kv_bytes, scratch)?;
+        let mut budget = Budget::new(cfg.budget);
+        // A decode step may need every neuron of a layer: the neuron memory must hold one
+        // layer's bundles; prefill stages two layers.
+        let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, n_ff, n_layer * n_ff);
+        let stage_bytes = 2 * pad(p.stage) as u64;
+        budget.reserve_with_minimum(Region::Fixed, p.fixed, "the fixed region (embeddings, attention, norms, output, predictors, KV cache, buffers)", stage_bytes + min_cold)?;
+        budget.reserve_with_minimum(
+            Region::Scratch,
+            stage_bytes,
+            "prefill staging (two FFN layers)",
+            min_cold,
+        )?;
+        let neuron_bytes = budget.left();
+        if neuron_bytes < min_cold {
+            budget.reserve_with_minimum(
+                Region::Cold,
+                min_cold,
+                "the neuron cache (one layer of bundles)",
+                0,
+            )?;
+        }
+        // Pinned hot neurons: the most frequent across layers (file order is hot-first per layer).
+        let hot_budget = ((neuron_bytes - min_cold) as f64 * cfg.hot_share.clamp(0.0, 1.0)) as u64;
+        let hot_counts = hot_counts(&p.layout, n_ff, hot_budget, frequency);
+        let hot_bytes: u64 = hot_counts
+            .iter()
+            .zip(&p.layout)
+            .map(|(&h, l)| hot_block(l, h).2 as u64)
+            .sum();
+        budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
+        // The rest is the LRU cache, never more slots than neurons outside the pinned set.
+        let unpinned = n_layer * n_ff - hot_counts.iter().sum::<usize>();
+        let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_layer * n_ff)
+            .min(unpinned)
+            .max(n_ff.min(unpinned).max(1));
+        let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_layer * n_ff);
+        budget.reserve(Region::Cold, cold_bytes, "the neuron cache")?;
+        let cache = SlotCache::new(n_layer * n_ff, n_ff, p.bundle, slots, Lru::default())?;
+
+        let engine = PreadEngine::open(path, cfg.direct)?;
+        if engine.size() != model.file.file_size() {
+            return Err(OffloadError::Model(format!(
+                "{} is not the file the model was loaded from",
+                path.display()
+            )));
+        }
+        let (direct, fallback) = (
+            engine.is_direct(),
+            engine.fallback_reason().map(String::from),
+        );
+        let reader = match &cfg.faults {
+            Some(plan) => Reader::new(
+                pi2_io::FaultEngine::new(engine, plan.clone()),
+                cfg.reader.clone(),
+            ),
+            None => Reader::new(engine, cfg.reader.clone()),
+        };
+        // Preload the pinned neurons with sequential reads.
+        let mut hot = Vec::with_capacity(n_layer);
+        for (l, &h) in p.layout.iter().zip(&hot_counts) {
+            let (up_at, down_at, size) = hot_block(l, h);
+            let mut buf = AlignedBuf::new(size, PAD);
+            if h > 0 {
+                reader.read_exact_at(l.gate.offset, &mut buf[..h * l.gate.row_bytes])?;
+                reader.read_exact_at(l.up.offset, &mut buf[up_at..up_at + h * l.up.row_bytes])?;
+                reader.read_exact_at(
+                    l.down.offset,
+                    &mut buf[down_at..down_at + h * l.down.row_bytes],
+                )?;
+            }
+            hot.push(HotLayer {
+                n: h,
+                buf,
+                up_at,
+                down_at,
+            });
+        }
+        let stage = [AlignedBuf::new(p.stage, PAD), AlignedBuf::new(p.stage, PAD)];
+        Ok(Offload {
+            reader,
+            layers: p.layout,
+            hot,
+            cache,
+            stage,
+            stage_layer: [None, None],
+            stats: OffloadStats::default(),
+            n_ff,
+            budget,
+            direct,
+            fallback,
+        })
+    }
+
+    /// The budget's breakdown by region.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Pinned neurons per layer.
+    pub fn hot_counts(&self) -> Vec<usize> {
+        self.hot.iter().map(|h| h.n).collect()
+    }
+
+    /// Cold cache slots (neuron bundles).
+    pub fn cold_slots(&self) -> usize {
+        self.cache.n_slots()
+    }
+
+    pub fn stats(&self) -> &OffloadStats {
+        &self.stats
+    }
+
+    pub fn reader_stats(&self) -> pi2_io::ReaderStats {
+        self.reader.stats()
+    }
+
+    pub fn cache_stats(&self) -> &pi2_cache::CacheStats {
+        self.cache.stats()
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.stats = OffloadStats::default();
+        self.cache.reset_stats();
+    }
+
+    /// The read engine (`pread-direct`, ...) and why direct I/O is off, if it is.
+    pub fn engine(&self) -> (&'static str, Option<&str>) {
+        (self.reader.engine_name(), self.fallback.as_deref())
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+impl Offload {
+    /// Byte ranges of a staged layer's gate, up and down blocks.
+    fn stage_parts(&self, li: usize) -> [(Part, usize, usize); 3] {
+        let l = &self.layers[li];
+        let n = self.n_ff;
+        let g = (l.gate, 0, n * l.gate.row_bytes);
+        let u_at = pad(g.2);
+        let u = (l.up, u_at, n * l.up.row_bytes);
+        let d_at = u_at + pad(u.2);
+        [g, u, (l.down, d_at, n * l.down.row_bytes)]
+    }
+
+    fn read_stage(&mut self, li: usize, b: usize) -> Result<(), IoError> {
+        let parts = self.stage_parts(li);
+        let base = self.stage[b].as_mut_ptr();
+        let reqs = parts.map(|(p, at, len)| Request {
+            offset: p.offset,
+            len,
+            // SAFETY: inside the staging buffer (sized for the largest layer).
+            dst: unsafe { base.add(at) },
+            tag: STAGE_TAG,
+        });
+        self.stage_layer[b] = Some(li);
+        // SAFETY: the buffer is not read until `wait_stage` has received every completion.
+        unsafe { self.reader.submit(&reqs) }
+    }
+
+    fn wait_stage(&mut self) -> Result<(), IoError> {
+        while self.reader.outstanding() > 0 {
+            if let Err(e) = self.reader.recv().and_then(|c| c.result) {
+                self.stage_layer = [None, None];
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Make layer `li`'s whole FFN resident in a staging buffer (returned) and start reading
+    /// layer `li + 1` into the other one, so prefill computes while the next layer streams in.
+    pub(crate) fn stage_layer(&mut self, li: usize) -> Result<usize, IoError> {
+        self.wait_stage()?;
+        let b = match self.stage_layer.iter().position(|&x| x == Some(li)) {
+            Some(b) => b,
+            None => {
+                self.read_stage(li, 0)?;
+                self.wait_stage()?;
+                0
+            }
+        };
+        self.stats.dense_layer_reads += 1;
+        if li + 1 < self.layers.len() {
+            self.read_stage(li + 1, 1 - b)?;
+        }
+        Ok(b)
+    }
+
+    /// The staged gate, up and transposed down matrices of layer `li` in buffer `b`.
+    pub(crate) fn stage_mats(
+        &self,
+        b: usize,
+        li: usize,
+        d: usize,
+    ) -> (MatRef<'_>, MatRef<'_>, MatRef<'_>) {
+        let buf = &self.stage[b];
+        let [g, u, dn] = self.stage_parts(li).map(|(p, at, len)| {
+            MatRef::new(p.ty, self.n_ff, d, &buf[at..at + len]).expect("checked at load")
+        });
+        (g, u, dn)
+    }
+}
+
+/// Tag of staging reads (prefill), distinct from decode's neuron tags.
+const STAGE_TAG: u64 = u64::MAX;
+
+/// Offsets of the up and down blocks and the total size of a hot block of `h` neurons.
+fn hot_block(l: &FfnLayout, h: usize) -> (usize, usize, usize) {
+    let up_at = pad(h * l.gate.row_bytes);
+    let down_at = up_at + pad(h * l.up.row_bytes);
+    (up_at, down_at, down_at + pad(h * l.down.row_bytes))
+}
+
+/// How many neurons of each layer to pin with `bytes`: the globally most frequent (by the
+/// profile), else the same number per layer.
+fn hot_counts(
+    layout: &[FfnLayout],
+    n_ff: usize,
+    bytes: u64,
+    frequency: Option<&[Vec<f32>]>,
+) -> Vec<usize> {
+    let per = |l: &FfnLayout| (l.gate.row_bytes + l.up.row_bytes + l.down.row_bytes) as u64;
+    // Each layer's three blocks are padded.
+    let bytes = bytes.saturating_sub((3 * PAD * layout.len()) as u64);
+    let mut counts = vec![0usize; layout.len()];
+    match frequency {
+        Some(freq) if freq.len() == layout.len() && freq.iter().all(|f| f.len() == n_ff) => {
+            let mut all: Vec<(f32, usize)> = freq
+                .iter()
+                .enumerate()
+                .flat_map(|(li, f)| f.iter().map(move |&v| (v, li)))
+                .collect();
+            all.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let mut left = bytes;
+            for (_, li) in all {
+                let cost = per(&layout[li]);
+                if left < cost {
+                    break;
+                }
+                left -= cost;
+                counts[li] += 1;
+            }
+        }
+        _ => {
+            let total: u64 = layout.iter().map(per).sum::<u64>().max(1);
+            let h = (bytes / total) as usize;
+            counts.iter_mut().for_each(|c| *c = h.min(n_ff));
+        }
+    }
+    counts
+}

@@ -1,0 +1,269 @@
+//! Offloaded decode (FFN bundles read from flash into the pinned/LRU cache under a budget)
+//! against in-memory sparse decode: the same logits, bit for bit, at every budget; reader
+//! faults end in clear errors; budgets below the minimum are refused with the minimum named.
+
+use pi2_io::FaultPlan;
+use pi2_kernels::QuantType;
+use pi2_model::synth::{build, SynthSpec};
+use pi2_model::{GgufFile, Model};
+use pi2_sched::convert::{self, ConvertConfig};
+use pi2_sched::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
+use pi2_sparse::{Activation, Calibration, ModelInfo, PredictorKind, ProfileConfig, Profiler};
+use std::path::{Path, PathBuf};
+
+fn spec() -> SynthSpec {
+    SynthSpec {
+        n_embd: 64,
+        n_ff: 192,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        weight_type: QuantType::Q4_1,
+        embd_type: QuantType::F32,
+        ..SynthSpec::default()
+    }
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        threads: 2,
+        n_ctx: 64,
+        cluster: 8,
+        ..EngineConfig::default()
+    }
+}
+
+const PROMPT: [u32; 4] = [5, 17, 42, 3];
+const DECODE: [u32; 10] = [99, 7, 64, 12, 8, 150, 33, 2, 77, 1];
+
+/// A converted (bundled, lowrank-predictor) synthetic model on disk.
+fn converted(dir: &Path) -> PathBuf {
+    let bytes = build(&spec()).to_bytes();
+    let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
+    let c = &m.config;
+    let toks: Vec<u32> = (0..200u32)
+        .map(|i| (i * 37 + 11) % c.n_vocab as u32)
+        .collect();
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    let mut prof = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
+    for part in toks.chunks(50) {
+        e.truncate(0);
+        e.forward_observed(part, Logits::Last, Some(&mut prof))
+            .unwrap();
+    }
+    let info = ModelInfo {
+        architecture: "llama".into(),
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        n_ff: c.n_ff,
+        activation: Activation::Silu,
+        file_name: "synth".into(),
+        file_bytes: 0,
+    };
+    let cal = Calibration {
+        file: "synth".into(),
+        tokens: toks.len(),
+    };
+    let (profile, _) = prof.finish(info, cal, &ProfileConfig::default()).unwrap();
+    let th: Vec<f32> = profile
+        .layers
+        .iter()
+        .map(|l| l.threshold_for(0.4).unwrap())
+        .collect();
+    let samples = convert::collect_samples(&mut e, &toks, 50, &th, |_| {}).unwrap();
+    let cc = ConvertConfig {
+        sparsity: 0.4,
+        predictor: Some(PredictorKind::Lowrank),
+        down_type: Some(QuantType::Q8_0),
+        ..ConvertConfig::default()
+    };
+    let (w, _) = convert::convert(&m, &profile, &th, samples, &cc).unwrap();
+    let input = dir.join("in.gguf");
+    std::fs::write(&input, &bytes).unwrap();
+    let out = dir.join("bundled.gguf");
+    convert::write_file(&w, &out, &input, false).unwrap();
+    out
+}
+
+/// Dense prefill of the prompt, then sparse decode: the logits of every step.
+fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_sched::EngineError> {
+    e.truncate(0);
+    let mut out = vec![e.forward(&PROMPT, Logits::Last)?.to_vec()];
+    for &t in &DECODE {
+        out.push(e.forward(&[t], Logits::Last)?.to_vec());
+    }
+    Ok(out)
+}
+
+fn offload(
+    m: &Model,
+    sp: &SparseFfn<'_>,
+    path: &Path,
+    e: &Engine<'_>,
+    oc: OffloadConfig,
+) -> Result<Offload, pi2_sched::OffloadError> {
+    let freq: Option<Vec<Vec<f32>>> = convert::load_sparse(m)
+        .unwrap()
+        .and_then(|(_, p)| p)
+        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
+    Offload::new(
+        m,
+        sp,
+        path,
+        e.kv_bytes_full() as u64,
+        e.scratch_bytes(8) as u64,
+        freq.as_deref(),
+        &oc,
+    )
+}
+
+#[test]
+fn offloaded_decode_matches_in_memory_at_every_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted(dir.path());
+    let m = Model::load(&path).unwrap();
+    let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
+    let mut mem = Engine::new(&m, &cfg()).unwrap();
+    mem.set_sparse(Some(&sp)).unwrap();
+    let want = run(&mut mem).unwrap();
+
+    // The smallest budget that works, from the error of one that does not.
+    let probe = Engine::new(&m, &cfg()).unwrap();
+    let err = offload(
+        &m,
+        &sp,
+        &path,
+        &probe,
+        OffloadConfig {
+            budget: 1000,
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("1000 bytes cannot hold the model");
+    let msg = err.to_string();
+    assert!(msg.contains("memory budget too small"), "{msg}");
+    let minimum: u64 = msg
+        .split("at least ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in: {msg}"));
+    assert!(offload(
+        &m,
+        &sp,
+        &path,
+        &probe,
+        OffloadConfig {
+            budget: minimum - 1,
+            ..Default::default()
+        }
+    )
+    .is_err());
+
+    let file = m.file.file_size();
+    for (budget, hot_share) in [
+        (minimum, 0.0),
+        (minimum + file / 8, 0.5),
+        (minimum + file / 8, 0.0),
+        (4 * file, 0.5),
+    ] {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let o = offload(
+            &m,
+            &sp,
+            &path,
+            &e,
+            OffloadConfig {
+                budget,
+                hot_share,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(o.budget().total_used() <= budget);
+        e.set_offload(Some(o)).unwrap();
+        for pass in 0..2 {
+            let got = run(&mut e).unwrap();
+            for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "budget {budget} hot {hot_share} pass {pass} step {step}: logits differ"
+                );
+            }
+        }
+        let o = e.offload().unwrap();
+        let st = o.stats();
+        assert_eq!(st.token_layers, 2 * (DECODE.len() as u64) * 2);
+        if hot_share == 0.0 {
+            assert!(st.gate_reads > 0, "{st:?}");
+        }
+        if budget > 2 * file {
+            // Everything fits: the second pass reads nothing new from flash for decode.
+            assert!(st.gate_hits + st.gate_hot > st.gate_reads, "{st:?}");
+        }
+        assert!(o.reader_stats().bytes_read > 0);
+    }
+}
+
+#[test]
+fn reader_faults_end_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted(dir.path());
+    let m = Model::load(&path).unwrap();
+    let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
+    for (plan, want) in [
+        (
+            FaultPlan {
+                eio_from: Some(10),
+                ..Default::default()
+            },
+            "Input/output error",
+        ),
+        (
+            FaultPlan {
+                short_at: Some(12),
+                ..Default::default()
+            },
+            "short read",
+        ),
+    ] {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let oc = OffloadConfig {
+            budget: u64::MAX,
+            hot_share: 0.0,
+            faults: Some(plan),
+            ..Default::default()
+        };
+        let o = offload(&m, &sp, &path, &e, oc).unwrap();
+        e.set_offload(Some(o)).unwrap();
+        let err = run(&mut e).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn offloading_needs_a_converted_model_and_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.gguf");
+    std::fs::write(&plain, build(&spec()).to_bytes()).unwrap();
+    let m = Model::load(&plain).unwrap();
+    let sp = SparseFfn::from_dense(&m, &[0.1, 0.1], None).unwrap();
+    let e = Engine::new(&m, &cfg()).unwrap();
+    let err = offload(&m, &sp, &plain, &e, OffloadConfig::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("pi2 convert"), "{err}");
+    let path = converted(dir.path());
+    let conv = Model::load(&path).unwrap();
+    let (sp, _) = convert::load_sparse(&conv).unwrap().unwrap();
+    let e = Engine::new(&conv, &cfg()).unwrap();
+    let err = offload(&conv, &sp, &plain, &e, OffloadConfig::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("not the file"), "{err}");
+}
