@@ -497,6 +497,15 @@ impl GgufFile {
         &self.mmap[start..start + t.size as usize]
     }
 
+    /// Tell the kernel that the mapping is read at random (no read-ahead): with the FFN read
+    /// from flash separately, faults on the resident tensors must not pull neighbouring FFN
+    /// pages into memory.
+    pub fn advise_random(&self) {
+        // Advisory: failing only keeps the default read-ahead.
+        #[cfg(unix)]
+        let _ = self.mmap.advise(memmap2::Advice::Random);
+    }
+
     /// Size of the whole file in bytes.
     pub fn file_size(&self) -> u64 {
         self.mmap.len() as u64

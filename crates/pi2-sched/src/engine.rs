@@ -292,6 +292,11 @@ impl<'m> Engine<'m> {
         self.offload.as_mut()
     }
 
+    /// Stop offloading and hand the offloaded FFN back.
+    pub fn take_offload(&mut self) -> Option<Offload> {
+        self.offload.take()
+    }
+
     /// Neurons per cluster in sparse decode.
     pub fn cluster(&self) -> usize {
         self.cluster
@@ -885,6 +890,7 @@ impl Engine<'_> {
                             tag: (k as u64) << 1,
                         });
                         o.stats.gate_reads += 1;
+                        o.stats.decode_bytes += grb as u64;
                     } else {
                         o.stats.gate_hits += 1;
                     }
@@ -1092,6 +1098,7 @@ impl Engine<'_> {
             st.io_wait_ns += io_wait.as_nanos() as u64;
             let (reads, cached) = (updown_reads.into_inner(), updown_cached.into_inner());
             st.updown_reads += reads as u64;
+            st.decode_bytes += (reads * (urb + drb)) as u64;
             st.updown_hits += cached as u64;
             st.updown_hot += (nf - reads - cached) as u64;
         }

@@ -16,9 +16,9 @@ use std::path::Path;
 /// Offloading errors.
 #[derive(Debug, thiserror::Error)]
 pub enum OffloadError {
-    #[error("{0}")]
+    #[error(transparent)]
     Budget(#[from] CacheError),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] IoError),
     #[error("cannot offload this model: {0}")]
     Model(String),
@@ -43,7 +43,7 @@ impl Default for OffloadConfig {
     fn default() -> Self {
         Self {
             budget: u64::MAX,
-            hot_share: 0.5,
+            hot_share: 1.0,
             direct: true,
             reader: ReaderConfig::default(),
             faults: None,
@@ -105,6 +105,8 @@ pub struct OffloadStats {
     pub updown_hot: u64,
     pub updown_hits: u64,
     pub updown_reads: u64,
+    /// Bytes of rows decode asked the reader for.
+    pub decode_bytes: u64,
     /// Time the decode spent blocked waiting for reads, in nanoseconds.
     pub io_wait_ns: u64,
     /// Token-layers computed sparsely from the cache.

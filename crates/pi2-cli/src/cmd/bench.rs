@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// the two rows compare within one run
     #[command(flatten)]
     pub sparse: super::sparse_args::SparseArgs,
+    /// With --mem-budget, each budget adds a row of the same test read from flash under it
+    #[command(flatten)]
+    pub offload: super::sparse_args::OffloadArgs,
 }
 
 /// One table row.
@@ -110,10 +113,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let path = super::model_path(&a.model)?;
     let sparse = super::sparse_args::build(&a.sparse, &model, &path, false)?;
-    let modes: Vec<Option<&pi2_sched::SparseFfn<'_>>> = match &sparse {
-        None => vec![None],
-        Some(sp) => vec![None, Some(sp)],
-    };
+    let budgets = a
+        .offload
+        .mem_budget
+        .iter()
+        .map(|b| {
+            Ok((
+                b.clone(),
+                super::sparse_args::parse_size(b, model.file.file_size())?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if !budgets.is_empty() && sparse.is_none() {
+        bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert`");
+    }
+    // Modes: dense, sparse in memory, then sparse under each budget (index into `budgets`).
+    let mut modes: Vec<(Option<&pi2_sched::SparseFfn<'_>>, Option<usize>)> = vec![(None, None)];
+    if let Some(sp) = &sparse {
+        modes.push((Some(sp), None));
+        modes.extend((0..budgets.len()).map(|j| (Some(sp), Some(j))));
+    }
     // engine_config checks one thread count; bench sweeps the whole list.
     let base = engine_config(&ModelArgs {
         threads: a
@@ -161,7 +180,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .max()
             .unwrap_or(0);
         cfg.n_ctx = cfg.n_ctx.max(max_len + 1);
+        if !budgets.is_empty() {
+            // Under a budget the KV cache counts: hold only what the tests use.
+            cfg.n_ctx = max_len + 1;
+        }
         let mut e = Engine::new(&model, &cfg)?;
+        let mut offloads = Vec::new();
+        for (_, b) in &budgets {
+            e.set_sparse(sparse.as_ref())?;
+            let o = super::sparse_args::build_offload(
+                &a.offload,
+                *b,
+                &model,
+                &path,
+                sparse.as_ref().expect("checked"),
+                &e,
+                max_len,
+            )?;
+            offloads.push(Some(o));
+        }
         let backend = format!("CPU ({})", e.tier().name());
         let tests = a
             .n_prompt
@@ -181,16 +218,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let mut samples = vec![Vec::new(); modes.len()];
             let mut stats = vec![None; modes.len()];
             for rep in 0..=a.reps {
-                for (k, mode) in modes.iter().enumerate() {
+                for (k, (mode, budget)) in modes.iter().enumerate() {
                     e.set_sparse(*mode)?;
-                    let ts = run(&mut e)?;
+                    if let Some(j) = budget {
+                        e.set_offload(offloads[*j].take())?;
+                        e.offload_mut().expect("set").reset_stats();
+                    }
+                    e.reset_stats();
+                    let t0 = Instant::now();
+                    let ts = run(&mut e);
+                    let secs = t0.elapsed().as_secs_f64();
+                    let o = e.take_offload();
+                    let mut stat = mode.map(|_| super::sparse_args::stats_json(e.sparse_stats()));
+                    if let (Some(o), Some(j), Some(serde_json::Value::Object(m))) =
+                        (&o, budget, stat.as_mut())
+                    {
+                        m.insert(
+                            "offload".into(),
+                            super::sparse_args::offload_json(o, np.max(ng), secs),
+                        );
+                        let _ = j;
+                    }
+                    if let Some(j) = budget {
+                        offloads[*j] = o;
+                    }
+                    let ts = ts?;
                     if rep > 0 {
                         // repetition 0 warms up
                         samples[k].push(ts);
                     }
-                    if mode.is_some() {
-                        stats[k] = Some(super::sparse_args::stats_json(e.sparse_stats()));
-                    }
+                    stats[k] = stat;
                 }
             }
             e.set_sparse(None)?;
@@ -213,7 +270,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     avg_ts: avg,
                     stddev_ts: sd,
                     samples_ts: samples,
-                    ffn: if mode.is_some() { "sparse" } else { "dense" }.into(),
+                    ffn: match mode {
+                        (None, _) => "dense".into(),
+                        (Some(_), None) => "sparse".into(),
+                        (Some(_), Some(j)) => format!("sparse@{}", budgets[*j].0),
+                    },
                     sparse: stat,
                 };
                 if let Format::Md = a.output {

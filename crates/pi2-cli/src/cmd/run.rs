@@ -37,6 +37,8 @@ pub struct RunArgs {
     pub json: bool,
     #[command(flatten)]
     pub sparse: super::sparse_args::SparseArgs,
+    #[command(flatten)]
+    pub offload: super::sparse_args::OffloadArgs,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -46,6 +48,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut engine = engine(&model, &a.model)?;
     engine.set_sparse(sparse.as_ref())?;
     let mut sampler = sampler(&a.sample);
+    let budget = match &a.offload.mem_budget[..] {
+        [] => None,
+        [b] => Some(super::sparse_args::parse_size(b, model.file.file_size())?),
+        _ => bail!("`run` takes one --mem-budget (lists are for `pi2 bench`)"),
+    };
     let tok = &model.tokenizer;
     let prompt_text = if a.chat {
         model
@@ -65,6 +72,22 @@ pub fn run(a: RunArgs) -> Result<()> {
             prompt.len(),
             engine.n_ctx()
         );
+    }
+    if let Some(budget) = budget {
+        let Some(sp) = &sparse else {
+            bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)");
+        };
+        model.file.advise_random();
+        let o = super::sparse_args::build_offload(
+            &a.offload,
+            budget,
+            &model,
+            &path,
+            sp,
+            &engine,
+            prompt.len(),
+        )?;
+        engine.set_offload(Some(o))?;
     }
     let cfg = GenerateConfig {
         max_tokens: if a.n_predict < 0 {
@@ -119,6 +142,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "threads": engine.threads(),
             "kernel_tier": engine.tier().name(),
             "sparse": sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
+            "offload": engine.offload().map(|o| super::sparse_args::offload_json(o, g.tokens.len(), predicted_ms / 1e3)),
         });
         writeln!(stdout, "{}", serde_json::to_string_pretty(&out)?)?;
     } else {

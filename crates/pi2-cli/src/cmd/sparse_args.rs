@@ -161,3 +161,123 @@ pub fn stats_json(st: &pi2_sched::SparseStats) -> serde_json::Value {
         "recall": st.total_recall(),
     })
 }
+
+/// Options for running a converted model larger than memory (`run`, `bench`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct OffloadArgs {
+    /// Keep at most SIZE resident and read FFN neurons from flash (needs a model made by
+    /// `pi2 convert`): bytes with an optional K/M/G suffix (48M, 1.5G) or a percentage of the
+    /// model file (50%). `bench` takes a comma-separated list
+    #[arg(long = "mem-budget", value_delimiter = ',')]
+    pub mem_budget: Vec<String>,
+    /// Share of the neuron memory (beyond one layer of cache slots) pinned to the hottest
+    /// neurons; the rest is the LRU cache. Decode visits every layer per token, so an LRU
+    /// smaller than a token's working set thrashes: pinning measured faster on SmolLM2-135M
+    #[arg(long, default_value_t = 1.0)]
+    pub hot_share: f64,
+    /// Buffered reads whose pages are dropped, instead of O_DIRECT
+    #[arg(long)]
+    pub no_direct: bool,
+    /// Reads handed to the device at once
+    #[arg(long, default_value_t = 4)]
+    pub io_depth: usize,
+    /// Largest merged read (bytes, K/M suffix)
+    #[arg(long, default_value = "128K")]
+    pub max_read: String,
+    /// Nearby reads at most this far apart are merged (bytes, K/M suffix)
+    #[arg(long, default_value = "0")]
+    pub merge_gap: String,
+}
+
+/// `48M`, `1.5G`, `4096`, `512K`, or `50%` of `file_bytes`.
+pub fn parse_size(s: &str, file_bytes: u64) -> Result<u64> {
+    let t = s.trim();
+    let bad = || anyhow::anyhow!("cannot read `{s}` as a size (examples: 48M, 1.5G, 50%)");
+    if let Some(p) = t.strip_suffix('%') {
+        let p: f64 = p.trim().parse().map_err(|_| bad())?;
+        if !(p > 0.0 && p.is_finite()) {
+            bail!("size `{s}` must be a positive percentage");
+        }
+        return Ok((file_bytes as f64 * p / 100.0) as u64);
+    }
+    let (num, mult) = match t.char_indices().last().map(|(_, c)| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !(v >= 0.0 && v.is_finite()) {
+        return Err(bad());
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+/// The offloaded FFN for `budget` bytes, for `engine` (its KV cache and buffers for batches of
+/// `n_batch` tokens count against the budget).
+pub fn build_offload(
+    a: &OffloadArgs,
+    budget: u64,
+    model: &Model,
+    path: &Path,
+    sparse: &SparseFfn<'_>,
+    engine: &pi2_sched::Engine<'_>,
+    n_batch: usize,
+) -> Result<pi2_sched::Offload> {
+    let file = model.file.file_size();
+    let freq: Option<Vec<Vec<f32>>> = pi2_sched::convert::load_sparse(model)?
+        .and_then(|(_, p)| p)
+        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
+    let cfg = pi2_sched::OffloadConfig {
+        budget,
+        hot_share: a.hot_share,
+        direct: !a.no_direct,
+        reader: pi2_io::ReaderConfig {
+            max_request: parse_size(&a.max_read, file)? as usize,
+            depth: a.io_depth.max(1),
+            merge_gap: parse_size(&a.merge_gap, file)? as usize,
+        },
+        faults: None,
+    };
+    if !(0.0..=1.0).contains(&a.hot_share) {
+        bail!("--hot-share {} is outside 0..1", a.hot_share);
+    }
+    let o = pi2_sched::Offload::new(
+        model,
+        sparse,
+        path,
+        engine.kv_bytes_full() as u64,
+        engine.scratch_bytes(n_batch) as u64,
+        freq.as_deref(),
+        &cfg,
+    )?;
+    if let (_, Some(why)) = o.engine() {
+        eprintln!("note: direct I/O is off ({why}); reading buffered and dropping the pages");
+    }
+    Ok(o)
+}
+
+/// What the offloaded FFN did, for `--json` (decode of `tokens` tokens in `decode_secs`).
+pub fn offload_json(o: &pi2_sched::Offload, tokens: usize, decode_secs: f64) -> serde_json::Value {
+    let st = o.stats();
+    let rd = o.reader_stats();
+    let b = o.budget();
+    let regions: serde_json::Map<String, serde_json::Value> = b
+        .breakdown()
+        .map(|(r, v)| (format!("{r:?}").to_lowercase(), v.into()))
+        .collect();
+    serde_json::json!({
+        "budget_bytes": b.limit(),
+        "regions_bytes": regions,
+        "hot_neurons": o.hot_counts().iter().sum::<usize>(),
+        "cold_slots": o.cold_slots(),
+        "engine": o.engine().0,
+        "hit_rate": st.hit_rate(),
+        "gate_rows": {"hot": st.gate_hot, "cached": st.gate_hits, "read": st.gate_reads},
+        "updown_rows": {"hot": st.updown_hot, "cached": st.updown_hits, "read": st.updown_reads},
+        "bytes_read": rd.bytes_read,
+        "decode_bytes_requested_per_token": st.decode_bytes as f64 / tokens.max(1) as f64,
+        "device_reads": rd.reads,
+        "io_wait_share": if decode_secs > 0.0 { st.io_wait_ns as f64 / 1e9 / decode_secs } else { 0.0 },
+    })
+}
