@@ -83,6 +83,8 @@ enum Command {
     Profile(cmd::profile::ProfileArgs),
     /// Re-lay a model out as hot-first neuron bundles with predictors and thresholds
     Convert(cmd::convert::ConvertArgs),
+    /// Random-read throughput and latency of the device holding a file (for the planner)
+    ProfileIo(cmd::profile_io::ProfileIoArgs),
     /// Download the default model into the models folder and verify it
     FetchModel(cmd::FetchArgs),
 }
@@ -98,6 +100,7 @@ fn main() {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Convert(a) => cmd::convert::run(a),
+        Command::ProfileIo(a) => cmd::profile_io::run(a),
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {

@@ -6,6 +6,7 @@ pub mod convert;
 pub mod info;
 pub mod perplexity;
 pub mod profile;
+pub mod profile_io;
 pub mod run;
 pub mod sparse_args;
 pub mod tokenize;

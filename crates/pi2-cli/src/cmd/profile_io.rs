@@ -1,0 +1,83 @@
+//! `pi2 profile-io PATH`: random-read throughput and latency of the device holding PATH, against
+//! read size, queue depth (concurrent submitters) and the span of the file the reads fall in.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ProfileIoArgs {
+    /// File to read (a model file on the device to profile)
+    pub path: PathBuf,
+    /// Read sizes (bytes, K/M suffix)
+    #[arg(long, value_delimiter = ',', default_value = "4K,16K,64K,256K,1M")]
+    pub sizes: Vec<String>,
+    /// Queue depths (threads submitting at once)
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub depths: Vec<usize>,
+    /// Spans of the file the reads fall in (bytes, K/M/G suffix, or % of the file)
+    #[arg(long, value_delimiter = ',', default_value = "100%,10%")]
+    pub spans: Vec<String>,
+    /// Milliseconds per point
+    #[arg(long, default_value_t = 300)]
+    pub ms: u64,
+    /// Print JSON (for the planner) instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: ProfileIoArgs) -> Result<()> {
+    let size = std::fs::metadata(&a.path)
+        .with_context(|| format!("cannot read {}", a.path.display()))?
+        .len();
+    if size == 0 {
+        bail!("{} is empty", a.path.display());
+    }
+    let parse = |s: &String| super::sparse_args::parse_size(s, size);
+    let sizes = a.sizes.iter().map(parse).collect::<Result<Vec<_>>>()?;
+    let spans = a.spans.iter().map(parse).collect::<Result<Vec<_>>>()?;
+    if a.depths.contains(&0) {
+        bail!("queue depths must be at least 1");
+    }
+    let mut points = Vec::new();
+    if !a.json {
+        println!("| read size | depth | span | MB/s | p50 us | p99 us | engine |");
+        println!("| --------: | ----: | ---: | ---: | -----: | -----: | ------ |");
+    }
+    for &span in &spans {
+        for &rs in &sizes {
+            for &depth in &a.depths {
+                let p = pi2_io::profile::measure(
+                    &a.path,
+                    rs as usize,
+                    depth,
+                    span,
+                    Duration::from_millis(a.ms),
+                )
+                .with_context(|| format!("profiling {}", a.path.display()))?;
+                if !a.json {
+                    println!(
+                        "| {} | {} | {:.1} MiB | {:.1} | {:.0} | {:.0} | {} |",
+                        p.read_size,
+                        p.depth,
+                        p.span as f64 / (1 << 20) as f64,
+                        p.bytes_per_sec / 1e6,
+                        p.lat_p50_us,
+                        p.lat_p99_us,
+                        p.engine
+                    );
+                }
+                points.push(serde_json::json!({
+                    "read_size": p.read_size, "depth": p.depth, "span": p.span,
+                    "reads": p.reads, "bytes_per_sec": p.bytes_per_sec,
+                    "lat_p50_us": p.lat_p50_us, "lat_p99_us": p.lat_p99_us, "engine": p.engine,
+                }));
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&points)?);
+    }
+    Ok(())
+}
