@@ -1,7 +1,7 @@
 //! Eviction policies replaying an activation trace: the time per access, with each policy's hit
 //! ratio printed once (criterion measures speed; the ratio is what the policy is for).
 //!
-//! The trace is the one `pi2 profile --trace FILE` recorded when `PI2_TRACE=FILE` is set, else a
+//! The trace is the one `pi2 profile -o P.json` wrote (`P.trace`) when `PI2_TRACE=P.trace` is set, else a
 //! synthetic skewed trace (Zipf-like neuron popularity) of the SmolLM2-135M shape.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
