@@ -2,13 +2,15 @@
 //! against in-memory sparse decode: the same logits, bit for bit, at every budget; reader
 //! faults end in clear errors; budgets below the minimum are refused with the minimum named.
 
+mod common;
+
 use pi2_io::FaultPlan;
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
 use pi2_sched::convert::{self, ConvertConfig};
 use pi2_sched::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
-use pi2_sparse::{Activation, Calibration, ModelInfo, PredictorKind, ProfileConfig, Profiler};
+use pi2_sparse::PredictorKind;
 use std::path::{Path, PathBuf};
 
 fn spec() -> SynthSpec {
@@ -40,37 +42,7 @@ const DECODE: [u32; 10] = [99, 7, 64, 12, 8, 150, 33, 2, 77, 1];
 fn converted(dir: &Path) -> PathBuf {
     let bytes = build(&spec()).to_bytes();
     let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
-    let c = &m.config;
-    let toks: Vec<u32> = (0..200u32)
-        .map(|i| (i * 37 + 11) % c.n_vocab as u32)
-        .collect();
-    let mut e = Engine::new(&m, &cfg()).unwrap();
-    let mut prof = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
-    for part in toks.chunks(50) {
-        e.truncate(0);
-        e.forward_observed(part, Logits::Last, Some(&mut prof))
-            .unwrap();
-    }
-    let info = ModelInfo {
-        architecture: "llama".into(),
-        n_layer: c.n_layer,
-        n_embd: c.n_embd,
-        n_ff: c.n_ff,
-        activation: Activation::Silu,
-        file_name: "synth".into(),
-        file_bytes: 0,
-    };
-    let cal = Calibration {
-        file: "synth".into(),
-        tokens: toks.len(),
-    };
-    let (profile, _) = prof.finish(info, cal, &ProfileConfig::default()).unwrap();
-    let th: Vec<f32> = profile
-        .layers
-        .iter()
-        .map(|l| l.threshold_for(0.4).unwrap())
-        .collect();
-    let samples = convert::collect_samples(&mut e, &toks, 50, &th, |_| {}).unwrap();
+    let (profile, th, samples) = common::profile_and_samples(&m, &cfg(), 0.4, 50);
     let cc = ConvertConfig {
         sparsity: 0.4,
         predictor: Some(PredictorKind::Lowrank),

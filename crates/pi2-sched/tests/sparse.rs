@@ -1,11 +1,13 @@
 //! The sparse FFN against the dense one, convert round trips, PowerInfer import, bad input.
 
+mod common;
+
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model, Value};
 use pi2_sched::convert::{self, ConvertConfig};
 use pi2_sched::{Engine, EngineConfig, Logits, SparseFfn};
-use pi2_sparse::{Activation, Calibration, ModelInfo, PredictorKind, ProfileConfig, Profiler};
+use pi2_sparse::PredictorKind;
 
 fn spec(ty: QuantType) -> SynthSpec {
     SynthSpec {
@@ -110,48 +112,10 @@ fn gather_path_equals_masked_dense_batch() {
     );
 }
 
-fn profile_and_samples(
-    m: &Model,
-    sparsity: f32,
-) -> (pi2_sparse::Profile, Vec<f32>, Vec<pi2_sparse::LayerSamples>) {
-    let c = &m.config;
-    let toks: Vec<u32> = (0..200u32)
-        .map(|i| (i * 37 + 11) % c.n_vocab as u32)
-        .collect();
-    let mut e = Engine::new(m, &cfg()).unwrap();
-    let mut prof = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
-    for part in toks.chunks(100) {
-        e.truncate(0);
-        e.forward_observed(part, Logits::Last, Some(&mut prof))
-            .unwrap();
-    }
-    let info = ModelInfo {
-        architecture: "llama".into(),
-        n_layer: c.n_layer,
-        n_embd: c.n_embd,
-        n_ff: c.n_ff,
-        activation: Activation::Silu,
-        file_name: "synth".into(),
-        file_bytes: 0,
-    };
-    let cal = Calibration {
-        file: "synth".into(),
-        tokens: toks.len(),
-    };
-    let (profile, _) = prof.finish(info, cal, &ProfileConfig::default()).unwrap();
-    let th: Vec<f32> = profile
-        .layers
-        .iter()
-        .map(|l| l.threshold_for(sparsity).unwrap())
-        .collect();
-    let samples = convert::collect_samples(&mut e, &toks, 100, &th, |_| {}).unwrap();
-    (profile, th, samples)
-}
-
 #[test]
 fn convert_round_trips_and_runs_sparse() {
     let m = model(&spec(QuantType::Q4_1));
-    let (profile, th, samples) = profile_and_samples(&m, 0.5);
+    let (profile, th, samples) = common::profile_and_samples(&m, &cfg(), 0.5, 100);
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.gguf");
     std::fs::write(&input, build(&spec(QuantType::Q4_1)).to_bytes()).unwrap();

@@ -230,14 +230,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     let secs = t0.elapsed().as_secs_f64();
                     let o = e.take_offload();
                     let mut stat = mode.map(|_| super::sparse_args::stats_json(e.sparse_stats()));
-                    if let (Some(o), Some(j), Some(serde_json::Value::Object(m))) =
-                        (&o, budget, stat.as_mut())
-                    {
+                    if let (Some(o), Some(serde_json::Value::Object(m))) = (&o, stat.as_mut()) {
                         m.insert(
                             "offload".into(),
                             super::sparse_args::offload_json(o, np.max(ng), secs),
                         );
-                        let _ = j;
                     }
                     if let Some(j) = budget {
                         offloads[*j] = o;
