@@ -19,7 +19,7 @@ mod reader;
 
 pub use buf::AlignedBuf;
 pub use engine::{FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
-pub use reader::{Completion, Reader, ReaderConfig, ReaderStats, Request};
+pub use reader::{device_reads, Completion, Reader, ReaderConfig, ReaderStats, Request};
 
 use std::path::PathBuf;
 

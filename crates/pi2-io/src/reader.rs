@@ -246,6 +246,74 @@ struct Span {
     pieces: std::ops::Range<usize>,
 }
 
+/// Merges sorted pieces `(offset, len)` into aligned device reads of at most `max_request`.
+fn merge_spans(
+    pieces: impl Iterator<Item = (u64, usize)>,
+    align: u64,
+    max_request: u64,
+    merge_gap: u64,
+    spans: &mut Vec<Span>,
+) {
+    spans.clear();
+    for (i, (offset, len)) in pieces.enumerate() {
+        let start = offset / align * align;
+        let end = (offset + len as u64).div_ceil(align) * align;
+        let need_end = offset + len as u64;
+        if let Some(s) = spans.last_mut() {
+            let new_end = s.end.max(end);
+            if start <= s.end + merge_gap && new_end - s.start <= max_request {
+                s.end = new_end;
+                s.need_end = s.need_end.max(need_end);
+                s.pieces.end = i + 1;
+                continue;
+            }
+        }
+        spans.push(Span {
+            start,
+            end,
+            need_end,
+            pieces: i..i + 1,
+        });
+    }
+}
+
+/// The device reads (aligned `(offset, len)`) the reader issues for one batch of requests
+/// `(offset, len)` submitted together, with `align` the engine's alignment: what a planner
+/// needs to predict I/O time exactly as the reader will shape it.
+pub fn device_reads(
+    requests: &[(u64, usize)],
+    align: usize,
+    cfg: &ReaderConfig,
+) -> Vec<(u64, usize)> {
+    let align = align.max(1) as u64;
+    let max_request = (cfg.max_request as u64).max(align).div_ceil(align) * align;
+    let mut pieces = Vec::with_capacity(requests.len());
+    for &(offset, len) in requests {
+        let mut off = 0usize;
+        loop {
+            let l = (len - off).min(max_request as usize);
+            pieces.push((offset + off as u64, l));
+            off += l;
+            if off >= len {
+                break;
+            }
+        }
+    }
+    pieces.sort_unstable_by_key(|p| p.0);
+    let mut spans = Vec::new();
+    merge_spans(
+        pieces.into_iter(),
+        align,
+        max_request,
+        cfg.merge_gap as u64,
+        &mut spans,
+    );
+    spans
+        .iter()
+        .map(|s| (s.start, (s.end - s.start) as usize))
+        .collect()
+}
+
 fn io_thread<E: ReadEngine>(
     mut engine: E,
     cfg: ReaderConfig,
@@ -293,27 +361,13 @@ fn io_thread<E: ReadEngine>(
         }
         // Device order: ascending offsets, so merged reads and the flash's locality both help.
         pieces.sort_unstable_by_key(|p| p.offset);
-        spans.clear();
-        for (i, p) in pieces.iter().enumerate() {
-            let start = p.offset / align * align;
-            let end = (p.offset + p.len as u64).div_ceil(align) * align;
-            let need_end = p.offset + p.len as u64;
-            if let Some(s) = spans.last_mut() {
-                let new_end = s.end.max(end);
-                if start <= s.end + cfg.merge_gap as u64 && new_end - s.start <= max_request {
-                    s.end = new_end;
-                    s.need_end = s.need_end.max(need_end);
-                    s.pieces.end = i + 1;
-                    continue;
-                }
-            }
-            spans.push(Span {
-                start,
-                end,
-                need_end,
-                pieces: i..i + 1,
-            });
-        }
+        merge_spans(
+            pieces.iter().map(|p| (p.offset, p.len)),
+            align,
+            max_request,
+            cfg.merge_gap as u64,
+            &mut spans,
+        );
         for group in spans.chunks(depth) {
             let t0 = Instant::now();
             let mut ops: Vec<ReadOp<'_>> = group

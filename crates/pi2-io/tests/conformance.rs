@@ -2,8 +2,8 @@
 //! fault engine's errors.
 
 use pi2_io::{
-    AlignedBuf, FaultEngine, FaultPlan, IoError, PreadEngine, ReadEngine, ReadOp, Reader,
-    ReaderConfig, Request,
+    device_reads, AlignedBuf, FaultEngine, FaultPlan, IoError, PreadEngine, ReadEngine, ReadOp,
+    Reader, ReaderConfig, Request,
 };
 use proptest::prelude::*;
 use std::io::Write;
@@ -201,6 +201,35 @@ fn nearby_requests_merge_into_few_reads() {
     let st = reader.stats();
     assert_eq!(st.reads, 1, "{st:?}");
     assert_eq!(st.bytes_requested, 64 * 360);
+}
+
+#[test]
+fn device_reads_predicts_what_the_reader_issues() {
+    let (_d, path, _) = file(4 << 20);
+    let engine = PreadEngine::open(&path, true).unwrap();
+    let align = engine.alignment();
+    for (gap, max) in [(0usize, 128usize << 10), (16 << 10, 64 << 10), (0, 8 << 10)] {
+        let cfg = ReaderConfig {
+            max_request: max,
+            depth: 3,
+            merge_gap: gap,
+        };
+        let reader = Reader::new(PreadEngine::open(&path, true).unwrap(), cfg.clone());
+        // Scattered rows, some adjacent, one large request that must be split.
+        let mut reqs: Vec<(u64, usize)> = (0..200u64)
+            .map(|i| ((i * 7919 * 613) % (3 << 20), 360 + (i as usize % 3) * 252))
+            .collect();
+        reqs.push((100_000, 300_000));
+        read_all(&reader, &reqs).unwrap();
+        let want = device_reads(&reqs, align, &cfg);
+        let st = reader.stats();
+        assert_eq!(st.reads, want.len() as u64, "gap {gap} max {max}");
+        assert_eq!(
+            st.bytes_read,
+            want.iter().map(|r| r.1 as u64).sum::<u64>(),
+            "gap {gap} max {max}"
+        );
+    }
 }
 
 #[test]

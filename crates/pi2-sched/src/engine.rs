@@ -40,6 +40,15 @@ pub enum EngineError {
     Offload(String),
 }
 
+/// One token-layer of sparse decode: the candidate neurons (gate rows computed) and the
+/// confirmed ones (up and down rows computed), as file-order indices.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NeuronStep {
+    pub layer: u32,
+    pub candidates: Vec<u32>,
+    pub confirmed: Vec<u32>,
+}
+
 /// Engine settings.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -149,6 +158,8 @@ pub struct Engine<'m> {
     inv_freq: Vec<f32>,
     sparse: Option<&'m SparseFfn<'m>>,
     stats: SparseStats,
+    /// Sparse decode's neuron sets per token-layer, when recording (planner profiling).
+    record: Option<Vec<NeuronStep>>,
     offload: Option<Offload>,
     cluster: usize,
 }
@@ -214,6 +225,7 @@ impl<'m> Engine<'m> {
             inv_freq,
             sparse: None,
             stats: SparseStats::default(),
+            record: None,
             offload: None,
             cluster: cfg.cluster.max(4).div_ceil(4) * 4,
         })
@@ -300,6 +312,17 @@ impl<'m> Engine<'m> {
     /// Neurons per cluster in sparse decode.
     pub fn cluster(&self) -> usize {
         self.cluster
+    }
+
+    /// Start (or stop and drop) recording every sparse decode step's candidate and confirmed
+    /// neurons; [`Engine::take_neuron_record`] returns them.
+    pub fn record_neurons(&mut self, on: bool) {
+        self.record = on.then(Vec::new);
+    }
+
+    /// The steps recorded since the last call (recording continues).
+    pub fn take_neuron_record(&mut self) -> Vec<NeuronStep> {
+        self.record.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// What the sparse FFN has done since [`Engine::set_sparse`] or [`Engine::reset_stats`].
@@ -814,6 +837,7 @@ impl Engine<'_> {
             stats,
             offload,
             cluster,
+            record,
             ..
         } = self;
         let (ks, cl) = (&*ks, *cluster);
@@ -1089,6 +1113,16 @@ impl Engine<'_> {
             return Err(e.into());
         }
         let nf = confirmed.into_inner();
+        if let Some(rec) = record.as_mut() {
+            rec.push(NeuronStep {
+                layer: li as u32,
+                candidates: s.cand.clone(),
+                confirmed: (s.cand.iter().zip(&s.coeff[..nc]))
+                    .filter(|(_, a)| !a.is_nan())
+                    .map(|(&i, _)| i)
+                    .collect(),
+            });
+        }
         for part in s.partials[..nclust * d].chunks_exact(d) {
             s.x[..d].iter_mut().zip(part).for_each(|(x, p)| *x += p);
         }

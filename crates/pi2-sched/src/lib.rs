@@ -13,9 +13,9 @@ mod sampler;
 mod sparse;
 pub mod topology;
 
-pub use engine::{Engine, EngineConfig, EngineError, Logits};
+pub use engine::{Engine, EngineConfig, EngineError, Logits, NeuronStep};
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
-pub use offload::{Offload, OffloadConfig, OffloadError, OffloadStats};
+pub use offload::{regions, Offload, OffloadConfig, OffloadError, OffloadStats, Regions};
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{

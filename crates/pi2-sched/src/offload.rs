@@ -231,6 +231,88 @@ pub(crate) fn plan(
     })
 }
 
+/// How a budget splits: regions, pinned neurons per layer and cold cache slots.
+pub struct Regions {
+    pub(crate) plan: Plan,
+    /// The budget's regions (fixed, scratch, hot, cold).
+    pub budget: Budget,
+    /// Neurons pinned per layer (the first of each layer in the hot-first file order).
+    pub hot_counts: Vec<usize>,
+    /// Cold cache slots (one neuron bundle each).
+    pub cold_slots: usize,
+}
+
+impl Regions {
+    /// Bytes of one cold slot (a neuron's gate, up and down rows).
+    pub fn slot_bytes(&self) -> usize {
+        self.plan.bundle
+    }
+}
+
+/// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
+/// it. Errors name the minimum budget when it is too small.
+pub fn regions(
+    model: &Model,
+    sparse: &SparseFfn<'_>,
+    kv_bytes: u64,
+    scratch: u64,
+    frequency: Option<&[Vec<f32>]>,
+    budget: u64,
+    hot_share: f64,
+) -> Result<Regions, OffloadError> {
+    let c = &model.config;
+    let (n_layer, n_ff) = (c.n_layer, c.n_ff);
+    let p = plan(model, sparse, kv_bytes, scratch)?;
+    let mut budget = Budget::new(budget);
+    // A decode step may need every neuron of a layer: the neuron memory must hold one
+    // layer's bundles; prefill stages two layers.
+    let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, n_ff, n_layer * n_ff);
+    let stage_bytes = 2 * pad(p.stage) as u64;
+    budget.reserve_with_minimum(
+        Region::Fixed,
+        p.fixed,
+        "the fixed region (embeddings, attention, norms, output, predictors, KV cache, buffers)",
+        stage_bytes + min_cold,
+    )?;
+    budget.reserve_with_minimum(
+        Region::Scratch,
+        stage_bytes,
+        "prefill staging (two FFN layers)",
+        min_cold,
+    )?;
+    let neuron_bytes = budget.left();
+    if neuron_bytes < min_cold {
+        budget.reserve_with_minimum(
+            Region::Cold,
+            min_cold,
+            "the neuron cache (one layer of bundles)",
+            0,
+        )?;
+    }
+    // Pinned hot neurons: the most frequent across layers (file order is hot-first per layer).
+    let hot_budget = ((neuron_bytes - min_cold) as f64 * hot_share.clamp(0.0, 1.0)) as u64;
+    let hot_counts = hot_counts(&p.layout, n_ff, hot_budget, frequency);
+    let hot_bytes: u64 = hot_counts
+        .iter()
+        .zip(&p.layout)
+        .map(|(&h, l)| hot_block(l, h).2 as u64)
+        .sum();
+    budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
+    // The rest is the LRU cache, never more slots than neurons outside the pinned set.
+    let unpinned = n_layer * n_ff - hot_counts.iter().sum::<usize>();
+    let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_layer * n_ff)
+        .min(unpinned)
+        .max(n_ff.min(unpinned).max(1));
+    let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_layer * n_ff);
+    budget.reserve(Region::Cold, cold_bytes, "the neuron cache")?;
+    Ok(Regions {
+        plan: p,
+        budget,
+        hot_counts,
+        cold_slots: slots,
+    })
+}
+
 impl Offload {
     /// Open `path` (the file `model` was loaded from) for offloaded FFN reads under `cfg.budget`.
     /// `kv_bytes` and `scratch` are the engine's KV cache and working buffers (fixed region).
@@ -245,44 +327,20 @@ impl Offload {
     ) -> Result<Offload, OffloadError> {
         let c = &model.config;
         let (n_layer, n_ff) = (c.n_layer, c.n_ff);
-        let p = plan(model, sparse, kv_bytes, scratch)?;
-        let mut budget = Budget::new(cfg.budget);
-        // A decode step may need every neuron of a layer: the neuron memory must hold one
-        // layer's bundles; prefill stages two layers.
-        let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, n_ff, n_layer * n_ff);
-        let stage_bytes = 2 * pad(p.stage) as u64;
-        budget.reserve_with_minimum(Region::Fixed, p.fixed, "the fixed region (embeddings, attention, norms, output, predictors, KV cache, buffers)", stage_bytes + min_cold)?;
-        budget.reserve_with_minimum(
-            Region::Scratch,
-            stage_bytes,
-            "prefill staging (two FFN layers)",
-            min_cold,
+        let Regions {
+            plan: p,
+            budget,
+            hot_counts,
+            cold_slots: slots,
+        } = regions(
+            model,
+            sparse,
+            kv_bytes,
+            scratch,
+            frequency,
+            cfg.budget,
+            cfg.hot_share,
         )?;
-        let neuron_bytes = budget.left();
-        if neuron_bytes < min_cold {
-            budget.reserve_with_minimum(
-                Region::Cold,
-                min_cold,
-                "the neuron cache (one layer of bundles)",
-                0,
-            )?;
-        }
-        // Pinned hot neurons: the most frequent across layers (file order is hot-first per layer).
-        let hot_budget = ((neuron_bytes - min_cold) as f64 * cfg.hot_share.clamp(0.0, 1.0)) as u64;
-        let hot_counts = hot_counts(&p.layout, n_ff, hot_budget, frequency);
-        let hot_bytes: u64 = hot_counts
-            .iter()
-            .zip(&p.layout)
-            .map(|(&h, l)| hot_block(l, h).2 as u64)
-            .sum();
-        budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
-        // The rest is the LRU cache, never more slots than neurons outside the pinned set.
-        let unpinned = n_layer * n_ff - hot_counts.iter().sum::<usize>();
-        let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_layer * n_ff)
-            .min(unpinned)
-            .max(n_ff.min(unpinned).max(1));
-        let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_layer * n_ff);
-        budget.reserve(Region::Cold, cold_bytes, "the neuron cache")?;
         let cache = SlotCache::new(n_layer * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
         let engine = PreadEngine::open(path, cfg.direct)?;
