@@ -85,6 +85,11 @@ enum Command {
     Convert(cmd::convert::ConvertArgs),
     /// Random-read throughput and latency of the device holding a file (for the planner)
     ProfileIo(cmd::profile_io::ProfileIoArgs),
+    /// Measure this device for the planner: kernel throughput per core class and thread count,
+    /// memory bandwidth, flash reads (cached per device)
+    ProfileHw(cmd::plan::ProfileHwArgs),
+    /// Solve for the fastest plan (threads, memory split, I/O shaping) under a memory limit
+    Plan(cmd::plan::PlanArgs),
     /// Download the default model into the models folder and verify it
     FetchModel(cmd::FetchArgs),
 }
@@ -101,6 +106,8 @@ fn main() {
         Command::Profile(a) => cmd::profile::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::ProfileIo(a) => cmd::profile_io::run(a),
+        Command::ProfileHw(a) => cmd::plan::profile_hw(a),
+        Command::Plan(a) => cmd::plan::plan(a),
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {

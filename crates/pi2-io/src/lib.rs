@@ -19,7 +19,9 @@ mod reader;
 
 pub use buf::AlignedBuf;
 pub use engine::{FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
-pub use reader::{device_reads, Completion, Reader, ReaderConfig, ReaderStats, Request};
+pub use reader::{
+    device_reads, for_each_device_read, Completion, Reader, ReaderConfig, ReaderStats, Request,
+};
 
 use std::path::PathBuf;
 

@@ -246,20 +246,29 @@ struct Span {
     pieces: std::ops::Range<usize>,
 }
 
-/// Merges sorted pieces `(offset, len)` into aligned device reads of at most `max_request`.
+/// Merges sorted pieces `(offset, len)` into aligned device reads of at most `max_request`,
+/// handing each finished read to `emit`.
 fn merge_spans(
     pieces: impl Iterator<Item = (u64, usize)>,
     align: u64,
     max_request: u64,
     merge_gap: u64,
-    spans: &mut Vec<Span>,
+    mut emit: impl FnMut(Span),
 ) {
-    spans.clear();
+    let mut open: Option<Span> = None;
+    // Alignments are powers of two in practice: masks instead of divisions (planners call
+    // this for millions of rows).
+    let mask = align.is_power_of_two().then_some(align - 1);
     for (i, (offset, len)) in pieces.enumerate() {
-        let start = offset / align * align;
-        let end = (offset + len as u64).div_ceil(align) * align;
+        let (start, end) = match mask {
+            Some(m) => (offset & !m, (offset + len as u64 + m) & !m),
+            None => (
+                offset / align * align,
+                (offset + len as u64).div_ceil(align) * align,
+            ),
+        };
         let need_end = offset + len as u64;
-        if let Some(s) = spans.last_mut() {
+        if let Some(s) = open.as_mut() {
             let new_end = s.end.max(end);
             if start <= s.end + merge_gap && new_end - s.start <= max_request {
                 s.end = new_end;
@@ -268,12 +277,17 @@ fn merge_spans(
                 continue;
             }
         }
-        spans.push(Span {
+        if let Some(s) = open.replace(Span {
             start,
             end,
             need_end,
             pieces: i..i + 1,
-        });
+        }) {
+            emit(s);
+        }
+    }
+    if let Some(s) = open {
+        emit(s);
     }
 }
 
@@ -285,33 +299,47 @@ pub fn device_reads(
     align: usize,
     cfg: &ReaderConfig,
 ) -> Vec<(u64, usize)> {
+    let mut out = Vec::new();
+    let mut scratch = requests.to_vec();
+    for_each_device_read(&mut scratch, align, cfg, |o, l| out.push((o, l)));
+    out
+}
+
+/// [`device_reads`] without allocating: `requests` is reordered (and large ones split) in
+/// place, and each device read goes to `read`.
+pub fn for_each_device_read(
+    requests: &mut Vec<(u64, usize)>,
+    align: usize,
+    cfg: &ReaderConfig,
+    mut read: impl FnMut(u64, usize),
+) {
     let align = align.max(1) as u64;
     let max_request = (cfg.max_request as u64).max(align).div_ceil(align) * align;
-    let mut pieces = Vec::with_capacity(requests.len());
-    for &(offset, len) in requests {
-        let mut off = 0usize;
-        loop {
-            let l = (len - off).min(max_request as usize);
-            pieces.push((offset + off as u64, l));
-            off += l;
-            if off >= len {
-                break;
+    let max = max_request as usize;
+    if requests.iter().any(|r| r.1 > max) {
+        let whole = std::mem::take(requests);
+        for (offset, len) in whole {
+            let mut off = 0usize;
+            loop {
+                let l = (len - off).min(max);
+                requests.push((offset + off as u64, l));
+                off += l;
+                if off >= len {
+                    break;
+                }
             }
         }
     }
-    pieces.sort_unstable_by_key(|p| p.0);
-    let mut spans = Vec::new();
+    if !requests.is_sorted_by_key(|p| p.0) {
+        requests.sort_unstable_by_key(|p| p.0);
+    }
     merge_spans(
-        pieces.into_iter(),
+        requests.iter().copied(),
         align,
         max_request,
         cfg.merge_gap as u64,
-        &mut spans,
+        |s| read(s.start, (s.end - s.start) as usize),
     );
-    spans
-        .iter()
-        .map(|s| (s.start, (s.end - s.start) as usize))
-        .collect()
 }
 
 fn io_thread<E: ReadEngine>(
@@ -361,12 +389,13 @@ fn io_thread<E: ReadEngine>(
         }
         // Device order: ascending offsets, so merged reads and the flash's locality both help.
         pieces.sort_unstable_by_key(|p| p.offset);
+        spans.clear();
         merge_spans(
             pieces.iter().map(|p| (p.offset, p.len)),
             align,
             max_request,
             cfg.merge_gap as u64,
-            &mut spans,
+            |s| spans.push(s),
         );
         for group in spans.chunks(depth) {
             let t0 = Instant::now();

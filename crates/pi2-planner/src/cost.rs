@@ -8,19 +8,20 @@
 //! - dense: every gate/up row (matrix-vector) and every down row (axpy);
 //! - sparse, in memory: candidates' gate rows (gather), confirmed neurons' up rows (gather) and
 //!   down rows (axpy);
-//! - offloaded: the same compute `c`, and the reads the replay says miss, shaped into device
-//!   reads exactly as the reader shapes them (gate rows in one batch, then up/down rows per
-//!   cluster), each costing `latency + bytes / bandwidth` at the engine's concurrency: `io`.
-//!   Reads and compute overlap by clusters, but a layer cannot start before the previous one
-//!   ends, so the step costs `max(c, io + c / clusters)` (the last cluster computes after its
-//!   reads land).
+//! - offloaded: the same compute, and the reads the replay says miss, each device read costing
+//!   `latency + bytes / bandwidth` at the engine's concurrency. The step is simulated
+//!   ([`crate::pipeline`]): the I/O thread shapes whatever is pending into device reads as the
+//!   reader does, clusters compute on the first free worker once their rows land, and a layer
+//!   cannot start before the previous one ends.
 //!
 //! Prefill of a batch: every matrix as a batched product; offloaded, each layer's FFN is read
 //! whole in `max_read` pieces while the previous layer computes: `max(compute, read)` per layer.
 
 use crate::hw::{HardwareProfile, KernelOp, ThreadRates};
 use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses};
+use crate::pipeline::{self, RowRequest, StepCost};
 use pi2_io::ReaderConfig;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -67,6 +68,8 @@ pub struct Breakdown {
     pub output: f64,
     /// Fixed costs of parallel steps.
     pub steps: f64,
+    /// Serial vector work between the steps (norms, activation quantization, SiLU, sums).
+    pub serial: f64,
     /// Total device read time (hidden or not).
     pub io_total: f64,
 }
@@ -79,6 +82,7 @@ impl Breakdown {
             + self.io_exposed
             + self.output
             + self.steps
+            + self.serial
     }
 }
 
@@ -96,15 +100,18 @@ pub struct Prediction {
     pub device_reads_per_token: f64,
 }
 
-/// Device-read cost of a replay under one I/O shaping: per step, seconds.
+/// A replay under one I/O shaping and thread count: per simulated step (every `io_stride`-th),
+/// the FFN time and the device's busy time; bytes and reads over the simulated steps.
 struct IoCost {
     step_secs: Vec<f64>,
+    step_io: Vec<f64>,
     bytes: u64,
     reads: u64,
 }
 
 type ReplayKey = (u64, u64);
-type IoKey = (u64, u64, usize, usize, usize);
+type ComputeKey = (usize, usize, Mode);
+type IoKey = (u64, u64, usize, usize, usize, usize, usize);
 
 /// Evaluates plans for one model on one device. Replays and read costs are memoized, so a
 /// solver can call it for many plans.
@@ -116,8 +123,13 @@ pub struct CostModel<'a> {
     pub position: usize,
     /// Tokens per prefill batch.
     pub n_batch: usize,
+    /// Simulate the reads of every `io_stride`-th recorded step only (the others take their
+    /// average): planning time falls by the stride; 1 simulates every step.
+    pub io_stride: usize,
     replays: Mutex<HashMap<ReplayKey, Arc<Result<Replay, String>>>>,
     io: Mutex<HashMap<IoKey, Arc<IoCost>>>,
+    /// FFN compute seconds of every recorded step, per (class, threads, mode).
+    compute: Mutex<HashMap<ComputeKey, Arc<Vec<f64>>>>,
 }
 
 impl<'a> CostModel<'a> {
@@ -134,8 +146,10 @@ impl<'a> CostModel<'a> {
             residency,
             position,
             n_batch: n_batch.max(1),
+            io_stride: 1,
             replays: Mutex::default(),
             io: Mutex::default(),
+            compute: Mutex::default(),
         }
     }
 
@@ -163,13 +177,16 @@ impl<'a> CostModel<'a> {
         r
     }
 
-    fn io_cost(&self, k: &Knobs, rep: &Replay) -> Arc<IoCost> {
+    /// The simulated FFN of every step under the plan's reads (memoized).
+    fn io_cost(&self, k: &Knobs, r: &ThreadRates, rep: &Replay) -> Arc<IoCost> {
         let key = (
             k.budget,
             k.hot_share.to_bits(),
             k.cluster,
             k.merge_gap,
             k.max_read,
+            k.class,
+            k.threads,
         );
         if let Some(c) = self.io.lock().unwrap().get(&key) {
             return c.clone();
@@ -180,50 +197,82 @@ impl<'a> CostModel<'a> {
             depth: k.io_depth,
             merge_gap: k.merge_gap,
         };
-        let conc = k.io_depth.min(f.engine_concurrency).max(1) as f64;
-        let (mut bytes, mut reads) = (0u64, 0u64);
-        let mut step_secs = Vec::with_capacity(rep.steps.len());
-        let mut batch = Vec::new();
-        for (s, miss) in self.model.steps.iter().zip(&rep.steps) {
-            let l = &self.model.ffn[s.layer as usize];
-            let mut secs = 0.0;
-            let mut cost = |batch: &[(u64, usize)]| {
-                for (_, len) in pi2_io::device_reads(batch, f.alignment, &cfg) {
-                    secs += f.read_secs(len);
-                    bytes += len as u64;
-                    reads += 1;
-                }
-            };
-            batch.clear();
-            batch.extend(miss.gate.iter().map(|&i| {
-                (
-                    l.gate.offset + i as u64 * l.gate.row_bytes as u64,
-                    l.gate.row_bytes,
-                )
-            }));
-            cost(&batch);
-            // Up/down reads go out per cluster, as each cluster's gate phase confirms them.
-            for chunk in miss
-                .updown
-                .chunk_by(|a, b| a.0 as usize / k.cluster == b.0 as usize / k.cluster)
-            {
-                batch.clear();
-                for &(_, i) in chunk {
-                    batch.push((
-                        l.up.offset + i as u64 * l.up.row_bytes as u64,
-                        l.up.row_bytes,
-                    ));
-                    batch.push((
-                        l.down.offset + i as u64 * l.down.row_bytes as u64,
-                        l.down.row_bytes,
-                    ));
-                }
-                cost(&batch);
-            }
-            step_secs.push(secs / conc);
-        }
+        let m = self.model;
+        let cl = k.cluster;
+        // Per-row seconds on one worker (the profile's rate is all threads together).
+        let per_row: Vec<[f64; 3]> = m
+            .ffn
+            .iter()
+            .map(|l| {
+                let t = k.threads as f64;
+                [
+                    r.secs(KernelOp::Gather, &l.gate.ty, 1, l.gate.row_bytes) * t,
+                    r.secs(KernelOp::Gather, &l.up.ty, 1, l.up.row_bytes) * t,
+                    r.secs(KernelOp::Axpy, &l.down.ty, 1, l.down.row_bytes) * t,
+                ]
+            })
+            .collect();
+        // Steps are independent: simulated in parallel, each with its own buffers.
+        let stride = self.io_stride.max(1);
+        let per_step: Vec<StepCost> = (0..m.steps.len())
+            .into_par_iter()
+            .step_by(stride)
+            .map(|j| (&m.steps[j], &rep.steps[j]))
+            .map_init(
+                || {
+                    (
+                        pipeline::Scratch::default(),
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                        Vec::new(),
+                    )
+                },
+                |(sc, gsecs, usecs, gate, updown), (s, miss)| {
+                    let l = &m.ffn[s.layer as usize];
+                    let [g, u, d] = per_row[s.layer as usize];
+                    let nc = s.candidates.len();
+                    let n = nc.div_ceil(cl);
+                    gsecs.clear();
+                    gsecs.extend((0..n).map(|c| (cl.min(nc - c * cl)) as f64 * g));
+                    usecs.clear();
+                    usecs.resize(n, 0.0);
+                    let mut conf = s.confirmed.iter().peekable();
+                    for (pos, &i) in s.candidates.iter().enumerate() {
+                        if conf.next_if(|&&x| x == i).is_some() {
+                            usecs[pos / cl] += u + d;
+                        }
+                    }
+                    gate.clear();
+                    gate.extend(miss.gate.iter().map(|&(pos, i)| RowRequest {
+                        cluster: pos / cl as u32,
+                        updown: false,
+                        offset: l.gate.offset + i as u64 * l.gate.row_bytes as u64,
+                        len: l.gate.row_bytes,
+                    }));
+                    updown.clear();
+                    for &(pos, i) in &miss.updown {
+                        let cluster = pos / cl as u32;
+                        for p in [&l.up, &l.down] {
+                            updown.push(RowRequest {
+                                cluster,
+                                updown: true,
+                                offset: p.offset + i as u64 * p.row_bytes as u64,
+                                len: p.row_bytes,
+                            });
+                        }
+                    }
+                    pipeline::simulate(gsecs, usecs, gate, updown, k.threads, f, &cfg, sc)
+                },
+            )
+            .collect();
+        let step_secs = per_step.iter().map(|p| p.secs).collect();
+        let step_io = per_step.iter().map(|p| p.io_secs).collect();
+        let bytes = per_step.iter().map(|p| p.bytes).sum();
+        let reads = per_step.iter().map(|p| p.reads).sum();
         let c = Arc::new(IoCost {
             step_secs,
+            step_io,
             bytes,
             reads,
         });
@@ -232,7 +281,7 @@ impl<'a> CostModel<'a> {
     }
 
     /// Per-token costs outside the FFN: attention, predictor, output, their parallel steps.
-    fn fixed_parts(&self, r: &ThreadRates, mode: Mode) -> (f64, f64, f64, f64) {
+    fn fixed_parts(&self, r: &ThreadRates, mode: Mode) -> (f64, f64, f64, f64, f64) {
         let m = self.model;
         let mv = |s: &crate::model::MatShape| r.secs(KernelOp::Matvec, &s.ty, s.rows, s.row_bytes);
         let kv = self.position as f64 * m.kv_bytes_per_pos as f64 / r.mem_bytes_per_sec;
@@ -248,7 +297,21 @@ impl<'a> CostModel<'a> {
         let pred_steps = if mode == Mode::Dense { 0 } else { 2 };
         let ffn_steps = if mode == Mode::Dense { 2 } else { 1 };
         let steps = (m.n_layer * (3 + pred_steps + ffn_steps) + 1) as f64 * r.step_ns * 1e-9;
-        (attention, predictor, output, steps)
+        // Serial elements per layer: attention's two norms, input and output quantization,
+        // RoPE and two residual adds (about 7 x n_embd); dense FFN: its input quantization and
+        // SiLU over every neuron; sparse: predictor input, gate and up inputs quantized and the
+        // scan of every neuron's score (per-candidate work is added per step). The head:
+        // norm, quantization, and the scan of the logits.
+        let (d, ff) = (m.n_embd as f64, m.n_ff as f64);
+        let ffn_serial = if mode == Mode::Dense {
+            d + ff
+        } else {
+            3.0 * d + ff
+        };
+        let serial = (m.n_layer as f64 * (7.0 * d + ffn_serial) + 2.0 * d + m.output.rows as f64)
+            * r.serial_ns_per_elem
+            * 1e-9;
+        (attention, predictor, output, steps, serial)
     }
 
     /// FFN compute of one recorded step (sparse) or one layer (dense).
@@ -276,13 +339,38 @@ impl<'a> CostModel<'a> {
         }
     }
 
+    /// FFN compute of every recorded step (memoized).
+    fn step_compute(&self, r: &ThreadRates, k: &Knobs) -> Arc<Vec<f64>> {
+        let key = (k.class, k.threads, k.mode);
+        if let Some(v) = self.compute.lock().unwrap().get(&key) {
+            return v.clone();
+        }
+        let v: Vec<f64> = self
+            .model
+            .steps
+            .iter()
+            .map(|s| {
+                self.ffn_compute(
+                    r,
+                    k.mode,
+                    s.layer as usize,
+                    s.candidates.len(),
+                    s.confirmed.len(),
+                )
+            })
+            .collect();
+        let v = Arc::new(v);
+        self.compute.lock().unwrap().insert(key, v.clone());
+        v
+    }
+
     /// Seconds per decoded token that no completion of a partial plan can beat: compute with
     /// no reads; once the memory split is known, reads at pure transfer speed.
     pub fn decode_lower_bound(&self, k: &Knobs, split_known: bool) -> Result<f64, String> {
         let r = self.rates(k)?;
         let m = self.model;
         let tokens = m.tokens() as f64;
-        let (a, p, o, st) = self.fixed_parts(r, k.mode);
+        let (a, p, o, st, se) = self.fixed_parts(r, k.mode);
         let mut ffn = 0.0;
         let io = if split_known && k.mode == Mode::Offload {
             let rep = self.replay(k.budget, k.hot_share);
@@ -301,16 +389,17 @@ impl<'a> CostModel<'a> {
         } else {
             None
         };
-        for (j, s) in m.steps.iter().enumerate() {
-            let (nc, nf) = (s.candidates.len(), s.confirmed.len());
-            let c = if k.mode == Mode::Dense {
-                self.ffn_compute(r, Mode::Dense, s.layer as usize, 0, 0)
-            } else {
-                self.ffn_compute(r, Mode::Sparse, s.layer as usize, nc, nf)
-            };
-            ffn += io.as_ref().map_or(c, |io| c.max(io[j]));
+        let compute = self.step_compute(r, k);
+        ffn += compute.iter().sum::<f64>();
+        if let Some(io) = io {
+            // The same sampling as `evaluate`: a simulated step is at least its compute and at
+            // least its transfer time.
+            let stride = self.io_stride.max(1);
+            let sampled: Vec<usize> = (0..m.steps.len()).step_by(stride).collect();
+            let extra: f64 = sampled.iter().map(|&j| (io[j] - compute[j]).max(0.0)).sum();
+            ffn += extra * m.steps.len() as f64 / sampled.len().max(1) as f64;
         }
-        Ok(a + p + o + st + ffn / tokens)
+        Ok(a + p + o + st + se + ffn / tokens)
     }
 
     /// The prediction for one plan, or why it cannot run.
@@ -324,63 +413,56 @@ impl<'a> CostModel<'a> {
             ));
         }
         let tokens = m.tokens().max(1) as f64;
-        let (attention, predictor, output, steps) = self.fixed_parts(r, k.mode);
+        let (attention, predictor, output, steps, serial) = self.fixed_parts(r, k.mode);
         let mut b = Breakdown {
             attention,
             predictor,
             output,
             steps,
+            serial,
             ..Default::default()
         };
+        if k.mode != Mode::Dense {
+            // Per candidate: its SiLU and its row addresses; per cluster: adding its partial.
+            let per_step: f64 = m
+                .steps
+                .iter()
+                .map(|s| {
+                    let nc = s.candidates.len();
+                    (2 * nc + nc.div_ceil(k.cluster) * m.n_embd) as f64
+                })
+                .sum();
+            b.serial += per_step / tokens * r.serial_ns_per_elem * 1e-9;
+        }
         let (mut hit_rate, mut read_bytes, mut reads) = (None, 0.0, 0.0);
         let memory = match k.mode {
             Mode::Dense | Mode::Sparse => self.residency.in_memory_bytes(),
             Mode::Offload => k.budget,
         };
         match k.mode {
-            Mode::Dense => {
-                let per: f64 = (0..m.n_layer)
-                    .map(|l| self.ffn_compute(r, Mode::Dense, l, 0, 0))
-                    .sum();
-                b.ffn_compute = per;
-            }
-            Mode::Sparse => {
-                let total: f64 = m
-                    .steps
-                    .iter()
-                    .map(|s| {
-                        self.ffn_compute(
-                            r,
-                            Mode::Sparse,
-                            s.layer as usize,
-                            s.candidates.len(),
-                            s.confirmed.len(),
-                        )
-                    })
-                    .sum();
-                b.ffn_compute = total / tokens;
+            Mode::Dense | Mode::Sparse => {
+                b.ffn_compute = self.step_compute(r, k).iter().sum::<f64>() / tokens;
             }
             Mode::Offload => {
                 let rep = self.replay(k.budget, k.hot_share);
                 let rep = rep.as_ref().as_ref().map_err(|e| e.clone())?;
-                let io = self.io_cost(k, rep);
-                let (mut comp, mut exposed, mut total_io) = (0.0, 0.0, 0.0);
-                for (j, s) in m.steps.iter().enumerate() {
-                    let nc = s.candidates.len();
-                    let c =
-                        self.ffn_compute(r, Mode::Offload, s.layer as usize, nc, s.confirmed.len());
-                    let clusters = nc.div_ceil(k.cluster).max(1) as f64;
-                    let t = c.max(io.step_secs[j] + c / clusters);
-                    comp += c;
-                    exposed += t - c;
-                    total_io += io.step_secs[j];
+                let io = self.io_cost(k, r, rep);
+                let compute = self.step_compute(r, k);
+                let (mut exposed, mut total_io) = (0.0, 0.0);
+                // A simulated step (compute and reads interleaved) beyond its compute is the
+                // reads' share; unsimulated steps take the simulated ones' average.
+                let stride = self.io_stride.max(1);
+                for (n, j) in (0..m.steps.len()).step_by(stride).enumerate() {
+                    exposed += (io.step_secs[n] - compute[j]).max(0.0);
+                    total_io += io.step_io[n];
                 }
-                b.ffn_compute = comp / tokens;
-                b.io_exposed = exposed / tokens;
-                b.io_total = total_io / tokens;
+                let scale = m.steps.len() as f64 / io.step_secs.len().max(1) as f64 / tokens;
+                b.ffn_compute = compute.iter().sum::<f64>() / tokens;
+                b.io_exposed = exposed * scale;
+                b.io_total = total_io * scale;
                 hit_rate = Some(rep.hit_rate());
-                read_bytes = io.bytes as f64 / tokens;
-                reads = io.reads as f64 / tokens;
+                read_bytes = io.bytes as f64 * scale;
+                reads = io.reads as f64 * scale;
             }
         }
         Ok(Prediction {

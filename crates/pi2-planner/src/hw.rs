@@ -53,6 +53,9 @@ pub struct ThreadRates {
     pub step_ns: f64,
     /// Streaming read bandwidth from RAM.
     pub mem_bytes_per_sec: f64,
+    /// Serial vector work (activation quantization, SiLU, norms, bookkeeping between the
+    /// parallel steps), in nanoseconds per element on the thread that drives the steps.
+    pub serial_ns_per_elem: f64,
 }
 
 /// Cores sharing one maximum frequency.
@@ -184,6 +187,11 @@ impl ThreadRates {
         };
         rows as f64 * per
     }
+}
+
+/// The kernel tier this CPU runs (part of the fingerprint: kernels differ by tier).
+pub fn tier_name() -> String {
+    Tier::detect().name().to_string()
 }
 
 /// A stable identity for a device: CPU, core layout, kernel tier and the storage device.
@@ -362,6 +370,46 @@ fn per_row(ks: &KernelSet, pool: &Pool, op: KernelOp, time: Duration, step_secs:
     }
 }
 
+/// Spins for `d` (stands in for work without touching memory).
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// The fixed cost of one parallel step as decode pays it: a stretch of serial work (so the
+/// other threads go idle, as between the engine's steps), then `threads` short tasks; the
+/// time beyond the work itself is the step's cost (waking threads, splitting, joining).
+fn step_cost(threads: usize, time: Duration) -> f64 {
+    let (serial, task) = (Duration::from_micros(20), Duration::from_micros(5));
+    let per = timed(time, || {
+        spin(serial);
+        (0..threads)
+            .into_par_iter()
+            .with_max_len(1)
+            .for_each(|_| spin(task));
+    });
+    (per - (serial + task).as_secs_f64()).max(0.0)
+}
+
+/// Nanoseconds per element of the serial vector work decode does between parallel steps: half
+/// quantizing activations to Q8 blocks, half SiLU (the mix of one token-layer's serial work).
+fn serial_cost(time: Duration) -> f64 {
+    const N: usize = 4096;
+    let x: Vec<f32> = (0..N).map(|i| ((i % 29) as f32 - 14.0) / 7.0).collect();
+    let mut y = vec![0f32; N];
+    let mut a = ActBuf::new();
+    let secs = timed(time, || {
+        a.quantize(pi2_kernels::ActKind::Q8, std::hint::black_box(&x), N);
+        for (o, &v) in y.iter_mut().zip(&x) {
+            *o = v / (1.0 + (-v).exp());
+        }
+        std::hint::black_box(&y);
+    });
+    secs * 1e9 / (2 * N) as f64
+}
+
 /// Fits `row_ns + bytes / rate` through the two row lengths.
 fn fit_rows(points: [(usize, f64); 2]) -> (f64, f64) {
     let [(b0, t0), (b1, t1)] = points;
@@ -386,7 +434,7 @@ fn mem_bandwidth(time: Duration) -> f64 {
 /// counts, plus `read_time` x read points.
 pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
     let ks = KernelSet::best();
-    let tier = format!("{:?}", Tier::detect()).to_lowercase();
+    let tier = tier_name();
     let mut pools = Vec::new();
     for &ty in &o.types {
         for cols in COLS {
@@ -412,17 +460,7 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
                 .build()
                 .map_err(|e| PlanError::Hardware(e.to_string()))?;
             let r = pool.install(|| {
-                // A parallel step's fixed cost: a matrix of four tiny rows.
-                let tiny = Pool::new(QuantType::Q8_0, 32).expect("q8_0 row");
-                let m = MatRef::new(QuantType::Q8_0, 4, 32, &tiny.data[..4 * tiny.row_bytes()])
-                    .expect("tiny matrix");
-                let a = acts(QuantType::Q8_0, 32, 1);
-                let mut out = [0f32; 4];
-                let step = timed(o.kernel_time / 4, || matmul(ks, &m, &a, &mut out));
-                let step_rows = timed(o.kernel_time / 4, || {
-                    out.par_iter_mut().for_each(|v| *v += 1.0);
-                });
-                let step_secs = step.max(step_rows);
+                let step_secs = step_cost(threads, o.kernel_time);
                 let mut kernels = Vec::new();
                 for &ty in &o.types {
                     for op in [
@@ -452,6 +490,7 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
                     kernels,
                     step_ns: step_secs * 1e9,
                     mem_bytes_per_sec: mem_bandwidth(o.kernel_time),
+                    serial_ns_per_elem: serial_cost(o.kernel_time),
                 }
             });
             rates.push(r);
@@ -463,25 +502,52 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
             rates,
         });
     }
-    let mut points = Vec::new();
+    // Flash devices (and shared virtual disks) vary from second to second: each point is the
+    // median of three rounds spread over the whole measurement.
+    const ROUNDS: usize = 3;
+    let size_of = std::fs::metadata(o.flash_file)
+        .map(|m| m.len())
+        .unwrap_or(0);
     let mut engine = String::new();
-    for &depth in &o.depths {
-        for &size in &o.read_sizes {
-            (o.progress)(&format!("flash: {size} B reads at depth {depth}"));
-            let size_of = std::fs::metadata(o.flash_file)
-                .map(|m| m.len())
-                .unwrap_or(0);
-            let p = pi2_io::profile::measure(o.flash_file, size, depth, size_of, o.read_time)?;
-            engine = p.engine.to_string();
-            points.push(FlashPoint {
+    let mut samples: Vec<Vec<pi2_io::profile::IoPoint>> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut k = 0;
+        for &depth in &o.depths {
+            for &size in &o.read_sizes {
+                (o.progress)(&format!(
+                    "flash: {size} B reads at depth {depth}, round {}",
+                    round + 1
+                ));
+                let p = pi2_io::profile::measure(
+                    o.flash_file,
+                    size,
+                    depth,
+                    size_of,
+                    o.read_time / ROUNDS as u32,
+                )?;
+                engine = p.engine.to_string();
+                if round == 0 {
+                    samples.push(Vec::new());
+                }
+                samples[k].push(p);
+                k += 1;
+            }
+        }
+    }
+    let points: Vec<FlashPoint> = samples
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
+            let p = &v[v.len() / 2];
+            FlashPoint {
                 read_size: p.read_size,
-                depth,
+                depth: p.depth,
                 bytes_per_sec: p.bytes_per_sec,
                 lat_p50_us: p.lat_p50_us,
                 lat_p99_us: p.lat_p99_us,
-            });
-        }
-    }
+            }
+        })
+        .collect();
     let (latency_us, bytes_per_sec) = FlashProfile::fit(&points, 1).ok_or_else(|| {
         PlanError::Hardware("the flash profile needs at least two read sizes at depth 1".into())
     })?;
@@ -557,6 +623,7 @@ mod tests {
             ],
             step_ns: 0.0,
             mem_bytes_per_sec: 1e10,
+            serial_ns_per_elem: 0.0,
         };
         assert_eq!(r.secs(KernelOp::Matvec, "q4_1", 1000, 4000), 1e-3);
         assert_eq!(r.secs(KernelOp::Matvec, "Q6_K", 1000, 4000), 2e-3);

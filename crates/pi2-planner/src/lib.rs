@@ -11,6 +11,7 @@
 pub mod cost;
 pub mod hw;
 pub mod model;
+pub mod pipeline;
 pub mod plan;
 pub mod solve;
 pub mod synthetic;

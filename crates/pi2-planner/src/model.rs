@@ -147,8 +147,8 @@ pub trait Residency {
 /// The rows one recorded step misses under a split.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepMisses {
-    /// Gate rows to read (neuron indices).
-    pub gate: Vec<u32>,
+    /// Gate rows to read: (position among the step's candidates, neuron index).
+    pub gate: Vec<(u32, u32)>,
     /// Up+down rows to read: (position among the step's candidates, neuron index).
     pub updown: Vec<(u32, u32)>,
 }
@@ -192,7 +192,7 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, String
         let mut miss = StepMisses::default();
         cache.begin_step();
         slot_of.clear();
-        for &i in &s.candidates {
+        for (k, &i) in s.candidates.iter().enumerate() {
             if (i as usize) < hot {
                 slot_of.push(None);
                 out.rows_resident += 1;
@@ -206,7 +206,7 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, String
                     .ok_or("the neuron cache has no free slot (fewer slots than one layer)")?,
             };
             if cache.parts(slot) & GATE == 0 {
-                miss.gate.push(i);
+                miss.gate.push((k as u32, i));
                 out.rows_read += 1;
             } else {
                 out.rows_resident += 1;

@@ -51,7 +51,7 @@ impl Default for Space {
         Self {
             modes: vec![Mode::Sparse, Mode::Dense, Mode::Offload],
             memory_points: 6,
-            hot_shares: vec![1.0, 0.75, 0.5, 0.25, 0.0],
+            hot_shares: vec![1.0, 0.5, 0.0],
             clusters: vec![32, 64, 128],
             merge_gaps: vec![0, 4 << 10, 16 << 10, 64 << 10],
             max_reads: vec![128 << 10, 512 << 10],
@@ -130,6 +130,15 @@ pub fn plan(cm: &CostModel<'_>, c: &Constraints, space: &Space) -> Result<Soluti
     if c.objective == Objective::LeastMemory {
         modes.sort_by_key(|&(_, b)| b);
     }
+    // An engine that keeps one read in flight gains nothing from depth (and the reader reports
+    // completions per group of `depth` reads, so 1 overlaps best): only the smallest is tried.
+    let mut space = space.clone();
+    if cm.hw.flash.engine_concurrency <= 1 {
+        if let Some(&d) = space.io_depths.iter().min() {
+            space.io_depths = vec![d];
+        }
+    }
+    let space = &space;
     let axes = [
         threads.len(),
         modes.len(),

@@ -61,7 +61,7 @@ pub fn toy_model(n_layer: usize, n_ff: usize, tokens: usize) -> ModelProfile {
 }
 
 /// A device with one class of `cores` cores: every kernel streams `gbps` GB/s per thread
-/// (no per-row cost), parallel steps cost 2 us, and flash reads cost `lat_us + s / 1 GB/s`.
+/// (no per-row cost), parallel steps cost 2 us, serial work is free, and flash reads cost `lat_us + s / 1 GB/s`.
 pub fn toy_hardware(cores: usize, gbps: f64, lat_us: f64) -> HardwareProfile {
     let rates = (1..=cores)
         .map(|t| ThreadRates {
@@ -82,6 +82,7 @@ pub fn toy_hardware(cores: usize, gbps: f64, lat_us: f64) -> HardwareProfile {
             .collect(),
             step_ns: 2000.0,
             mem_bytes_per_sec: 10e9,
+            serial_ns_per_elem: 0.0,
         })
         .collect();
     HardwareProfile {

@@ -184,9 +184,15 @@ fn the_solver_finds_the_best_plan_exhaustive_search_finds() {
     let m = toy_model(3, 256, 6);
     let res = ToyResidency::for_model(&m, 1 << 18);
     let s = small_space();
-    for (gbps, lat) in [(0.5, 20.0), (2.0, 100.0), (8.0, 400.0)] {
+    for (gbps, lat, stride) in [
+        (0.5, 20.0, 1),
+        (2.0, 100.0, 3),
+        (8.0, 400.0, 1),
+        (1.0, 50.0, 4),
+    ] {
         let hw = toy_hardware(2, gbps, lat);
-        let cm = CostModel::new(&hw, &m, &res, 32, 16);
+        let mut cm = CostModel::new(&hw, &m, &res, 32, 16);
+        cm.io_stride = stride;
         for frac in [1.2, 0.9, 0.6, 0.45] {
             for (objective, min_tps) in [(Objective::Fastest, 0.0), (Objective::LeastMemory, 0.0)] {
                 let c = Constraints {

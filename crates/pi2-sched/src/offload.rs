@@ -249,6 +249,20 @@ impl Regions {
     }
 }
 
+/// The smallest budget [`Offload::new`] accepts: the fixed region, prefill staging and one
+/// layer of cache slots.
+pub fn min_budget(
+    model: &Model,
+    sparse: &SparseFfn<'_>,
+    kv_bytes: u64,
+    scratch: u64,
+) -> Result<u64, OffloadError> {
+    let c = &model.config;
+    let p = plan(model, sparse, kv_bytes, scratch)?;
+    let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, c.n_ff, c.n_layer * c.n_ff);
+    Ok(p.fixed + 2 * pad(p.stage) as u64 + min_cold)
+}
+
 /// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
 /// it. Errors name the minimum budget when it is too small.
 pub fn regions(

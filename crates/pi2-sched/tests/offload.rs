@@ -121,6 +121,12 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
         .and_then(|t| t.split(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no minimum in: {msg}"));
+    // The planner's figure is the same one.
+    let (kv, scratch) = (probe.kv_bytes_full() as u64, probe.scratch_bytes(8) as u64);
+    assert_eq!(
+        pi2_sched::min_budget(&m, &sp, kv, scratch).unwrap(),
+        minimum
+    );
     assert!(offload(
         &m,
         &sp,

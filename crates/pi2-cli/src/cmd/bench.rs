@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// With --mem-budget, each budget adds a row of the same test read from flash under it
     #[command(flatten)]
     pub offload: super::sparse_args::OffloadArgs,
+    /// Run only the plan from `pi2 plan` (or `auto`: plan now for the first --mem-budget, else
+    /// the whole model in memory) and report its predicted speed beside the measured one
+    #[arg(long)]
+    pub plan: Option<String>,
 }
 
 /// One table row.
@@ -70,6 +74,9 @@ struct Row {
     /// Sparse runs: measured fractions (candidates, confirmed, FFN bytes).
     #[serde(skip_serializing_if = "Option::is_none")]
     sparse: Option<serde_json::Value>,
+    /// With --plan: the plan's predicted tokens/s for this test.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    predicted_ts: Option<f64>,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -83,7 +90,7 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 /// Deterministic pseudo-random prompt tokens (llama-bench uses random tokens too).
-fn tokens(model: &Model, n: usize) -> Vec<u32> {
+pub(crate) fn tokens(model: &Model, n: usize) -> Vec<u32> {
     let v = model.config.n_vocab as u64;
     (0..n as u64)
         .map(|i| ((i * 2654435761 + 12345) % v) as u32)
@@ -112,8 +119,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let model = load_model(&a.model)?;
     let path = super::model_path(&a.model)?;
-    let sparse = super::sparse_args::build(&a.sparse, &model, &path, false)?;
-    let budgets = a
+    let mut budgets = a
         .offload
         .mem_budget
         .iter()
@@ -124,6 +130,37 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ))
         })
         .collect::<Result<Vec<_>>>()?;
+    let applied = match &a.plan {
+        Some(spec) => {
+            if !budgets.is_empty() && spec != "auto" {
+                bail!(
+                    "--plan FILE sets the memory budget itself; --mem-budget goes with --plan auto"
+                );
+            }
+            if a.model.threads.len() > 1 {
+                bail!("--plan sets the threads; drop -t");
+            }
+            let ap =
+                super::plan::apply(spec, &model, &path, &a.model, budgets.first().map(|b| b.1))?;
+            budgets = ap
+                .offload
+                .as_ref()
+                .map(|o| ("plan".to_string(), o.budget))
+                .into_iter()
+                .collect();
+            Some(ap)
+        }
+        None => None,
+    };
+    let planned_mode = applied.as_ref().map(|ap| ap.plan.knobs.mode);
+    let sparse_args = match planned_mode {
+        Some(pi2_planner::cost::Mode::Dense) => super::sparse_args::SparseArgs {
+            dense: true,
+            ..a.sparse.clone()
+        },
+        _ => a.sparse.clone(),
+    };
+    let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
     if !budgets.is_empty() && sparse.is_none() {
         bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert`");
     }
@@ -133,18 +170,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
         modes.push((Some(sp), None));
         modes.extend((0..budgets.len()).map(|j| (Some(sp), Some(j))));
     }
+    if applied.is_some() {
+        // Only the plan's own configuration.
+        modes = vec![modes.pop().expect("one mode at least")];
+    }
     // engine_config checks one thread count; bench sweeps the whole list.
-    let base = engine_config(&ModelArgs {
-        threads: a
-            .model
-            .threads
-            .first()
-            .map(|&t| t.max(1))
-            .into_iter()
-            .collect(),
-        ..a.model.clone()
-    })?;
-    let threads = if a.model.threads.is_empty() {
+    let base = match &applied {
+        Some(ap) => ap.cfg.clone(),
+        None => engine_config(&ModelArgs {
+            threads: a
+                .model
+                .threads
+                .first()
+                .map(|&t| t.max(1))
+                .into_iter()
+                .collect(),
+            ..a.model.clone()
+        })?,
+    };
+    let threads = if a.model.threads.is_empty() || applied.is_some() {
         vec![base.threads]
     } else {
         a.model.threads.clone()
@@ -180,7 +224,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .max()
             .unwrap_or(0);
         cfg.n_ctx = cfg.n_ctx.max(max_len + 1);
-        if !budgets.is_empty() {
+        if let Some(ap) = &applied {
+            // The plan's memory was accounted for its context.
+            if ap.plan.n_ctx <= max_len {
+                bail!(
+                    "the plan is for a context of {} tokens; the tests need {} (plan with a larger -c)",
+                    ap.plan.n_ctx,
+                    max_len + 1
+                );
+            }
+            cfg.n_ctx = ap.plan.n_ctx;
+        } else if !budgets.is_empty() {
             // Under a budget the KV cache counts: hold only what the tests use.
             cfg.n_ctx = max_len + 1;
         }
@@ -188,15 +242,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let mut offloads = Vec::new();
         for (_, b) in &budgets {
             e.set_sparse(sparse.as_ref())?;
-            let o = super::sparse_args::build_offload(
-                &a.offload,
-                *b,
-                &model,
-                &path,
-                sparse.as_ref().expect("checked"),
-                &e,
-                max_len,
-            )?;
+            let sp = sparse.as_ref().expect("checked");
+            let o = match applied
+                .as_ref()
+                .and_then(|ap| ap.offload.as_ref().map(|o| (ap, o)))
+            {
+                Some((ap, ocfg)) => {
+                    super::sparse_args::offload_with(ocfg, &model, &path, sp, &e, ap.plan.n_batch)?
+                }
+                None => super::sparse_args::build_offload(
+                    &a.offload, *b, &model, &path, sp, &e, max_len,
+                )?,
+            };
             offloads.push(Some(o));
         }
         let backend = format!("CPU ({})", e.tier().name());
@@ -273,18 +330,35 @@ pub fn run(a: BenchArgs) -> Result<()> {
                         (Some(_), Some(j)) => format!("sparse@{}", budgets[*j].0),
                     },
                     sparse: stat,
+                    predicted_ts: applied.as_ref().map(|ap| {
+                        if np > 0 {
+                            ap.plan.predicted.prefill_tps
+                        } else {
+                            ap.plan.predicted.decode_tps
+                        }
+                    }),
                 };
                 if let Format::Md = a.output {
+                    let planned = applied.is_some();
                     if rows.is_empty() {
                         println!(
-                            "| model | size | params | backend | threads | ffn | test | t/s |"
+                            "| model | size | params | backend | threads | ffn | test | t/s |{}",
+                            if planned {
+                                " predicted t/s | measured / predicted |"
+                            } else {
+                                ""
+                            }
                         );
                         println!(
-                            "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |"
+                            "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |{}",
+                            if planned { " ---: | ---: |" } else { "" }
                         );
                     }
+                    let versus = row.predicted_ts.map_or(String::new(), |p| {
+                        format!(" {p:.2} | {:.2} |", row.avg_ts / p)
+                    });
                     println!(
-                        "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                        "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |{versus}",
                         row.model,
                         row.size_bytes as f64 / (1 << 20) as f64,
                         row.params as f64 / 1e6,

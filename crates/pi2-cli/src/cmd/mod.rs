@@ -5,6 +5,7 @@ pub mod chat;
 pub mod convert;
 pub mod info;
 pub mod perplexity;
+pub mod plan;
 pub mod profile;
 pub mod profile_io;
 pub mod run;

@@ -39,20 +39,47 @@ pub struct RunArgs {
     pub sparse: super::sparse_args::SparseArgs,
     #[command(flatten)]
     pub offload: super::sparse_args::OffloadArgs,
+    /// Run a plan from `pi2 plan` (threads, cores, memory split, I/O), or `auto` to plan now
+    /// (for --mem-budget, else the whole model in memory)
+    #[arg(long)]
+    pub plan: Option<String>,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let path = super::model_path(&a.model)?;
-    let sparse = super::sparse_args::build(&a.sparse, &model, &path, false)?;
-    let mut engine = engine(&model, &a.model)?;
-    engine.set_sparse(sparse.as_ref())?;
-    let mut sampler = sampler(&a.sample);
     let budget = match &a.offload.mem_budget[..] {
         [] => None,
         [b] => Some(super::sparse_args::parse_size(b, model.file.file_size())?),
         _ => bail!("`run` takes one --mem-budget (lists are for `pi2 bench`)"),
     };
+    let applied = match &a.plan {
+        Some(spec) => {
+            if budget.is_some() && spec != "auto" {
+                bail!(
+                    "--plan FILE sets the memory budget itself; --mem-budget goes with --plan auto"
+                );
+            }
+            Some(super::plan::apply(spec, &model, &path, &a.model, budget)?)
+        }
+        None => None,
+    };
+    let planned_mode = applied.as_ref().map(|ap| ap.plan.knobs.mode);
+    let sparse_args = match planned_mode {
+        Some(pi2_planner::cost::Mode::Dense) => super::sparse_args::SparseArgs {
+            dense: true,
+            ..a.sparse.clone()
+        },
+        _ => a.sparse.clone(),
+    };
+    let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
+    let mut engine = match &applied {
+        Some(ap) => pi2_sched::Engine::new(&model, &ap.cfg)?,
+        None => engine(&model, &a.model)?,
+    };
+    engine.set_sparse(sparse.as_ref())?;
+    let mut sampler = sampler(&a.sample);
+    let budget = if applied.is_some() { None } else { budget };
     let tok = &model.tokenizer;
     let prompt_text = if a.chat {
         model
@@ -87,6 +114,17 @@ pub fn run(a: RunArgs) -> Result<()> {
             &engine,
             prompt.len(),
         )?;
+        engine.set_offload(Some(o))?;
+    }
+    if let Some(ocfg) = applied.as_ref().and_then(|ap| ap.offload.as_ref()) {
+        let Some(sp) = &sparse else {
+            bail!("the plan offloads FFN neurons: it needs the converted model it was made for");
+        };
+        model.file.advise_random();
+        let n_batch = prompt
+            .len()
+            .max(applied.as_ref().map_or(0, |ap| ap.plan.n_batch));
+        let o = super::sparse_args::offload_with(ocfg, &model, &path, sp, &engine, n_batch)?;
         engine.set_offload(Some(o))?;
     }
     let cfg = GenerateConfig {
@@ -143,6 +181,12 @@ pub fn run(a: RunArgs) -> Result<()> {
             "kernel_tier": engine.tier().name(),
             "sparse": sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
             "offload": engine.offload().map(|o| super::sparse_args::offload_json(o, g.tokens.len(), predicted_ms / 1e3)),
+            "plan": applied.as_ref().map(|ap| json!({
+                "knobs": ap.plan.knobs,
+                "predicted_decode_per_second": ap.plan.predicted.decode_tps,
+                "predicted_prefill_per_second": ap.plan.predicted.prefill_tps,
+                "predicted_memory_bytes": ap.plan.predicted.memory,
+            })),
         });
         writeln!(stdout, "{}", serde_json::to_string_pretty(&out)?)?;
     } else {

@@ -225,9 +225,6 @@ pub fn build_offload(
     n_batch: usize,
 ) -> Result<pi2_sched::Offload> {
     let file = model.file.file_size();
-    let freq: Option<Vec<Vec<f32>>> = pi2_sched::convert::load_sparse(model)?
-        .and_then(|(_, p)| p)
-        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
     let cfg = pi2_sched::OffloadConfig {
         budget,
         hot_share: a.hot_share,
@@ -242,6 +239,26 @@ pub fn build_offload(
     if !(0.0..=1.0).contains(&a.hot_share) {
         bail!("--hot-share {} is outside 0..1", a.hot_share);
     }
+    offload_with(&cfg, model, path, sparse, engine, n_batch)
+}
+
+/// The hot-neuron frequencies a converted model carries (pinning order across layers).
+pub fn frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>> {
+    Ok(pi2_sched::convert::load_sparse(model)?
+        .and_then(|(_, p)| p)
+        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect()))
+}
+
+/// The offloaded FFN for `cfg` (see [`build_offload`]).
+pub fn offload_with(
+    cfg: &pi2_sched::OffloadConfig,
+    model: &Model,
+    path: &Path,
+    sparse: &SparseFfn<'_>,
+    engine: &pi2_sched::Engine<'_>,
+    n_batch: usize,
+) -> Result<pi2_sched::Offload> {
+    let freq = frequencies(model)?;
     let o = pi2_sched::Offload::new(
         model,
         sparse,
@@ -249,7 +266,7 @@ pub fn build_offload(
         engine.kv_bytes_full() as u64,
         engine.scratch_bytes(n_batch) as u64,
         freq.as_deref(),
-        &cfg,
+        cfg,
     )?;
     if let (_, Some(why)) = o.engine() {
         eprintln!("note: direct I/O is off ({why}); reading buffered and dropping the pages");
@@ -278,6 +295,7 @@ pub fn offload_json(o: &pi2_sched::Offload, tokens: usize, decode_secs: f64) -> 
         "bytes_read": rd.bytes_read,
         "decode_bytes_requested_per_token": st.decode_bytes as f64 / tokens.max(1) as f64,
         "device_reads": rd.reads,
+        "device_busy_secs": rd.busy_ns as f64 / 1e9,
         "io_wait_share": if decode_secs > 0.0 { st.io_wait_ns as f64 / 1e9 / decode_secs } else { 0.0 },
     })
 }
