@@ -386,3 +386,168 @@ fn profile_writes_profile_trace_and_pictures_and_never_overwrites() {
     bad.extend(["--force", "--sparsity", "1.5"]);
     fails_with(&bad, "--sparsity must be in 0..1");
 }
+
+/// `pi2` with a private planner cache.
+fn pi2_cached(cache: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(args)
+        .current_dir(root())
+        .env("PI2_CACHE_DIR", cache)
+        .output()
+        .expect("run pi2")
+}
+
+#[test]
+fn plan_profiles_the_device_solves_runs_and_refuses_foreign_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
+    let corpus = corpus.display().to_string();
+    let (prof, conv, cache, plan) = (
+        p("p.json"),
+        p("c.gguf"),
+        dir.path().join("cache"),
+        p("plan.json"),
+    );
+    ok(&[
+        "profile",
+        "-m",
+        &m(),
+        "-f",
+        &corpus,
+        "--tokens",
+        "64",
+        "--chunk",
+        "32",
+        "-o",
+        &prof,
+    ]);
+    ok(&[
+        "convert",
+        "-m",
+        &m(),
+        "--profile",
+        &prof,
+        "-f",
+        &corpus,
+        "--tokens",
+        "64",
+        "--chunk",
+        "32",
+        "--sparsity",
+        "0.3",
+        "--predictor",
+        "none",
+        "--down-type",
+        "q8_0",
+        "-o",
+        &conv,
+    ]);
+    let run = |args: &[&str]| {
+        let out = pi2_cached(&cache, args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("panicked"), "pi2 {args:?}: {err}");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err,
+        )
+    };
+    // No profile of this device yet: the planner says what to run.
+    let (code, _, err) = run(&[
+        "plan",
+        "-m",
+        &conv,
+        "-c",
+        "64",
+        "--mem-limit",
+        "100%",
+        "--tokens",
+        "4",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("pi2 profile-hw"), "{err}");
+    let (code, out, err) = run(&[
+        "profile-hw",
+        "-m",
+        &conv,
+        "--kernel-ms",
+        "4",
+        "--read-ms",
+        "60",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("hardware profile") && out.contains("flash (pread"),
+        "{out}"
+    );
+
+    let args = [
+        "plan",
+        "-m",
+        &conv,
+        "-c",
+        "64",
+        "--mem-limit",
+        "100%",
+        "--tokens",
+        "4",
+        "--explain",
+        "-o",
+        &plan,
+    ];
+    let (code, _, err) = run(&args);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("predicted: decode") && err.contains("predicted decode speed vs memory limit"),
+        "{err}"
+    );
+    let pf: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(pf["version"], 1);
+    assert!(pf["predicted"]["decode_tps"].as_f64().unwrap() > 0.0);
+    // Never written over without --force.
+    let (code, _, err) = run(&args);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("exists; pass --force"), "{err}");
+    // A limit below the minimum names it.
+    let (code, _, err) = run(&[
+        "plan",
+        "-m",
+        &conv,
+        "-c",
+        "64",
+        "--mem-limit",
+        "10%",
+        "--tokens",
+        "4",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.lines().last().unwrap().contains("needs at least"),
+        "{err}"
+    );
+
+    // The plan runs, and says what it predicted.
+    let (code, out, err) = run(&[
+        "run", "-m", &conv, "--plan", &plan, "-p", "Hello", "-n", "4", "--temp", "0", "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["generated_ids"].as_array().unwrap().len(), 4);
+    assert_eq!(j["plan"]["knobs"], pf["knobs"]);
+    // Another model: refused; an old plan version: refused.
+    fails_with(
+        &["run", "-m", &m(), "--plan", &plan, "-p", "Hi", "-n", "1"],
+        "made for model",
+    );
+    let mut old = pf.clone();
+    old["version"] = 0.into();
+    let old_path = p("old.json");
+    std::fs::write(&old_path, old.to_string()).unwrap();
+    fails_with(
+        &[
+            "run", "-m", &conv, "--plan", &old_path, "-p", "Hi", "-n", "1",
+        ],
+        "plan again",
+    );
+}

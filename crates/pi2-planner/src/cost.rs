@@ -191,7 +191,8 @@ impl<'a> CostModel<'a> {
         if let Some(c) = self.io.lock().unwrap().get(&key) {
             return c.clone();
         }
-        let f = &self.hw.flash;
+        // Reads while this plan's compute threads keep the cores busy.
+        let f = &self.hw.flash.with_load(k.threads);
         let cfg = ReaderConfig {
             max_request: k.max_read,
             depth: k.io_depth,
@@ -375,7 +376,7 @@ impl<'a> CostModel<'a> {
         let io = if split_known && k.mode == Mode::Offload {
             let rep = self.replay(k.budget, k.hot_share);
             let rep = rep.as_ref().as_ref().map_err(|e| e.clone())?;
-            let f = &self.hw.flash;
+            let f = &self.hw.flash.with_load(k.threads);
             let conc = f.engine_concurrency.max(1) as f64;
             Some(
                 m.steps
@@ -406,7 +407,7 @@ impl<'a> CostModel<'a> {
     pub fn evaluate(&self, k: &Knobs) -> Result<Prediction, String> {
         let r = self.rates(k)?;
         let m = self.model;
-        if k.cluster == 0 || k.cluster % 4 != 0 {
+        if k.cluster == 0 || !k.cluster.is_multiple_of(4) {
             return Err(format!(
                 "cluster size {} must be a positive multiple of 4",
                 k.cluster
@@ -483,7 +484,7 @@ impl<'a> CostModel<'a> {
         let n = self.n_batch;
         let mm =
             |ty: &str, rows: usize, rb: usize| r.secs(KernelOp::Matmul, ty, rows, rb) * n as f64;
-        let f = &self.hw.flash;
+        let f = &self.hw.flash.with_load(k.threads);
         let mut total = 0.0;
         let mut prev_compute = 0.0;
         for (li, l) in m.ffn.iter().enumerate() {

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Bumped whenever the profile's meaning changes; older profiles are refused.
-pub const HW_VERSION: u32 = 1;
+pub const HW_VERSION: u32 = 2;
 
 /// A kernel operation as the engine uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,6 +92,20 @@ pub struct FlashProfile {
     /// `latency_us + s / bytes_per_sec`.
     pub latency_us: f64,
     pub bytes_per_sec: f64,
+    /// The I/O thread copies each read from its aligned buffer to the rows' slots (memcpy
+    /// speed of one thread); the next read waits for the copy.
+    pub copy_bytes_per_sec: f64,
+    /// The same fit measured while `threads` compute threads keep the fastest cores busy (as
+    /// decode does): the I/O thread and the device's interrupts then share the CPU.
+    pub loaded: Vec<LoadedFit>,
+}
+
+/// A flash fit under compute load.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadedFit {
+    pub threads: usize,
+    pub latency_us: f64,
+    pub bytes_per_sec: f64,
 }
 
 impl FlashProfile {
@@ -119,9 +133,21 @@ impl FlashProfile {
         Some((lat * 1e6, 1.0 / slope))
     }
 
-    /// Seconds the engine needs for one read of `bytes`.
+    /// The profile as seen while `threads` compute threads run (the idle fit where the load
+    /// was not measured).
+    pub fn with_load(&self, threads: usize) -> FlashProfile {
+        let mut f = self.clone();
+        if let Some(l) = self.loaded.iter().find(|l| l.threads == threads) {
+            f.latency_us = l.latency_us;
+            f.bytes_per_sec = l.bytes_per_sec;
+        }
+        f
+    }
+
+    /// Seconds the I/O thread needs for one read of `bytes`, its copy included.
     pub fn read_secs(&self, bytes: usize) -> f64 {
-        self.latency_us * 1e-6 + bytes as f64 / self.bytes_per_sec
+        self.latency_us * 1e-6
+            + bytes as f64 * (1.0 / self.bytes_per_sec + 1.0 / self.copy_bytes_per_sec)
     }
 }
 
@@ -151,7 +177,8 @@ impl HardwareProfile {
         let version = v.get("version").and_then(|v| v.as_u64());
         if version != Some(HW_VERSION as u64) {
             return Err(file_err(format!(
-                "hardware profile version {version:?}, this pi2 reads version {HW_VERSION}: run `pi2 profile-hw` again"
+                "hardware profile version {}, this pi2 reads version {HW_VERSION}: run `pi2 profile-hw` again",
+                version.map_or("missing".to_string(), |v| v.to_string())
             )));
         }
         serde_json::from_value(v).map_err(|e| file_err(e.to_string()))
@@ -239,7 +266,7 @@ pub struct HwOptions<'a> {
     /// Pins the calling thread to a CPU (thread `i` of a class runs on `cpus[i]`).
     pub pin: Option<fn(usize) -> Result<(), String>>,
     /// Progress lines.
-    pub progress: &'a mut dyn FnMut(&str),
+    pub progress: &'a dyn Fn(&str),
 }
 
 /// Bytes of rows per pool: beyond the last-level cache, so kernels stream from RAM as they do
@@ -418,6 +445,67 @@ fn fit_rows(points: [(usize, f64); 2]) -> (f64, f64) {
     (row_ns, 1.0 / slope)
 }
 
+/// Flash points at every read size and depth: each the median of three rounds spread over the
+/// measurement (flash devices and shared virtual disks vary from second to second).
+fn flash_points(o: &HwOptions<'_>, load: &str) -> Result<(Vec<FlashPoint>, String), PlanError> {
+    const ROUNDS: usize = 3;
+    let size_of = std::fs::metadata(o.flash_file)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let mut engine = String::new();
+    let mut samples: Vec<Vec<pi2_io::profile::IoPoint>> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut k = 0;
+        for &depth in &o.depths {
+            for &size in &o.read_sizes {
+                (o.progress)(&format!(
+                    "flash ({load}): {size} B reads at depth {depth}, round {}",
+                    round + 1
+                ));
+                let p = pi2_io::profile::measure(
+                    o.flash_file,
+                    size,
+                    depth,
+                    size_of,
+                    o.read_time / ROUNDS as u32,
+                )?;
+                engine = p.engine.to_string();
+                if round == 0 {
+                    samples.push(Vec::new());
+                }
+                samples[k].push(p);
+                k += 1;
+            }
+        }
+    }
+    let points = samples
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
+            let p = &v[v.len() / 2];
+            FlashPoint {
+                read_size: p.read_size,
+                depth: p.depth,
+                bytes_per_sec: p.bytes_per_sec,
+                lat_p50_us: p.lat_p50_us,
+                lat_p99_us: p.lat_p99_us,
+            }
+        })
+        .collect();
+    Ok((points, engine))
+}
+
+/// One thread's memcpy speed (from one buffer beyond the caches to another).
+fn copy_rate(time: Duration) -> f64 {
+    let src = vec![1u8; POOL_BYTES / 2];
+    let mut dst = vec![0u8; POOL_BYTES / 2];
+    let secs = timed(time, || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&dst);
+    });
+    src.len() as f64 / secs
+}
+
 fn mem_bandwidth(time: Duration) -> f64 {
     let buf: Vec<u64> = (0..(POOL_BYTES * 2 / 8) as u64).collect();
     let secs = timed(time, || {
@@ -502,55 +590,7 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
             rates,
         });
     }
-    // Flash devices (and shared virtual disks) vary from second to second: each point is the
-    // median of three rounds spread over the whole measurement.
-    const ROUNDS: usize = 3;
-    let size_of = std::fs::metadata(o.flash_file)
-        .map(|m| m.len())
-        .unwrap_or(0);
-    let mut engine = String::new();
-    let mut samples: Vec<Vec<pi2_io::profile::IoPoint>> = Vec::new();
-    for round in 0..ROUNDS {
-        let mut k = 0;
-        for &depth in &o.depths {
-            for &size in &o.read_sizes {
-                (o.progress)(&format!(
-                    "flash: {size} B reads at depth {depth}, round {}",
-                    round + 1
-                ));
-                let p = pi2_io::profile::measure(
-                    o.flash_file,
-                    size,
-                    depth,
-                    size_of,
-                    o.read_time / ROUNDS as u32,
-                )?;
-                engine = p.engine.to_string();
-                if round == 0 {
-                    samples.push(Vec::new());
-                }
-                samples[k].push(p);
-                k += 1;
-            }
-        }
-    }
-    let points: Vec<FlashPoint> = samples
-        .into_iter()
-        .map(|mut v| {
-            v.sort_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
-            let p = &v[v.len() / 2];
-            FlashPoint {
-                read_size: p.read_size,
-                depth: p.depth,
-                bytes_per_sec: p.bytes_per_sec,
-                lat_p50_us: p.lat_p50_us,
-                lat_p99_us: p.lat_p99_us,
-            }
-        })
-        .collect();
-    let (latency_us, bytes_per_sec) = FlashProfile::fit(&points, 1).ok_or_else(|| {
-        PlanError::Hardware("the flash profile needs at least two read sizes at depth 1".into())
-    })?;
+    let flash = measure_flash(&o)?;
     let fp_classes: Vec<(Option<u64>, Vec<usize>)> = o
         .classes
         .iter()
@@ -562,14 +602,58 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
         cpu: o.cpu.clone(),
         tier,
         classes,
-        flash: FlashProfile {
-            alignment: if engine.ends_with("direct") { 4096 } else { 1 },
-            engine,
-            engine_concurrency: 1,
-            points,
-            latency_us,
-            bytes_per_sec,
-        },
+        flash,
+    })
+}
+
+/// The flash part of [`measure`] alone (idle and under load, and the copy speed): quick to
+/// repeat when the device's speed drifts (`pi2 bench --plan` does before timing a plan).
+pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
+    let (points, engine) = flash_points(o, "idle")?;
+    // Under load: spinning threads on the fastest class's cores, as many as decode may use.
+    let mut loaded = Vec::new();
+    if let Some(class) = o.classes.first() {
+        for t in 1..=class.cpus.len() {
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let pts = std::thread::scope(|sc| {
+                for &cpu in class.cpus.iter().take(t) {
+                    let (stop, pin) = (&stop, o.pin);
+                    sc.spawn(move || {
+                        if let Some(pin) = pin {
+                            let _ = pin(cpu);
+                        }
+                        // Busy like decode's workers: compute, and yield when idle.
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            spin(Duration::from_micros(50));
+                            std::thread::yield_now();
+                        }
+                    });
+                }
+                let r = flash_points(o, &format!("{t} busy thread(s)"));
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                r
+            })?;
+            if let Some((latency_us, bytes_per_sec)) = FlashProfile::fit(&pts.0, 1) {
+                loaded.push(LoadedFit {
+                    threads: t,
+                    latency_us,
+                    bytes_per_sec,
+                });
+            }
+        }
+    }
+    let (latency_us, bytes_per_sec) = FlashProfile::fit(&points, 1).ok_or_else(|| {
+        PlanError::Hardware("the flash profile needs at least two read sizes at depth 1".into())
+    })?;
+    Ok(FlashProfile {
+        alignment: if engine.ends_with("direct") { 4096 } else { 1 },
+        engine,
+        engine_concurrency: 1,
+        points,
+        latency_us,
+        bytes_per_sec,
+        copy_bytes_per_sec: copy_rate(o.kernel_time),
+        loaded,
     })
 }
 

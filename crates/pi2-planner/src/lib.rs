@@ -26,7 +26,7 @@ pub use plan::{plan, speed_curve, Constraints, Objective, PlanFile, Solution, Sp
 pub enum PlanError {
     #[error("{0}")]
     Infeasible(String),
-    #[error("plan file {path}: {msg}")]
+    #[error("{path}: {msg}")]
     File { path: String, msg: String },
     #[error(
         "this plan was made for {what} `{planned}`, not for this one (`{actual}`): plan again"

@@ -88,7 +88,7 @@ impl ModelProfile {
         if self.attention.len() != n || self.predictor.len() != n || self.ffn.len() != n {
             return Err(format!("expected {n} layers of shapes"));
         }
-        if self.steps.is_empty() || self.steps.len() % n != 0 {
+        if self.steps.is_empty() || !self.steps.len().is_multiple_of(n) {
             return Err(format!(
                 "the decode recording has {} steps, not a whole number of tokens of {n} layers",
                 self.steps.len()

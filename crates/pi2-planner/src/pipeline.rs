@@ -199,6 +199,8 @@ mod tests {
             points: vec![],
             latency_us: lat_us,
             bytes_per_sec: 1e9,
+            copy_bytes_per_sec: f64::INFINITY,
+            loaded: vec![],
         }
     }
 

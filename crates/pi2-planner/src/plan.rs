@@ -36,6 +36,8 @@ pub struct Constraints {
 /// The discrete choices the solver searches.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Space {
+    /// Thread counts tried (empty: every count the profile has, up to the constraints).
+    pub threads: Vec<usize>,
     pub modes: Vec<Mode>,
     /// Offloading budgets tried: this many points from the limit down to the minimum.
     pub memory_points: usize,
@@ -49,6 +51,7 @@ pub struct Space {
 impl Default for Space {
     fn default() -> Self {
         Self {
+            threads: vec![],
             modes: vec![Mode::Sparse, Mode::Dense, Mode::Offload],
             memory_points: 6,
             hot_shares: vec![1.0, 0.5, 0.0],
@@ -94,7 +97,9 @@ pub fn plan(cm: &CostModel<'_>, c: &Constraints, space: &Space) -> Result<Soluti
             continue;
         }
         for r in &class.rates {
-            if c.max_threads == 0 || r.threads <= c.max_threads {
+            if (c.max_threads == 0 || r.threads <= c.max_threads)
+                && (space.threads.is_empty() || space.threads.contains(&r.threads))
+            {
                 threads.push((ci, r.threads));
             }
         }

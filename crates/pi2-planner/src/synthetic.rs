@@ -109,6 +109,8 @@ pub fn toy_hardware(cores: usize, gbps: f64, lat_us: f64) -> HardwareProfile {
             }],
             latency_us: lat_us,
             bytes_per_sec: 1e9,
+            copy_bytes_per_sec: f64::INFINITY,
+            loaded: vec![],
         },
     }
 }

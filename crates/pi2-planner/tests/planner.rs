@@ -169,6 +169,7 @@ fn all_plans(
 
 fn small_space() -> Space {
     Space {
+        threads: vec![],
         modes: vec![Mode::Sparse, Mode::Dense, Mode::Offload],
         memory_points: 4,
         hot_shares: vec![1.0, 0.5, 0.0],

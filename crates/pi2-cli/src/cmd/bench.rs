@@ -77,6 +77,9 @@ struct Row {
     /// With --plan: the plan's predicted tokens/s for this test.
     #[serde(skip_serializing_if = "Option::is_none")]
     predicted_ts: Option<f64>,
+    /// The same with the flash re-measured just before this test (offloading plans).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    predicted_now_ts: Option<f64>,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -272,6 +275,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     time_gen(e, &toks, ng)
                 }
             };
+            let now = match &applied {
+                Some(ap) => super::plan::repredict_now(&model, &path, &ap.plan)?,
+                None => None,
+            };
             let mut samples = vec![Vec::new(); modes.len()];
             let mut stats = vec![None; modes.len()];
             for rep in 0..=a.reps {
@@ -337,6 +344,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                             ap.plan.predicted.decode_tps
                         }
                     }),
+                    predicted_now_ts: now.map(|(d, p)| if np > 0 { p } else { d }),
                 };
                 if let Format::Md = a.output {
                     let planned = applied.is_some();
@@ -344,18 +352,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
                         println!(
                             "| model | size | params | backend | threads | ffn | test | t/s |{}",
                             if planned {
-                                " predicted t/s | measured / predicted |"
+                                " predicted t/s | measured / predicted | predicted, flash now | measured / that |"
                             } else {
                                 ""
                             }
                         );
                         println!(
                             "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |{}",
-                            if planned { " ---: | ---: |" } else { "" }
+                            if planned {
+                                " ---: | ---: | ---: | ---: |"
+                            } else {
+                                ""
+                            }
                         );
                     }
                     let versus = row.predicted_ts.map_or(String::new(), |p| {
-                        format!(" {p:.2} | {:.2} |", row.avg_ts / p)
+                        let now = row.predicted_now_ts.map_or(" - | - |".into(), |n| {
+                            format!(" {n:.2} | {:.2} |", row.avg_ts / n)
+                        });
+                        format!(" {p:.2} | {:.2} |{now}", row.avg_ts / p)
                     });
                     println!(
                         "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |{versus}",

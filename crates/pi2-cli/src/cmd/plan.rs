@@ -198,7 +198,7 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         pi2_kernels::QuantType::F16,
         pi2_kernels::QuantType::F32,
     ];
-    let mut progress = |s: &str| eprintln!("profile-hw: {s}");
+    let progress = |s: &str| eprintln!("profile-hw: {s}");
     let hw = pi2_planner::hw::measure(HwOptions {
         cpu: cpu_name(),
         storage: storage_id(&path)?,
@@ -210,7 +210,7 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         depths: vec![1],
         read_time: Duration::from_millis(a.read_ms),
         pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
-        progress: &mut progress,
+        progress: &progress,
     })?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -418,12 +418,7 @@ fn model_profile(
     Ok(mp)
 }
 
-fn parse_fix(
-    fix: &[String],
-    space: &mut Space,
-    file_bytes: u64,
-    max_threads: &mut usize,
-) -> Result<Option<u64>> {
+fn parse_fix(fix: &[String], space: &mut Space, file_bytes: u64) -> Result<Option<u64>> {
     let mut budget = None;
     for item in fix {
         let (k, v) = item
@@ -443,7 +438,7 @@ fn parse_fix(
                     _ => bail!("--fix mode: dense, sparse or offload (got `{v}`)"),
                 }]
             }
-            "threads" => *max_threads = num(v)?,
+            "threads" => space.threads = vec![num(v)?],
             "budget" => budget = Some(size(v)? as u64),
             "hot_share" => {
                 let h: f64 = v
@@ -462,6 +457,83 @@ fn parse_fix(
         }
     }
     Ok(budget)
+}
+
+fn residency<'a>(
+    model: &'a Model,
+    sparse: &'a SparseFfn<'a>,
+    n_ctx: usize,
+    n_batch: usize,
+) -> Result<EngineResidency<'a>> {
+    let sizing = Engine::new(
+        model,
+        &EngineConfig {
+            threads: 1,
+            n_ctx,
+            ..EngineConfig::default()
+        },
+    )?;
+    Ok(EngineResidency {
+        model,
+        sparse,
+        kv: sizing.kv_bytes_full() as u64,
+        scratch: sizing.scratch_bytes(n_batch) as u64,
+        freq: frequencies(model)?,
+    })
+}
+
+fn recording_threads(hw: &HardwareProfile) -> usize {
+    hw.classes.first().map_or(1, |c| c.cpus.len()).max(1)
+}
+
+fn cost_model<'a>(
+    hw: &'a HardwareProfile,
+    mp: &'a ModelProfile,
+    res: &'a EngineResidency<'a>,
+    tokens: usize,
+    n_batch: usize,
+) -> CostModel<'a> {
+    let mut cm = CostModel::new(hw, mp, res, tokens / 2, n_batch);
+    // Every 4th step's reads simulated: planning in seconds, not minutes.
+    cm.io_stride = 4;
+    cm
+}
+
+/// The plan's prediction again, with the flash measured now (the device's speed drifts; on a
+/// shared virtual disk by half within minutes): separates the cost model's error from the
+/// device's drift. `None` for plans that read nothing or without a cached hardware profile.
+pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Option<(f64, f64)>> {
+    if plan.knobs.mode != Mode::Offload {
+        return Ok(None);
+    }
+    let Ok(mut hw) = load_hw(None, path) else {
+        return Ok(None);
+    };
+    let Some(sparse) = super::sparse_args::build(&Default::default(), model, path, false)? else {
+        return Ok(None);
+    };
+    let progress = |_: &str| {};
+    let topo = Topology::detect();
+    let flash = pi2_planner::hw::measure_flash(&HwOptions {
+        cpu: String::new(),
+        storage: String::new(),
+        classes: classes(&topo),
+        types: vec![],
+        kernel_time: Duration::from_millis(30),
+        flash_file: path,
+        read_sizes: vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20],
+        depths: vec![1],
+        read_time: Duration::from_millis(600),
+        pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
+        progress: &progress,
+    })?;
+    hw.flash = flash;
+    let res = residency(model, &sparse, plan.n_ctx, plan.n_batch)?;
+    let toks = recording_tokens(model, None, 32)?;
+    let mp = model_profile(model, path, &sparse, recording_threads(&hw), &toks)?;
+    let cm = cost_model(&hw, &mp, &res, toks.len(), plan.n_batch);
+    let p = cm.evaluate(&plan.knobs).map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some((p.decode_tps, p.prefill_tps)))
 }
 
 /// Everything `plan` and `--plan auto` share: the solved plan file.
@@ -505,40 +577,22 @@ fn solve(
         .filter(|(_, c)| c.cpus.iter().any(|x| allowed.contains(x)))
         .map(|(i, _)| i)
         .collect();
-    let mut max_threads = match margs.threads[..] {
+    let max_threads = match margs.threads[..] {
         [] => 0,
         [t] if t > 0 => t,
         _ => bail!("-t/--threads takes one number here: the most threads a plan may use"),
     };
     let mut space = Space::default();
-    let fixed_budget = parse_fix(fix, &mut space, model.file.file_size(), &mut max_threads)?;
+    let fixed_budget = parse_fix(fix, &mut space, model.file.file_size())?;
     let n_ctx = if margs.ctx_size == 0 {
         model.config.n_ctx_train
     } else {
         margs.ctx_size
     };
-    let sizing = Engine::new(
-        model,
-        &EngineConfig {
-            threads: 1,
-            n_ctx,
-            ..EngineConfig::default()
-        },
-    )?;
-    let res = EngineResidency {
-        model,
-        sparse: &sparse,
-        kv: sizing.kv_bytes_full() as u64,
-        scratch: sizing.scratch_bytes(n_batch) as u64,
-        freq: frequencies(model)?,
-    };
-    drop(sizing);
+    let res = residency(model, &sparse, n_ctx, n_batch)?;
     let toks = recording_tokens(model, file, n_tokens)?;
-    let rec_threads = hw.classes.first().map_or(1, |c| c.cpus.len()).max(1);
-    let mp = model_profile(model, path, &sparse, rec_threads, &toks)?;
-    let mut cm = CostModel::new(hw, &mp, &res, toks.len() / 2, n_batch);
-    // Every 4th step's reads simulated: planning in seconds, not minutes.
-    cm.io_stride = 4;
+    let mp = model_profile(model, path, &sparse, recording_threads(hw), &toks)?;
+    let cm = cost_model(hw, &mp, &res, toks.len(), n_batch);
     let mut limit = mem_limit;
     if let Some(b) = fixed_budget {
         space.memory_points = 1;
@@ -784,7 +838,7 @@ pub fn apply(
             ..margs.clone()
         })?
     };
-    let offload = (k.mode == Mode::Offload).then(|| pi2_sched::OffloadConfig {
+    let offload = (k.mode == Mode::Offload).then_some(pi2_sched::OffloadConfig {
         budget: k.budget,
         hot_share: k.hot_share,
         direct: true,
