@@ -49,6 +49,7 @@ pub struct PreadEngine {
     size: u64,
     direct: bool,
     fallback: Option<String>,
+    keep_pages: bool,
 }
 
 /// Direct-I/O alignment: the largest logical block size in use (4 KiB covers UFS, eMMC and NVMe).
@@ -77,6 +78,7 @@ impl PreadEngine {
             size,
             direct: false,
             fallback: None,
+            keep_pages: false,
         };
         if direct {
             match open_direct(path, size) {
@@ -88,6 +90,14 @@ impl PreadEngine {
             }
         }
         Ok(engine)
+    }
+
+    /// Buffered reads that keep their pages: after the first read the file is served from the
+    /// page cache (the base of an emulated device, see [`emulated`]).
+    pub fn open_cached(path: impl AsRef<Path>) -> Result<Self, IoError> {
+        let mut e = Self::open(path, false)?;
+        e.keep_pages = true;
+        Ok(e)
     }
 
     /// Whether reads bypass the page cache with `O_DIRECT`.
@@ -119,7 +129,7 @@ impl PreadEngine {
                 break; // a direct read ends short only at the end of the file
             }
         }
-        if !self.direct {
+        if !self.direct && !self.keep_pages {
             drop_pages(&self.file, op.offset, got);
         }
         if got < op.need {
@@ -233,6 +243,16 @@ pub struct FaultPlan {
     pub eio_from: Option<u64>,
     /// This read returns half of what it should.
     pub short_at: Option<u64>,
+}
+
+/// An emulated flash device over `path`: reads served from the page cache, each delayed by
+/// `plan`'s latency and per-byte time. Where the real device's speed drifts (a shared virtual
+/// disk), this gives a device of known, steady speed to check a planner's predictions against.
+pub fn emulated(
+    path: impl AsRef<Path>,
+    plan: FaultPlan,
+) -> Result<FaultEngine<PreadEngine>, IoError> {
+    Ok(FaultEngine::new(PreadEngine::open_cached(path)?, plan))
 }
 
 /// Wraps an engine and injects the faults of a [`FaultPlan`].

@@ -18,7 +18,7 @@ pub mod profile;
 mod reader;
 
 pub use buf::AlignedBuf;
-pub use engine::{FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
+pub use engine::{emulated, FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
 pub use reader::{
     device_reads, for_each_device_read, Completion, Reader, ReaderConfig, ReaderStats, Request,
 };

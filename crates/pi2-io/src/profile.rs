@@ -44,8 +44,26 @@ pub fn measure(
     span: u64,
     time: Duration,
 ) -> Result<IoPoint, IoError> {
+    measure_with(path, read_size, depth, span, time, None)
+}
+
+/// [`measure`], on the device [`crate::emulated`] builds from `emulate` when given.
+pub fn measure_with(
+    path: &Path,
+    read_size: usize,
+    depth: usize,
+    span: u64,
+    time: Duration,
+    emulate: Option<&crate::FaultPlan>,
+) -> Result<IoPoint, IoError> {
     let depth = depth.max(1);
-    let probe = PreadEngine::open(path, true)?;
+    let open = || -> Result<Box<dyn ReadEngine>, IoError> {
+        Ok(match emulate {
+            Some(plan) => Box::new(crate::emulated(path, plan.clone())?),
+            None => Box::new(PreadEngine::open(path, true)?),
+        })
+    };
+    let probe = open()?;
     let (size, align, engine) = (probe.size(), probe.alignment().max(512), probe.name());
     drop(probe);
     let read_size = read_size.div_ceil(align) * align;
@@ -62,7 +80,7 @@ pub fn measure(
         let handles: Vec<_> = (0..depth)
             .map(|t| {
                 s.spawn(move || {
-                    let mut eng = PreadEngine::open(path, true)?;
+                    let mut eng = open()?;
                     let mut buf = AlignedBuf::new(read_size, align);
                     let mut rng = SplitMix(0x5eed + t as u64);
                     let mut lat = Vec::new();

@@ -2,8 +2,8 @@
 //! fault engine's errors.
 
 use pi2_io::{
-    device_reads, AlignedBuf, FaultEngine, FaultPlan, IoError, PreadEngine, ReadEngine, ReadOp,
-    Reader, ReaderConfig, Request,
+    device_reads, emulated, AlignedBuf, FaultEngine, FaultPlan, IoError, PreadEngine, ReadEngine,
+    ReadOp, Reader, ReaderConfig, Request,
 };
 use proptest::prelude::*;
 use std::io::Write;
@@ -41,6 +41,19 @@ fn engines(path: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
                 PreadEngine::open(path, true).unwrap(),
                 FaultPlan::default(),
             )),
+        ),
+        (
+            "emulated",
+            Box::new(
+                emulated(
+                    path,
+                    FaultPlan {
+                        latency: std::time::Duration::from_micros(20),
+                        ..Default::default()
+                    },
+                )
+                .unwrap(),
+            ),
         ),
     ]
 }

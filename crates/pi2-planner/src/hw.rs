@@ -263,6 +263,9 @@ pub struct HwOptions<'a> {
     pub read_sizes: Vec<usize>,
     pub depths: Vec<usize>,
     pub read_time: Duration,
+    /// Profile an emulated device over the file instead of the real one (see
+    /// [`pi2_io::emulated`]).
+    pub emulate: Option<pi2_io::FaultPlan>,
     /// Pins the calling thread to a CPU (thread `i` of a class runs on `cpus[i]`).
     pub pin: Option<fn(usize) -> Result<(), String>>,
     /// Progress lines.
@@ -462,14 +465,18 @@ fn flash_points(o: &HwOptions<'_>, load: &str) -> Result<(Vec<FlashPoint>, Strin
                     "flash ({load}): {size} B reads at depth {depth}, round {}",
                     round + 1
                 ));
-                let p = pi2_io::profile::measure(
+                let p = pi2_io::profile::measure_with(
                     o.flash_file,
                     size,
                     depth,
                     size_of,
                     o.read_time / ROUNDS as u32,
+                    o.emulate.as_ref(),
                 )?;
-                engine = p.engine.to_string();
+                engine = match o.emulate {
+                    Some(_) => "emulated".to_string(),
+                    None => p.engine.to_string(),
+                };
                 if round == 0 {
                     samples.push(Vec::new());
                 }

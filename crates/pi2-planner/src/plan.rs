@@ -270,6 +270,9 @@ pub struct PlanModel {
 pub struct PlanDevice {
     pub fingerprint: String,
     pub cpu: String,
+    /// The emulated flash device the plan is for (`LATENCYus,BANDWIDTHMB/s`), if any.
+    #[serde(default)]
+    pub emulated: Option<String>,
 }
 
 /// A plan on disk: every knob, what it is predicted to do, and what it is for.

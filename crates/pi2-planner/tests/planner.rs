@@ -306,6 +306,7 @@ fn a_plan() -> PlanFile {
         device: PlanDevice {
             fingerprint: hw.fingerprint.clone(),
             cpu: hw.cpu.clone(),
+            emulated: None,
         },
         constraints: c,
         knobs: sol.knobs,

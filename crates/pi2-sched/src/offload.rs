@@ -37,6 +37,9 @@ pub struct OffloadConfig {
     pub reader: ReaderConfig,
     /// Inject faults/latency (tests, the ablation bench).
     pub faults: Option<pi2_io::FaultPlan>,
+    /// Read from an emulated device of this speed ([`pi2_io::emulated`]) instead of the file's
+    /// real device.
+    pub emulate: Option<pi2_io::FaultPlan>,
 }
 
 impl Default for OffloadConfig {
@@ -47,6 +50,7 @@ impl Default for OffloadConfig {
             direct: true,
             reader: ReaderConfig::default(),
             faults: None,
+            emulate: None,
         }
     }
 }
@@ -357,7 +361,10 @@ impl Offload {
         )?;
         let cache = SlotCache::new(n_layer * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
-        let engine = PreadEngine::open(path, cfg.direct)?;
+        let engine = match &cfg.emulate {
+            Some(_) => PreadEngine::open_cached(path)?,
+            None => PreadEngine::open(path, cfg.direct)?,
+        };
         if engine.size() != model.file.file_size() {
             return Err(OffloadError::Model(format!(
                 "{} is not the file the model was loaded from",
@@ -368,7 +375,8 @@ impl Offload {
             engine.is_direct(),
             engine.fallback_reason().map(String::from),
         );
-        let reader = match &cfg.faults {
+        // Injected faults and an emulated device both wrap the file's engine.
+        let reader = match cfg.faults.as_ref().or(cfg.emulate.as_ref()) {
             Some(plan) => Reader::new(
                 pi2_io::FaultEngine::new(engine, plan.clone()),
                 cfg.reader.clone(),

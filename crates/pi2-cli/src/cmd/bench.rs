@@ -143,8 +143,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
             if a.model.threads.len() > 1 {
                 bail!("--plan sets the threads; drop -t");
             }
-            let ap =
-                super::plan::apply(spec, &model, &path, &a.model, budgets.first().map(|b| b.1))?;
+            let ap = super::plan::apply(
+                spec,
+                &model,
+                &path,
+                &a.model,
+                budgets.first().map(|b| b.1),
+                a.offload.emulate_flash.as_deref(),
+            )?;
             budgets = ap
                 .offload
                 .as_ref()

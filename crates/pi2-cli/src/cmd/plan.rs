@@ -37,6 +37,10 @@ pub struct ProfileHwArgs {
     /// Milliseconds per flash point
     #[arg(long, default_value_t = 1500)]
     pub read_ms: u64,
+    /// Profile an emulated flash device (LATENCYus,BANDWIDTHMB/s, e.g. 100us,800MB/s): reads
+    /// from the page cache, each delayed by that much (for disks whose speed drifts)
+    #[arg(long)]
+    pub emulate_flash: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -79,6 +83,9 @@ pub struct PlanArgs {
     /// Prefill batch the plan is sized for
     #[arg(long = "batch", default_value_t = 64)]
     pub n_batch: usize,
+    /// Plan for an emulated flash device (as given to `pi2 profile-hw --emulate-flash`)
+    #[arg(long)]
+    pub emulate_flash: Option<String>,
     /// Fix knobs instead of searching them: mode=dense|sparse|offload, threads=N, budget=SIZE,
     /// hot_share=F, cluster=N, merge_gap=SIZE, max_read=SIZE, io_depth=N (comma separated)
     #[arg(long = "fix", value_delimiter = ',')]
@@ -139,8 +146,47 @@ fn classes(topo: &Topology) -> Vec<CoreSpec> {
         .collect()
 }
 
-/// This device's fingerprint, for a model stored at `path`.
-pub fn device_fingerprint(path: &Path) -> Result<String> {
+/// An emulated flash device: `LATENCY_us,BANDWIDTH_MB/s` (e.g. `100us,800MB/s`).
+pub fn parse_emulate(spec: &str) -> Result<pi2_io::FaultPlan> {
+    let bad = || {
+        anyhow::anyhow!(
+            "--emulate-flash `{spec}`: expected LATENCYus,BANDWIDTHMB/s (e.g. 100us,800MB/s)"
+        )
+    };
+    let (lat, bw) = spec.split_once(',').ok_or_else(bad)?;
+    let lat: f64 = lat
+        .trim()
+        .trim_end_matches("us")
+        .parse()
+        .map_err(|_| bad())?;
+    let bw: f64 = bw
+        .trim()
+        .trim_end_matches("MB/s")
+        .parse()
+        .map_err(|_| bad())?;
+    if !(lat >= 0.0 && bw > 0.0 && lat.is_finite() && bw.is_finite()) {
+        return Err(bad());
+    }
+    Ok(pi2_io::FaultPlan {
+        latency: Duration::from_nanos((lat * 1e3) as u64),
+        ns_per_byte: 1e3 / bw,
+        ..Default::default()
+    })
+}
+
+/// The storage a model at `path` is read from: its device, or the emulated one.
+fn storage(path: &Path, emulate: Option<&str>) -> Result<String> {
+    match emulate {
+        Some(spec) => {
+            parse_emulate(spec)?;
+            Ok(format!("emulated {spec}"))
+        }
+        None => storage_id(path),
+    }
+}
+
+/// This device's fingerprint, for a model stored at `path` (or on an emulated device).
+pub fn device_fingerprint(path: &Path, emulate: Option<&str>) -> Result<String> {
     let fp: Vec<(Option<u64>, Vec<usize>)> = classes(&Topology::detect())
         .into_iter()
         .map(|c| (c.max_freq_khz, c.cpus))
@@ -149,12 +195,15 @@ pub fn device_fingerprint(path: &Path) -> Result<String> {
         &cpu_name(),
         &fp,
         &pi2_planner::hw::tier_name(),
-        &storage_id(path)?,
+        &storage(path, emulate)?,
     ))
 }
 
-fn default_hw_path(model_path: &Path) -> Result<PathBuf> {
-    Ok(cache_dir().join(format!("hw-{}.json", device_fingerprint(model_path)?)))
+fn default_hw_path(model_path: &Path, emulate: Option<&str>) -> Result<PathBuf> {
+    Ok(cache_dir().join(format!(
+        "hw-{}.json",
+        device_fingerprint(model_path, emulate)?
+    )))
 }
 
 /// A model file's identity: its header and tensor table (names, types, shapes, offsets) and
@@ -186,7 +235,7 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
             }
             o.clone()
         }
-        None => default_hw_path(&path)?,
+        None => default_hw_path(&path, a.emulate_flash.as_deref())?,
     };
     let topo = Topology::detect();
     let types = vec![
@@ -201,7 +250,8 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
     let progress = |s: &str| eprintln!("profile-hw: {s}");
     let hw = pi2_planner::hw::measure(HwOptions {
         cpu: cpu_name(),
-        storage: storage_id(&path)?,
+        storage: storage(&path, a.emulate_flash.as_deref())?,
+        emulate: a.emulate_flash.as_deref().map(parse_emulate).transpose()?,
         classes: classes(&topo),
         types,
         kernel_time: Duration::from_millis(a.kernel_ms),
@@ -506,7 +556,8 @@ pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Opti
     if plan.knobs.mode != Mode::Offload {
         return Ok(None);
     }
-    let Ok(mut hw) = load_hw(None, path) else {
+    let emulate = plan.device.emulated.as_deref();
+    let Ok(mut hw) = load_hw(None, path, emulate) else {
         return Ok(None);
     };
     let Some(sparse) = super::sparse_args::build(&Default::default(), model, path, false)? else {
@@ -524,6 +575,7 @@ pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Opti
         read_sizes: vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20],
         depths: vec![1],
         read_time: Duration::from_millis(600),
+        emulate: emulate.map(parse_emulate).transpose()?,
         pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
         progress: &progress,
     })?;
@@ -551,13 +603,14 @@ fn solve(
     n_batch: usize,
     fix: &[String],
     explain: bool,
+    emulate: Option<&str>,
 ) -> Result<PlanFile> {
     let Some(sparse) = super::sparse_args::build(&Default::default(), model, path, false)? else {
         bail!(
             "planning needs a model made by `pi2 convert` (neuron bundles, predictors, thresholds)"
         );
     };
-    let fingerprint = device_fingerprint(path)?;
+    let fingerprint = device_fingerprint(path, emulate)?;
     if hw.fingerprint != fingerprint {
         bail!(
             "the hardware profile is for device {}, this is {fingerprint}: run `pi2 profile-hw` here",
@@ -630,6 +683,7 @@ fn solve(
         device: PlanDevice {
             fingerprint,
             cpu: hw.cpu.clone(),
+            emulated: emulate.map(String::from),
         },
         constraints: cons.clone(),
         knobs: sol.knobs.clone(),
@@ -738,10 +792,10 @@ fn print_explain(p: &PlanFile) {
     }
 }
 
-fn load_hw(hw: Option<&Path>, model_path: &Path) -> Result<HardwareProfile> {
+fn load_hw(hw: Option<&Path>, model_path: &Path, emulate: Option<&str>) -> Result<HardwareProfile> {
     let p = match hw {
         Some(p) => p.to_path_buf(),
-        None => default_hw_path(model_path)?,
+        None => default_hw_path(model_path, emulate)?,
     };
     if !p.exists() && hw.is_none() {
         bail!(
@@ -761,7 +815,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             bail!("{} exists; pass --force to replace it", o.display());
         }
     }
-    let hw = load_hw(a.hw.as_deref(), &path)?;
+    let hw = load_hw(a.hw.as_deref(), &path, a.emulate_flash.as_deref())?;
     let limit = parse_size(&a.mem_limit, model.file.file_size())?;
     let objective = match a.objective {
         ObjectiveArg::Fastest => Objective::Fastest,
@@ -780,6 +834,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         a.n_batch,
         &a.fix,
         a.explain,
+        a.emulate_flash.as_deref(),
     )?;
     if let Some(o) = &a.output {
         pf.save(o, a.force)?;
@@ -803,9 +858,10 @@ pub fn apply(
     path: &Path,
     margs: &ModelArgs,
     auto_limit: Option<u64>,
+    emulate: Option<&str>,
 ) -> Result<Applied> {
     let plan = if spec == "auto" {
-        let hw = load_hw(None, path)?;
+        let hw = load_hw(None, path, emulate)?;
         let limit = auto_limit.unwrap_or(u64::MAX);
         solve(
             model,
@@ -820,10 +876,17 @@ pub fn apply(
             64,
             &[],
             false,
+            emulate,
         )?
     } else {
         let p = PlanFile::load(Path::new(spec))?;
-        p.check(&model_digest(model, path)?, &device_fingerprint(path)?)?;
+        if emulate.is_some() && p.device.emulated.as_deref() != emulate {
+            bail!(
+                "--emulate-flash goes with --plan auto (a plan file says which device it is for)"
+            );
+        }
+        let fp = device_fingerprint(path, p.device.emulated.as_deref())?;
+        p.check(&model_digest(model, path)?, &fp)?;
         p
     };
     let k: &Knobs = &plan.knobs;
@@ -848,6 +911,30 @@ pub fn apply(
             merge_gap: k.merge_gap,
         },
         faults: None,
+        emulate: plan
+            .device
+            .emulated
+            .as_deref()
+            .map(parse_emulate)
+            .transpose()
+            .ok()
+            .flatten(),
     });
     Ok(Applied { plan, cfg, offload })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_emulate;
+
+    #[test]
+    fn emulated_devices_parse() {
+        let p = parse_emulate("100us,800MB/s").unwrap();
+        assert_eq!(p.latency, std::time::Duration::from_micros(100));
+        assert!((p.ns_per_byte - 1.25).abs() < 1e-12);
+        assert!(parse_emulate("100,500").is_ok());
+        for bad in ["100us", "x,800MB/s", "100us,0MB/s", "-1us,5MB/s"] {
+            assert!(parse_emulate(bad).is_err(), "{bad}");
+        }
+    }
 }

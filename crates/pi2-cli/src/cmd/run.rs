@@ -60,7 +60,14 @@ pub fn run(a: RunArgs) -> Result<()> {
                     "--plan FILE sets the memory budget itself; --mem-budget goes with --plan auto"
                 );
             }
-            Some(super::plan::apply(spec, &model, &path, &a.model, budget)?)
+            Some(super::plan::apply(
+                spec,
+                &model,
+                &path,
+                &a.model,
+                budget,
+                a.offload.emulate_flash.as_deref(),
+            )?)
         }
         None => None,
     };

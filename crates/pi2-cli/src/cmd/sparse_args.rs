@@ -187,6 +187,10 @@ pub struct OffloadArgs {
     /// Nearby reads at most this far apart are merged (bytes, K/M suffix)
     #[arg(long, default_value = "0")]
     pub merge_gap: String,
+    /// Read from an emulated flash device (LATENCYus,BANDWIDTHMB/s, e.g. 100us,800MB/s):
+    /// the page cache, each read delayed by that much
+    #[arg(long)]
+    pub emulate_flash: Option<String>,
 }
 
 /// `48M`, `1.5G`, `4096`, `512K`, or `50%` of `file_bytes`.
@@ -235,6 +239,11 @@ pub fn build_offload(
             merge_gap: parse_size(&a.merge_gap, file)? as usize,
         },
         faults: None,
+        emulate: a
+            .emulate_flash
+            .as_deref()
+            .map(super::plan::parse_emulate)
+            .transpose()?,
     };
     if !(0.0..=1.0).contains(&a.hot_share) {
         bail!("--hot-share {} is outside 0..1", a.hot_share);
