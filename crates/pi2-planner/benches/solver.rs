@@ -13,11 +13,19 @@ fn bench(c: &mut Criterion) {
         b.iter(|| replay(&m, &split).unwrap())
     });
     let hw = toy_hardware(2, 4.0, 80.0);
-    c.bench_function("plan_fastest_half_memory", |b| {
+    // A whole solve simulates hundreds of plans: a smaller recording, every 4th step simulated
+    // (as `pi2 plan` does), ten samples.
+    let m = toy_model(4, 512, 16);
+    let res = ToyResidency::for_model(&m, 1 << 20);
+    let mut g = c.benchmark_group("solve");
+    g.sample_size(10);
+    g.bench_function("plan_fastest_mid_memory", |b| {
         b.iter(|| {
-            let cm = CostModel::new(&hw, &m, &res, 64, 64);
+            let mut cm = CostModel::new(&hw, &m, &res, 64, 64);
+            cm.io_stride = 4;
             let cons = Constraints {
-                mem_limit: res.in_memory_bytes() / 2,
+                // Halfway between the smallest budget and the whole model.
+                mem_limit: (res.min_budget() + res.in_memory_bytes()) / 2,
                 classes: vec![],
                 max_threads: 0,
                 min_decode_tps: 0.0,
@@ -26,6 +34,7 @@ fn bench(c: &mut Criterion) {
             plan(&cm, &cons, &Space::default()).unwrap()
         })
     });
+    g.finish();
 }
 
 criterion_group!(benches, bench);
