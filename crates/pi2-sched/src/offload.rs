@@ -261,10 +261,16 @@ pub fn min_budget(
     kv_bytes: u64,
     scratch: u64,
 ) -> Result<u64, OffloadError> {
-    let c = &model.config;
     let p = plan(model, sparse, kv_bytes, scratch)?;
+    let (stage, min_cold) = least_regions(&p, &model.config);
+    Ok(p.fixed + stage + min_cold)
+}
+
+/// Prefill staging (two layers) and the least neuron cache (one layer of slots): a decode step
+/// may need every neuron of a layer.
+fn least_regions(p: &Plan, c: &pi2_model::ModelConfig) -> (u64, u64) {
     let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, c.n_ff, c.n_layer * c.n_ff);
-    Ok(p.fixed + 2 * pad(p.stage) as u64 + min_cold)
+    (2 * pad(p.stage) as u64, min_cold)
 }
 
 /// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
@@ -282,10 +288,7 @@ pub fn regions(
     let (n_layer, n_ff) = (c.n_layer, c.n_ff);
     let p = plan(model, sparse, kv_bytes, scratch)?;
     let mut budget = Budget::new(budget);
-    // A decode step may need every neuron of a layer: the neuron memory must hold one
-    // layer's bundles; prefill stages two layers.
-    let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, n_ff, n_layer * n_ff);
-    let stage_bytes = 2 * pad(p.stage) as u64;
+    let (stage_bytes, min_cold) = least_regions(&p, c);
     budget.reserve_with_minimum(
         Region::Fixed,
         p.fixed,

@@ -135,11 +135,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let applied = match &a.plan {
         Some(spec) => {
-            if !budgets.is_empty() && spec != "auto" {
-                bail!(
-                    "--plan FILE sets the memory budget itself; --mem-budget goes with --plan auto"
-                );
-            }
             if a.model.threads.len() > 1 {
                 bail!("--plan sets the threads; drop -t");
             }
@@ -161,14 +156,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         None => None,
     };
-    let planned_mode = applied.as_ref().map(|ap| ap.plan.knobs.mode);
-    let sparse_args = match planned_mode {
-        Some(pi2_planner::cost::Mode::Dense) => super::sparse_args::SparseArgs {
-            dense: true,
-            ..a.sparse.clone()
-        },
-        _ => a.sparse.clone(),
-    };
+    let sparse_args = applied
+        .as_ref()
+        .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));
     let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
     if !budgets.is_empty() && sparse.is_none() {
         bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert`");

@@ -815,8 +815,9 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             bail!("{} exists; pass --force to replace it", o.display());
         }
     }
-    let hw = load_hw(a.hw.as_deref(), &path, a.emulate_flash.as_deref())?;
+    // The user's own arguments are checked before anything is read for them.
     let limit = parse_size(&a.mem_limit, model.file.file_size())?;
+    let hw = load_hw(a.hw.as_deref(), &path, a.emulate_flash.as_deref())?;
     let objective = match a.objective {
         ObjectiveArg::Fastest => Objective::Fastest,
         ObjectiveArg::LeastMemory => Objective::LeastMemory,
@@ -843,6 +844,19 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
+impl Applied {
+    /// The sparse options under this plan (a dense plan turns sparsity off).
+    pub fn sparse_args(
+        &self,
+        base: &super::sparse_args::SparseArgs,
+    ) -> super::sparse_args::SparseArgs {
+        super::sparse_args::SparseArgs {
+            dense: base.dense || self.plan.knobs.mode == Mode::Dense,
+            ..base.clone()
+        }
+    }
+}
+
 /// What `--plan` sets up.
 pub struct Applied {
     pub plan: PlanFile,
@@ -860,6 +874,9 @@ pub fn apply(
     auto_limit: Option<u64>,
     emulate: Option<&str>,
 ) -> Result<Applied> {
+    if spec != "auto" && auto_limit.is_some() {
+        bail!("--plan FILE sets the memory budget itself; --mem-budget goes with --plan auto");
+    }
     let plan = if spec == "auto" {
         let hw = load_hw(None, path, emulate)?;
         let limit = auto_limit.unwrap_or(u64::MAX);

@@ -54,31 +54,19 @@ pub fn run(a: RunArgs) -> Result<()> {
         _ => bail!("`run` takes one --mem-budget (lists are for `pi2 bench`)"),
     };
     let applied = match &a.plan {
-        Some(spec) => {
-            if budget.is_some() && spec != "auto" {
-                bail!(
-                    "--plan FILE sets the memory budget itself; --mem-budget goes with --plan auto"
-                );
-            }
-            Some(super::plan::apply(
-                spec,
-                &model,
-                &path,
-                &a.model,
-                budget,
-                a.offload.emulate_flash.as_deref(),
-            )?)
-        }
+        Some(spec) => Some(super::plan::apply(
+            spec,
+            &model,
+            &path,
+            &a.model,
+            budget,
+            a.offload.emulate_flash.as_deref(),
+        )?),
         None => None,
     };
-    let planned_mode = applied.as_ref().map(|ap| ap.plan.knobs.mode);
-    let sparse_args = match planned_mode {
-        Some(pi2_planner::cost::Mode::Dense) => super::sparse_args::SparseArgs {
-            dense: true,
-            ..a.sparse.clone()
-        },
-        _ => a.sparse.clone(),
-    };
+    let sparse_args = applied
+        .as_ref()
+        .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));
     let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
     let mut engine = match &applied {
         Some(ap) => pi2_sched::Engine::new(&model, &ap.cfg)?,
