@@ -63,6 +63,15 @@ impl<'a> MatRef<'a> {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
+    /// Rows `r` as a matrix of their own (one expert of a stacked mixture-of-experts tensor).
+    pub fn rows(&self, r: std::ops::Range<usize>) -> MatRef<'a> {
+        MatRef {
+            rows: r.len(),
+            data: &self.data[r.start * self.row_bytes..r.end * self.row_bytes],
+            ..*self
+        }
+    }
+
     /// All bytes.
     pub fn bytes(&self) -> &'a [u8] {
         self.data

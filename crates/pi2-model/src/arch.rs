@@ -32,6 +32,65 @@ pub enum RopeKind {
     Neox,
 }
 
+/// The gated FFN's nonlinearity: neuron i contributes `gate_act(g_i) * up_act(u_i)` times its
+/// down column, where `g_i` and `u_i` are its gate and up rows dotted with the input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SwiGLU: `silu(g) * u` (Llama, Mistral, SmolLM2, Mixtral).
+    Silu,
+    /// ReGLU: `relu(g) * u` (ReluLLaMA, ProSparse, Bamboo).
+    Relu,
+    /// dReLU: `relu(g) * relu(u)` (TurboSparse).
+    DRelu,
+}
+
+/// Metadata key naming the FFN nonlinearity (`silu` when absent). GGUF has no standard key for
+/// it: llama.cpp ignores this one and runs such files as SwiGLU, which costs it the same time.
+pub const KEY_FFN_ACTIVATION: &str = "pi2.ffn_activation";
+
+impl FfnAct {
+    /// The name written to [`KEY_FFN_ACTIVATION`].
+    pub fn name(self) -> &'static str {
+        match self {
+            FfnAct::Silu => "silu",
+            FfnAct::Relu => "reglu",
+            FfnAct::DRelu => "drelu",
+        }
+    }
+
+    /// Accepts the written names and their common aliases.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "silu" | "swiglu" => Some(FfnAct::Silu),
+            "relu" | "reglu" => Some(FfnAct::Relu),
+            "drelu" | "dreglu" => Some(FfnAct::DRelu),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    pub fn gate(self, g: f32) -> f32 {
+        match self {
+            FfnAct::Silu => g / (1.0 + (-g).exp()),
+            FfnAct::Relu | FfnAct::DRelu => g.max(0.0),
+        }
+    }
+
+    #[inline]
+    pub fn up(self, u: f32) -> f32 {
+        match self {
+            FfnAct::DRelu => u.max(0.0),
+            FfnAct::Silu | FfnAct::Relu => u,
+        }
+    }
+
+    /// Whether an inactive neuron contributes exactly zero (ReLU family), so skipping it loses
+    /// nothing.
+    pub fn exact_sparsity(self) -> bool {
+        self != FfnAct::Silu
+    }
+}
+
 /// Hyper-parameters of a llama-family transformer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -51,6 +110,11 @@ pub struct ModelConfig {
     /// Linear position scaling (1.0 = none).
     pub rope_freq_scale: f32,
     pub rms_eps: f32,
+    pub ffn_act: FfnAct,
+    /// Experts per FFN layer (0: a dense FFN). Each expert has `n_ff` neurons.
+    pub n_expert: usize,
+    /// Experts each token is routed to.
+    pub n_expert_used: usize,
 }
 
 /// Where a tensor lives in the file and what it holds, checked at load.
@@ -84,6 +148,9 @@ pub struct LayerWeights {
     /// transposed (`n_ff` rows of `n_embd`: neuron i's down column is row i).
     pub down: TensorView,
     pub down_transposed: bool,
+    /// Mixture-of-experts layers: the router. `gate`, `up` and `down` then stack the experts
+    /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down).
+    pub router: Option<TensorView>,
 }
 
 /// All weight views of a model.
@@ -158,13 +225,23 @@ impl ModelConfig {
         };
         let a = arch.name();
         let k = |s: &str| format!("{a}.{s}");
-        if get_usize_or(f, &k("expert_count"), 0)? > 0 {
-            return Err(ModelError::Unsupported(format!(
-                "mixture-of-experts models ({} = {}) are not supported yet",
+        let n_expert = get_usize_or(f, &k("expert_count"), 0)?;
+        let n_expert_used = get_usize_or(f, &k("expert_used_count"), 0)?;
+        if n_expert > 256 || (n_expert > 0 && !(1..=n_expert).contains(&n_expert_used)) {
+            return Err(ModelError::Corrupt(format!(
+                "{} = {n_expert} with {} = {n_expert_used} is not a valid expert layout",
                 k("expert_count"),
-                get_usize(f, &k("expert_count"))?
+                k("expert_used_count")
             )));
         }
+        let ffn_act = match f.get(KEY_FFN_ACTIVATION) {
+            None => FfnAct::Silu,
+            Some(v) => v.as_str().and_then(FfnAct::parse).ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "FFN activation {KEY_FFN_ACTIVATION} = {v:?} (pi2 knows silu, reglu, drelu)"
+                ))
+            })?,
+        };
         let n_embd = get_usize(f, &k("embedding_length"))?;
         let n_layer = get_usize(f, &k("block_count"))?;
         let n_ff = get_usize(f, &k("feed_forward_length"))?;
@@ -247,7 +324,21 @@ impl ModelConfig {
             rope_base,
             rope_freq_scale,
             rms_eps,
+            ffn_act,
+            n_expert,
+            n_expert_used: if n_expert > 0 { n_expert_used } else { 0 },
         })
+    }
+
+    /// Refuse mixture-of-experts models in `what`, which handles dense FFNs only.
+    pub fn require_dense_ffn(&self, what: &str) -> Result<()> {
+        if self.n_expert > 0 {
+            return Err(ModelError::Unsupported(format!(
+                "{what} of mixture-of-experts models ({} experts per layer) is not supported yet",
+                self.n_expert
+            )));
+        }
+        Ok(())
     }
 
     /// Width of the Q projection output.
@@ -280,7 +371,7 @@ fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
             name: name.into(),
             ty: t.type_name().into(),
         })?;
-    let (cols, rows) = (dims[0], dims.get(1).copied().unwrap_or(1));
+    let (cols, rows) = (dims[0], dims[1..].iter().product::<usize>());
     MatRef::new(ty, rows, cols, f.tensor_data(t))
         .map_err(|e| ModelError::Corrupt(format!("tensor `{name}`: {e}")))?;
     Ok(TensorView {
@@ -336,6 +427,10 @@ impl Weights {
             // Looked up after the other tensors (struct fields evaluate in order), so a missing
             // layer reports its first tensor.
             let down = || -> Result<(TensorView, bool)> {
+                if c.n_expert > 0 {
+                    let dims = [c.n_ff, c.n_embd, c.n_expert];
+                    return Ok((view(f, &n("ffn_down_exps.weight"), &dims)?, false));
+                }
                 match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
                     Some(d) => Ok((d, false)),
                     None => {
@@ -347,6 +442,12 @@ impl Weights {
                 }
             };
             let down_transposed: bool;
+            // Stacked expert tensors (`*_exps`), as llama.cpp writes Mixtral since 2024.
+            let (ffn, ffn_dims) = if c.n_expert > 0 {
+                ("_exps", vec![c.n_embd, c.n_ff, c.n_expert])
+            } else {
+                ("", vec![c.n_embd, c.n_ff])
+            };
             layers.push(LayerWeights {
                 attn_norm: f32_view(f, &n("attn_norm.weight"), c.n_embd)?,
                 wq: view(f, &n("attn_q.weight"), &[c.n_embd, c.q_dim()])?,
@@ -357,14 +458,19 @@ impl Weights {
                 bv: bias("attn_v.bias", c.kv_dim())?,
                 wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
                 ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
-                gate: view(f, &n("ffn_gate.weight"), &[c.n_embd, c.n_ff])?,
-                up: view(f, &n("ffn_up.weight"), &[c.n_embd, c.n_ff])?,
+                gate: view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
+                up: view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
                 down: {
                     let (d, t) = down()?;
                     down_transposed = t;
                     d
                 },
                 down_transposed,
+                router: if c.n_expert > 0 {
+                    Some(view(f, &n("ffn_gate_inp.weight"), &[c.n_embd, c.n_expert])?)
+                } else {
+                    None
+                },
             });
         }
         Ok(Self {

@@ -16,7 +16,9 @@ pub mod synth;
 pub mod tokenizer;
 pub mod writer;
 
-pub use arch::{Arch, LayerWeights, ModelConfig, RopeKind, TensorView, Weights};
+pub use arch::{
+    Arch, FfnAct, LayerWeights, ModelConfig, RopeKind, TensorView, Weights, KEY_FFN_ACTIVATION,
+};
 pub use chat::{ChatTemplate, Message};
 pub use error::{ModelError, Result};
 pub use gguf::{GgufFile, TensorInfo, Value};

@@ -1,6 +1,7 @@
 //! Small deterministic GGUF models for tests: any supported architecture and weight type, random
 //! weights, and a byte-level BPE vocabulary (256 byte tokens, a few merges, ChatML control tokens).
 
+use crate::arch::{FfnAct, KEY_FFN_ACTIVATION};
 use crate::gguf::Value;
 use crate::writer::GgufWriter;
 use pi2_kernels::QuantType;
@@ -21,6 +22,10 @@ pub struct SynthSpec {
     pub embd_type: QuantType,
     pub tied: bool,
     pub seed: u64,
+    pub ffn_act: FfnAct,
+    /// Experts per layer (0: dense FFN) and experts per token.
+    pub n_expert: usize,
+    pub n_expert_used: usize,
 }
 
 impl Default for SynthSpec {
@@ -36,6 +41,9 @@ impl Default for SynthSpec {
             embd_type: QuantType::F32,
             tied: true,
             seed: 1,
+            ffn_act: FfnAct::Silu,
+            n_expert: 0,
+            n_expert_used: 0,
         }
     }
 }
@@ -192,6 +200,22 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
         &format!("{a}.attention.layer_norm_rms_epsilon"),
         Value::F32(1e-5),
     );
+    if spec.ffn_act != FfnAct::Silu {
+        w.meta(
+            KEY_FFN_ACTIVATION,
+            Value::String(spec.ffn_act.name().into()),
+        );
+    }
+    if spec.n_expert > 0 {
+        w.meta(
+            &format!("{a}.expert_count"),
+            Value::U32(spec.n_expert as u32),
+        );
+        w.meta(
+            &format!("{a}.expert_used_count"),
+            Value::U32(spec.n_expert_used as u32),
+        );
+    }
     w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
     w.meta("tokenizer.ggml.pre", Value::String("smollm".into()));
     w.meta(
@@ -244,20 +268,21 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
     }
     let ws = 1.0 / (spec.n_embd as f32).sqrt();
     for i in 0..spec.n_layer {
+        // Stacked experts (`*_exps`, dims [cols, rows, experts]); one expert draws the same
+        // numbers as a dense layer, so a 1-expert model equals its dense twin.
+        let experts = spec.n_expert.max(1) as u64;
         let mut mat = |name: &str, rows: u64, cols: u64, scale: f32, w: &mut GgufWriter| {
-            let data = random_tensor(
-                spec.weight_type,
-                rows as usize,
-                cols as usize,
-                scale,
-                &mut rng,
-            );
-            w.tensor(
-                &format!("blk.{i}.{name}"),
-                &[cols, rows],
-                t(spec.weight_type),
-                data,
-            );
+            let ffn = name.starts_with("ffn_") && spec.n_expert > 0;
+            let n = if ffn { rows * experts } else { rows };
+            let data = random_tensor(spec.weight_type, n as usize, cols as usize, scale, &mut rng);
+            let (name, dims) = match ffn {
+                true => (
+                    name.replace(".weight", "_exps.weight"),
+                    vec![cols, rows, experts],
+                ),
+                false => (name.to_string(), vec![cols, rows]),
+            };
+            w.tensor(&format!("blk.{i}.{name}"), &dims, t(spec.weight_type), data);
         };
         mat("attn_q.weight", d, d, ws * 2.0, &mut w);
         mat("attn_k.weight", kvd, d, ws * 2.0, &mut w);
@@ -270,6 +295,17 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
             let v: Vec<f32> = (0..d).map(|_| 1.0 + 0.2 * rng.uniform()).collect();
             w.tensor(&format!("blk.{i}.{name}"), &[d], 0, f32s(v));
         };
+        if spec.n_expert > 0 {
+            // The router from its own stream (see above), F32 as llama.cpp's converter writes it.
+            let mut r = Rng::new(spec.seed ^ (0x5EED_0000 + i as u64));
+            let router = random_tensor(QuantType::F32, spec.n_expert, spec.n_embd, 1.0, &mut r);
+            w.tensor(
+                &format!("blk.{i}.ffn_gate_inp.weight"),
+                &[d, spec.n_expert as u64],
+                0,
+                router,
+            );
+        }
         norm("attn_norm.weight", &mut w);
         norm("ffn_norm.weight", &mut w);
         if spec.arch == "qwen2" {

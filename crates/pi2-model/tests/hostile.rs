@@ -219,6 +219,40 @@ fn unknown_architecture_and_missing_pieces() {
     assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
     assert!(err.to_string().contains("ffn_gate"), "{err}");
 }
+
+#[test]
+fn expert_layouts_and_ffn_activations_are_checked() {
+    // Experts announced, but the file holds a dense FFN: the stacked tensor is missing.
+    let b = edited(|w| {
+        w.set_meta("llama.expert_count", Value::U32(8));
+        w.set_meta("llama.expert_used_count", Value::U32(2));
+    });
+    let err = load(&b).unwrap_err();
+    assert!(
+        matches!(err, ModelError::MissingTensor(ref t) if t == "blk.0.ffn_gate_exps.weight"),
+        "{err}"
+    );
+    for used in [0, 9] {
+        let b = edited(|w| {
+            w.set_meta("llama.expert_count", Value::U32(8));
+            w.set_meta("llama.expert_used_count", Value::U32(used));
+        });
+        let err = load(&b).unwrap_err();
+        assert!(err.to_string().contains("expert layout"), "{err}");
+    }
+    let b = edited(|w| {
+        w.set_meta(pi2_model::KEY_FFN_ACTIVATION, Value::String("gelu".into()));
+    });
+    let err = load(&b).unwrap_err();
+    assert!(err.to_string().contains("FFN activation"), "{err}");
+    let b = edited(|w| {
+        w.set_meta(
+            pi2_model::KEY_FFN_ACTIVATION,
+            Value::String("dreglu".into()),
+        );
+    });
+    assert_eq!(load(&b).unwrap().config.ffn_act, pi2_model::FfnAct::DRelu);
+}
 #[test]
 fn duplicate_keys_and_bad_alignment() {
     let b = edited(|w| {

@@ -123,6 +123,7 @@ pub fn load_sparse(
     if !pi2 && !powerinfer {
         return Ok(None);
     }
+    c.require_dense_ffn("sparse decode")?;
     let (kind, thresholds, cuts) = if pi2 {
         let v = f.get(KEY_VERSION).and_then(Value::as_u64);
         if v != Some(FORMAT_VERSION as u64) {
@@ -259,7 +260,7 @@ pub fn collect_samples(
             .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
             .collect(),
         thresholds,
-        act: Activation::Silu,
+        act: crate::sparse::profile_activation(c.ffn_act),
     };
     let mut done = 0;
     for part in tokens.chunks(chunk.max(1)) {
@@ -332,6 +333,7 @@ pub fn convert(
 ) -> Result<(GgufWriter, Vec<LayerReport>), ConvertError> {
     let f = &model.file;
     let c = &model.config;
+    c.require_dense_ffn("conversion")?;
     crate::sparse::check_thresholds(thresholds, c.n_layer)?;
     if !cfg.granule.is_power_of_two()
         || cfg.granule < 32
@@ -410,14 +412,15 @@ pub fn convert(
 
     let mut w = GgufWriter::new();
     for (k, v) in &f.metadata {
-        if k != "general.alignment" && !k.starts_with("pi2.") {
+        let ours = k.starts_with("pi2.") && k != pi2_model::KEY_FFN_ACTIVATION;
+        if k != "general.alignment" && !ours {
             w.meta(k, v.clone());
         }
     }
     w.meta("general.alignment", Value::U32(cfg.granule));
     w.meta(KEY_VERSION, Value::U32(FORMAT_VERSION));
     w.meta(KEY_SPARSITY, Value::F32(cfg.sparsity));
-    w.meta(KEY_ACTIVATION, Value::String("silu".into()));
+    w.meta(KEY_ACTIVATION, Value::String(c.ffn_act.name().into()));
     w.meta(KEY_GRANULE, Value::U32(cfg.granule));
     let floats = |v: Vec<f32>| Value::Array(v.into_iter().map(Value::F32).collect());
     w.meta(KEY_THRESHOLDS, floats(thresholds.to_vec()));

@@ -8,7 +8,7 @@ use pi2_io::Request;
 use pi2_kernels::{
     axpy_rows_by, gather_matvec_by, matmul, matmul_many, ActBuf, KernelSet, MatRef, Tier,
 };
-use pi2_model::{LayerWeights, Model, RopeKind, TensorView, TokenId};
+use pi2_model::{FfnAct, LayerWeights, Model, RopeKind, TensorView, TokenId};
 use pi2_sparse::FfnObserver;
 use rayon::prelude::*;
 use std::sync::atomic::{
@@ -131,6 +131,8 @@ struct Scratch {
     pend_updown: Vec<AtomicU32>,
     reqs: Vec<Request>,
     acts_up: ActBuf,
+    // Mixture of experts: per expert, the (token, weight) pairs routed to it.
+    routes: Vec<Vec<(usize, f32)>>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -236,6 +238,8 @@ impl<'m> Engine<'m> {
     pub fn set_sparse(&mut self, sparse: Option<&'m SparseFfn<'m>>) -> Result<(), EngineError> {
         if let Some(sp) = sparse {
             let c = &self.model.config;
+            c.require_dense_ffn("sparse decode")
+                .map_err(|e| EngineError::SparseMismatch(e.to_string()))?;
             if sp.layers.len() != c.n_layer {
                 return Err(EngineError::SparseMismatch(format!(
                     "{} sparse layers for {} model layers",
@@ -667,6 +671,10 @@ impl<'m> Engine<'m> {
                 &mut xn[t * d..(t + 1) * d],
             );
         }
+        if let Some(router) = &l.router {
+            self.ffn_moe(l, router, n);
+            return Ok(());
+        }
         if let Some(sp) = self.sparse {
             if n == 1 {
                 return self.ffn_sparse_token(li, l, &sp.layers[li], sp.use_predictor);
@@ -699,6 +707,7 @@ impl<'m> Engine<'m> {
                 sp.use_predictor,
                 [gate, up, down_t],
                 dense_bytes,
+                c.ffn_act,
             );
             return Ok(());
         }
@@ -714,10 +723,7 @@ impl<'m> Engine<'m> {
         if let Some(o) = observer {
             o.observe(li, &s.xn[..n * d], &s.gate[..n * ff]);
         }
-        // SwiGLU: neuron i's activation is silu(gate_i . x) * (up_i . x).
-        for (g, u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
-            *g = silu(*g) * u;
-        }
+        gated(c.ffn_act, &mut s.gate[..n * ff], &s.up[..n * ff]);
         if staged.is_some() || l.down_transposed {
             accumulate_down_t(
                 &self.ks,
@@ -737,6 +743,91 @@ impl<'m> Engine<'m> {
             .zip(&s.o[..n * d])
             .for_each(|(x, o)| *x += o);
         Ok(())
+    }
+}
+
+impl Engine<'_> {
+    /// A mixture-of-experts FFN: per token, the router's top `n_expert_used` experts, weighted
+    /// by the softmax over their logits. Tokens are grouped by expert, so a batch multiplies
+    /// each chosen expert's matrices once.
+    fn ffn_moe(&mut self, l: &LayerWeights, router: &TensorView, n: usize) {
+        let (c, f) = (&self.model.config, &self.model.file);
+        let (d, ff, ne) = (c.n_embd, c.n_ff, c.n_expert);
+        let s = &mut self.s;
+        let router = router.mat(f);
+        let logits = grow(&mut s.logits, n * ne);
+        s.acts.quantize(router.ty.act_kind(), &s.xn[..n * d], d);
+        matmul(&self.ks, &router, &s.acts, logits);
+        let mut routes = std::mem::take(&mut s.routes);
+        routes.iter_mut().for_each(Vec::clear);
+        routes.resize_with(ne, Vec::new);
+        let mut picked = Vec::with_capacity(c.n_expert_used);
+        for t in 0..n {
+            route(
+                &s.logits[t * ne..(t + 1) * ne],
+                c.n_expert_used,
+                &mut picked,
+            );
+            for &(e, w) in &picked {
+                routes[e].push((t, w));
+            }
+        }
+        let (gate, up, down) = (l.gate.mat(f), l.up.mat(f), l.down.mat(f));
+        for (e, toks) in routes.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+            let m = toks.len();
+            let xe = grow(&mut s.q, m * d);
+            for (j, &(t, _)) in toks.iter().enumerate() {
+                xe[j * d..(j + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+            }
+            let (g, u) = (grow(&mut s.gate, m * ff), grow(&mut s.up, m * ff));
+            let expert = e * ff..(e + 1) * ff;
+            project_pair(
+                &self.ks,
+                &mut s.acts,
+                &s.q[..m * d],
+                d,
+                [(gate.rows(expert.clone()), g), (up.rows(expert), u)],
+            );
+            gated(c.ffn_act, &mut s.gate[..m * ff], &s.up[..m * ff]);
+            let down_e = down.rows(e * d..(e + 1) * d);
+            s.acts.quantize(down_e.ty.act_kind(), &s.gate[..m * ff], ff);
+            let o = grow(&mut s.o, m * d);
+            matmul(&self.ks, &down_e, &s.acts, o);
+            for (j, &(t, w)) in toks.iter().enumerate() {
+                let x = &mut s.x[t * d..(t + 1) * d];
+                x.iter_mut()
+                    .zip(&s.o[j * d..(j + 1) * d])
+                    .for_each(|(x, o)| *x += w * o);
+            }
+        }
+        s.routes = routes;
+    }
+}
+
+/// The `k` experts with the largest router logits (ties: the lower index), weighted by the
+/// softmax over the chosen logits (Mixtral's rule; equal to renormalising the full softmax).
+fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
+    out.clear();
+    for _ in 0..k {
+        let best = (0..logits.len())
+            .filter(|e| !out.iter().any(|p| p.0 == *e))
+            .fold(None, |b: Option<usize>, e| match b {
+                Some(b) if !(logits[e] > logits[b]) => Some(b),
+                _ => Some(e),
+            });
+        let Some(e) = best else { break };
+        out.push((e, logits[e]));
+    }
+    let max = out.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
+    out.iter_mut().for_each(|p| p.1 = (p.1 - max).exp());
+    let sum: f32 = out.iter().map(|p| p.1).sum();
+    out.iter_mut().for_each(|p| p.1 /= sum);
+}
+
+/// Neuron i's coefficient: `gate[i] = act(gate[i]) * up_act(up[i])`.
+fn gated(act: FfnAct, gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = act.gate(*g) * act.up(u);
     }
 }
 
@@ -841,6 +932,7 @@ impl Engine<'_> {
             ..
         } = self;
         let (ks, cl) = (&*ks, *cluster);
+        let act = m.config.ffn_act;
         if predictor.is_some() {
             predict(ks, s, sl, d, ff, 1);
         }
@@ -848,7 +940,7 @@ impl Engine<'_> {
         match predictor {
             Some(p) => s
                 .cand
-                .extend((0..ff as u32).filter(|&i| is_candidate(p, s.pred_s[i as usize]))),
+                .extend((0..ff as u32).filter(|&i| is_candidate(p, act, s.pred_s[i as usize]))),
             None => s.cand.extend(0..ff as u32),
         }
         let nc = s.cand.len();
@@ -946,6 +1038,7 @@ impl Engine<'_> {
         let (gate_at, up_at, down_at, slots) = (&s.gate_at, &s.up_at, &s.down_at, &s.slot);
         let (pend_gate, pend_updown) = (&s.pend_gate, &s.pend_updown);
         let threshold = sl.threshold;
+        let ffn_act = act;
         let range = |c: usize| c * cl..((c + 1) * cl).min(nc);
 
         // Phase 2 of cluster `c`: up rows and down columns of its confirmed neurons.
@@ -967,7 +1060,9 @@ impl Engine<'_> {
                 // SAFETY (rows): pinned, mapped, or their reads have completed.
                 let up_row = |j: usize| unsafe { row_at(up_at[pos[j] as usize], urb) };
                 gather_matvec_by(ks, uty, d, up_row, acts_up, u);
-                coef.iter_mut().zip(u.iter()).for_each(|(a, u)| *a *= u);
+                coef.iter_mut()
+                    .zip(u.iter())
+                    .for_each(|(a, &u)| *a *= ffn_act.up(u));
                 // SAFETY: this cluster's partial.
                 let y = unsafe { partials.range(c * d..(c + 1) * d) };
                 y.fill(0.0);
@@ -994,12 +1089,8 @@ impl Engine<'_> {
             gather_matvec_by(ks, gty, d, gate_row, acts, v);
             // Not confirmed: NaN (an exact 0 coefficient still belongs to a confirmed neuron).
             for (a, &g) in cf.iter_mut().zip(v.iter()) {
-                let act = silu(g);
-                *a = if act.abs() >= threshold {
-                    act
-                } else {
-                    f32::NAN
-                };
+                let act = ffn_act.gate(g);
+                *a = if fires(act, threshold) { act } else { f32::NAN };
             }
             let Some(o) = o else { return updown(c) };
             let lay = &o.layers[li];
@@ -1168,6 +1259,7 @@ fn ffn_sparse_batch(
     use_predictor: bool,
     [gate, up, down_t]: [MatRef<'_>; 3],
     dense_bytes: u64,
+    act: FfnAct,
 ) {
     let (d, ff) = (gate.cols, gate.rows);
     let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
@@ -1187,14 +1279,18 @@ fn ffn_sparse_batch(
     for t in 0..n {
         for i in 0..ff {
             let k = t * ff + i;
-            let a = silu(s.gate[k]);
-            let fires = a.abs() >= sl.threshold;
-            let cand = predictor.is_none_or(|p| is_candidate(p, s.pred_s[k]));
+            let a = act.gate(s.gate[k]);
+            let fires = fires(a, sl.threshold);
+            let cand = predictor.is_none_or(|p| is_candidate(p, act, s.pred_s[k]));
             nc += cand as u64;
             active += fires as u64;
             found += (fires && cand) as u64;
             nf += (fires && cand) as u64;
-            s.gate[k] = if fires && cand { a * s.up[k] } else { 0.0 };
+            s.gate[k] = if fires && cand {
+                a * act.up(s.up[k])
+            } else {
+                0.0
+            };
         }
     }
     accumulate_down_t(ks, &down_t, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
@@ -1246,16 +1342,19 @@ fn accumulate_down_t(
 }
 
 #[inline]
-fn is_candidate(p: &crate::sparse::PredictorWeights<'_>, score: f32) -> bool {
+fn is_candidate(p: &crate::sparse::PredictorWeights<'_>, act: FfnAct, score: f32) -> bool {
     match p.kind {
         pi2_sparse::PredictorKind::Trained => score > p.cut,
-        pi2_sparse::PredictorKind::Lowrank => silu(score).abs() >= p.cut,
+        // As pi2-sparse measured the cut (`PredictorKind::value`).
+        pi2_sparse::PredictorKind::Lowrank => act.gate(score).abs() >= p.cut,
     }
 }
 
+/// A neuron fires when its gate activation is not zero and reaches the threshold: with a
+/// ReLU-family FFN and threshold 0 that is exact (`> 0`), with SiLU `|act| >= threshold`.
 #[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+fn fires(act: f32, threshold: f32) -> bool {
+    act != 0.0 && act.abs() >= threshold
 }
 
 /// `out = x / rms(x) * w`.
@@ -1306,8 +1405,26 @@ mod tests {
     }
 
     #[test]
-    fn silu_values() {
-        assert_eq!(silu(0.0), 0.0);
-        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+    fn routing_picks_the_top_experts_and_normalises_their_weights() {
+        let mut r = Vec::new();
+        route(&[0.0, 2.0, 1.0, 2.0], 2, &mut r);
+        // Ties go to the lower index; weights are the softmax over the chosen logits.
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
+        assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
+        route(&[3.0, 1.0, f32::NEG_INFINITY], 2, &mut r);
+        let e = (-2.0f32).exp();
+        assert_eq!(r[0].0, 0);
+        assert!((r[0].1 - 1.0 / (1.0 + e)).abs() < 1e-6);
+        assert!((r[1].1 - e / (1.0 + e)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fires_is_exact_for_relu_and_a_threshold_for_silu() {
+        let relu = FfnAct::Relu;
+        assert!(!fires(relu.gate(-1.0), 0.0));
+        assert!(!fires(relu.gate(0.0), 0.0));
+        assert!(fires(relu.gate(1e-30), 0.0));
+        assert!(fires(FfnAct::Silu.gate(-1.0), 0.2));
+        assert!(!fires(FfnAct::Silu.gate(-0.1), 0.2));
     }
 }

@@ -21,6 +21,6 @@ pub use offload::{
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
-    transposed, Blob, PredictorWeights, SparseFfn, SparseLayer, SparseModelError, SparseStats,
-    Weight,
+    profile_activation, transposed, Blob, PredictorWeights, SparseFfn, SparseLayer,
+    SparseModelError, SparseStats, Weight,
 };

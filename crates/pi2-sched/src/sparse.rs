@@ -9,6 +9,14 @@
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::Model;
 
+/// The activation a profile of a model with `act` records (scores are `|act(gate . x)|`).
+pub fn profile_activation(act: pi2_model::FfnAct) -> pi2_sparse::Activation {
+    match act {
+        pi2_model::FfnAct::Silu => pi2_sparse::Activation::Silu,
+        pi2_model::FfnAct::Relu | pi2_model::FfnAct::DRelu => pi2_sparse::Activation::Relu,
+    }
+}
+
 /// Sparse-weight errors: what does not fit the model or cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum SparseModelError {
@@ -167,6 +175,7 @@ impl SparseFfn<'_> {
         down_type: Option<QuantType>,
     ) -> Result<SparseFfn<'static>, SparseModelError> {
         let c = &model.config;
+        c.require_dense_ffn("sparse decode")?;
         check_thresholds(thresholds, c.n_layer)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for (li, l) in model.weights.layers.iter().enumerate() {

@@ -4,7 +4,7 @@ mod common;
 
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
-use pi2_model::{GgufFile, Model, Value};
+use pi2_model::{FfnAct, GgufFile, Model, Value};
 use pi2_sched::convert::{self, ConvertConfig};
 use pi2_sched::{Engine, EngineConfig, Logits, SparseFfn};
 use pi2_sparse::PredictorKind;
@@ -246,4 +246,45 @@ fn bad_sparse_input_is_refused() {
     assert!(err.contains("transposed down"), "{err}");
     // a plain model has no sparse layout
     assert!(convert::load_sparse(&m).unwrap().is_none());
+}
+
+/// ReLU-family FFNs are exactly sparse: at threshold 0 the two-phase path skips every neuron
+/// whose gate is not positive (about half here), yet gives the dense logits.
+#[test]
+fn relu_family_skips_inactive_neurons_without_loss() {
+    for act in [FfnAct::Relu, FfnAct::DRelu] {
+        let m = model(&SynthSpec {
+            ffn_act: act,
+            ..spec(QuantType::F32)
+        });
+        let sp = SparseFfn::from_dense(&m, &[0.0, 0.0], Some(QuantType::F32)).unwrap();
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        let dense = decode_all(&mut e, &TOKENS);
+        e.set_sparse(Some(&sp)).unwrap();
+        let sparse = decode_all(&mut e, &TOKENS);
+        for (d, s) in dense.iter().zip(&sparse) {
+            assert!(max_rel_diff(d, s) < 1e-4, "{act:?}: {}", max_rel_diff(d, s));
+        }
+        let confirmed = e.sparse_stats().confirmed_fraction();
+        assert!((0.3..0.7).contains(&confirmed), "{act:?}: {confirmed}");
+    }
+}
+
+#[test]
+fn mixture_of_experts_models_refuse_sparse_paths_by_name() {
+    let m = model(&SynthSpec {
+        n_expert: 4,
+        n_expert_used: 2,
+        ..spec(QuantType::F32)
+    });
+    let err = SparseFfn::from_dense(&m, &[0.0, 0.0], None).unwrap_err();
+    assert!(err.to_string().contains("mixture-of-experts"), "{err}");
+    // A plain MoE file has no sparse layout (and runs dense).
+    assert!(convert::load_sparse(&m).unwrap().is_none());
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    assert!(e
+        .set_sparse(Some(
+            &SparseFfn::from_dense(&model(&spec(QuantType::F32)), &[0.0, 0.0], None).unwrap()
+        ))
+        .is_err());
 }

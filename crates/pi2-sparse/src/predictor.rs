@@ -155,7 +155,7 @@ impl LayerSamples {
         let w0 = self.fired.len();
         self.fired.resize(w0 + self.words(), 0);
         for (i, &g) in gate.iter().enumerate() {
-            if act.apply(g).abs() >= threshold {
+            if act.fires(g, threshold) {
                 self.fired[w0 + i / 64] |= 1 << (i % 64);
             }
         }

@@ -36,6 +36,14 @@ impl Activation {
             Activation::Relu => g.max(0.0),
         }
     }
+
+    /// Whether a neuron with gate pre-activation `g` fires at `threshold`: its activation is not
+    /// zero and reaches the threshold (so threshold 0 is exact for ReLU: `g > 0`).
+    #[inline]
+    pub fn fires(self, g: f32, threshold: f32) -> bool {
+        let a = self.apply(g);
+        a != 0.0 && a.abs() >= threshold
+    }
 }
 
 /// The model a profile belongs to (checked before a profile is used).

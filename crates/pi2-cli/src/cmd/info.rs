@@ -57,6 +57,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "n_ff": c.n_ff, "n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
             "rope": {"kind": format!("{:?}", c.rope_kind), "base": c.rope_base, "dims": c.n_rot, "freq_scale": c.rope_freq_scale},
             "rms_eps": c.rms_eps,
+            "ffn_activation": c.ffn_act.name(), "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "tied_output": m.weights.tied_output,
             "tensor_types": by_type.iter().map(|(k, (n, b))| (k.to_string(), serde_json::json!({"count": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
             "memory": {"weights_bytes": weights, "ffn_bytes": ffn, "kv_cache_bytes": kv, "n_ctx": n_ctx, "scratch_bytes": scratch, "total_bytes": weights + kv as u64 + scratch as u64},
@@ -86,9 +87,19 @@ pub fn run(a: InfoArgs) -> Result<()> {
     );
     println!("parameters:    {:.1} M", m.n_params() as f64 / 1e6);
     println!(
-        "layers:        {}   embedding: {}   FFN: {} neurons/layer",
-        c.n_layer, c.n_embd, c.n_ff
+        "layers:        {}   embedding: {}   FFN: {} neurons/{}, {}",
+        c.n_layer,
+        c.n_embd,
+        c.n_ff,
+        if c.n_expert > 0 { "expert" } else { "layer" },
+        c.ffn_act.name()
     );
+    if c.n_expert > 0 {
+        println!(
+            "experts:       {} per layer, {} per token",
+            c.n_expert, c.n_expert_used
+        );
+    }
     println!(
         "attention:     {} heads, {} KV heads, head size {}",
         c.n_head, c.n_head_kv, c.head_dim

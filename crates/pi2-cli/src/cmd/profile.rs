@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pi2_model::Model;
 use pi2_sched::Logits;
-use pi2_sparse::{Activation, Calibration, ModelInfo, Profile, ProfileConfig, Profiler};
+use pi2_sparse::{Calibration, ModelInfo, Profile, ProfileConfig, Profiler};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -54,8 +54,7 @@ pub fn model_info(model: &Model, path: &Path) -> ModelInfo {
         n_layer: c.n_layer,
         n_embd: c.n_embd,
         n_ff: c.n_ff,
-        // Every architecture pi2 loads today gates with SiLU (SwiGLU).
-        activation: Activation::Silu,
+        activation: pi2_sched::profile_activation(c.ffn_act),
         file_name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -99,7 +98,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         c.n_ff,
         (n * c.n_layer * c.n_ff) as f64 / (1 << 20) as f64
     );
-    let mut profiler = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
+    c.require_dense_ffn("profiling")?;
+    let mut profiler = Profiler::new(c.n_layer, c.n_ff, pi2_sched::profile_activation(c.ffn_act));
     let pb = ProgressBar::new(n as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens, {per_sec}, eta {eta}")
             .expect("valid template"),

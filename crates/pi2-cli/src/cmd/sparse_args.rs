@@ -21,7 +21,8 @@ pub struct SparseArgs {
     /// the converted model's profile or from --profile
     #[arg(long)]
     pub sparsity: Option<f32>,
-    /// One threshold for every layer: a neuron fires when |silu(gate . x)| >= T
+    /// One threshold for every layer: a neuron fires when act(gate . x) is not 0 and
+    /// |act(gate . x)| >= T (act: SiLU, or ReLU for ReLU-family models, exact at T = 0)
     #[arg(long, conflicts_with = "sparsity")]
     pub threshold: Option<f32>,
     /// Activation profile from `pi2 profile` (needed for --sparsity on an unconverted model)
@@ -113,7 +114,13 @@ pub fn build<'m>(
     let mut sp = match converted {
         Some((sp, _)) => sp,
         None => {
-            let Some(t) = &chosen else {
+            // ReLU-family FFNs are exactly sparse at threshold 0: nothing to choose.
+            let exact = model
+                .config
+                .ffn_act
+                .exact_sparsity()
+                .then(|| vec![0.0; n_layer]);
+            let Some(t) = chosen.as_ref().or(exact.as_ref()) else {
                 bail!("--sparse on a model that was not converted needs --sparsity with --profile, or --threshold");
             };
             let down = a.down_type.as_deref().map(parse_type).transpose()?;
