@@ -90,6 +90,9 @@ enum Command {
     ProfileHw(cmd::plan::ProfileHwArgs),
     /// Solve for the fastest plan (threads, memory split, I/O shaping) under a memory limit
     Plan(cmd::plan::PlanArgs),
+    /// Write a full-size stand-in model (Llama-2, Mistral, Mixtral shapes; ReLU-family or SiLU
+    /// FFN) with random weights that fire at planted rates, for speed and memory measurements
+    Synth(cmd::synth::SynthArgs),
     /// Download the default model into the models folder and verify it
     FetchModel(cmd::FetchArgs),
 }
@@ -108,6 +111,7 @@ fn main() {
         Command::ProfileIo(a) => cmd::profile_io::run(a),
         Command::ProfileHw(a) => cmd::plan::profile_hw(a),
         Command::Plan(a) => cmd::plan::plan(a),
+        Command::Synth(a) => cmd::synth::run(a),
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {

@@ -551,3 +551,113 @@ fn plan_profiles_the_device_solves_runs_and_refuses_foreign_plans() {
         "plan again",
     );
 }
+
+/// `pi2 synth` writes stand-ins that load, run, and fire at the planted rates (read back by
+/// `pi2 profile`); it refuses to overwrite and names bad requests.
+#[test]
+fn synth_plants_activation_statistics_that_profile_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = write(
+        dir.path(),
+        "tok.gguf",
+        &pi2_model::synth::build(&Default::default()).to_bytes(),
+    );
+    let out = dir.path().join("relu.gguf");
+    let o = out.to_str().unwrap();
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--ffn",
+        "relu",
+        "--tokenizer",
+        &tok,
+        "-o",
+        o,
+    ]);
+    let info: Value = serde_json::from_str(&ok(&["info", "-m", o, "--json"])).unwrap();
+    assert_eq!(info["ffn_activation"], "reglu");
+    assert_eq!(info["n_layer"], 4);
+    fails_with(
+        &["synth", "--shape", "tiny", "--tokenizer", &tok, "-o", o],
+        "exists; pass --force",
+    );
+    fails_with(
+        &[
+            "synth",
+            "--shape",
+            "llama-70b",
+            "--tokenizer",
+            &tok,
+            "-o",
+            o,
+        ],
+        "unknown shape",
+    );
+    fails_with(
+        &[
+            "synth",
+            "--shape",
+            "tiny",
+            "--quant",
+            "q4_k",
+            "--tokenizer",
+            &tok,
+            "-o",
+            o,
+            "--force",
+        ],
+        "stand-ins in Q4_K",
+    );
+    let prof = dir.path().join("p.json");
+    let text = ok(&[
+        "profile",
+        "-m",
+        o,
+        "-f",
+        "testdata/corpus/kjv_calibration.txt",
+        "--tokens",
+        "1024",
+        "-o",
+        prof.to_str().unwrap(),
+    ]);
+    let rows: Vec<Vec<f64>> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("planted vs measured"))
+        .skip(2)
+        .take(4)
+        .map(|l| {
+            l.split('|')
+                .take(4)
+                .map(|c| c.trim().parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for r in rows {
+        let (planted, measured, corr) = (r[1], r[2], r[3]);
+        assert!((planted - 0.1).abs() < 1e-3, "{text}");
+        assert!((measured - planted).abs() < 0.03, "{text}");
+        assert!(corr > 0.9, "{text}");
+    }
+    // A mixture of experts stand-in runs.
+    let moe = dir.path().join("moe.gguf");
+    let m = moe.to_str().unwrap();
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny-moe",
+        "--ffn",
+        "dreglu",
+        "--tokenizer",
+        &tok,
+        "-o",
+        m,
+    ]);
+    let run: Value = serde_json::from_str(&ok(&[
+        "run", "-m", m, "-p", "the", "-n", "4", "--temp", "0", "--json",
+    ]))
+    .unwrap();
+    let n = run["generated_ids"].as_array().map_or(0, |t| t.len());
+    assert!((1..=4).contains(&n), "{run}");
+}

@@ -4,7 +4,8 @@
 //! - [`arch`]: llama-family hyper-parameters and the checked tensor directory.
 //! - [`tokenizer`]: GGUF vocabularies (byte-level BPE, SentencePiece-style).
 //! - [`chat`]: chat templates from `tokenizer.chat_template`.
-//! - [`synth`]: small generated models for tests.
+//! - [`synth`]: small generated models for tests; [`stand_in`]: full-size stand-ins with
+//!   planted activation statistics.
 //!
 //! [`Model::load`] ties them together.
 
@@ -12,6 +13,7 @@ pub mod arch;
 pub mod chat;
 pub mod error;
 pub mod gguf;
+pub mod stand_in;
 pub mod synth;
 pub mod tokenizer;
 pub mod writer;

@@ -108,36 +108,112 @@ impl GgufWriter {
     }
 
     pub fn write(&self, out: &mut impl Write) -> io::Result<()> {
-        let mut head = Vec::new();
-        head.extend_from_slice(&self.magic.unwrap_or(*b"GGUF"));
-        head.extend_from_slice(&3u32.to_le_bytes());
-        head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        head.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (k, v) in &self.metadata {
-            Self::write_str(&mut head, k)?;
-            head.extend_from_slice(&Self::type_id(v).to_le_bytes());
-            Self::write_value(&mut head, v)?;
-        }
-        let mut offset = 0u64;
-        for (name, dims, ty, data) in &self.tensors {
-            Self::write_str(&mut head, name)?;
-            head.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            dims.iter()
-                .for_each(|d| head.extend_from_slice(&d.to_le_bytes()));
-            head.extend_from_slice(&ty.to_le_bytes());
-            head.extend_from_slice(&offset.to_le_bytes());
-            offset = (offset + data.len() as u64).next_multiple_of(self.alignment);
-        }
-        head.resize(
-            (head.len() as u64).next_multiple_of(self.alignment) as usize,
-            0,
-        );
-        out.write_all(&head)?;
-        for (_, _, _, data) in &self.tensors {
-            out.write_all(data)?;
-            let pad = (data.len() as u64).next_multiple_of(self.alignment) - data.len() as u64;
-            out.write_all(&vec![0u8; pad as usize])?;
-        }
+        let layout: Vec<TensorLayout> = self
+            .tensors
+            .iter()
+            .map(|(name, dims, ty, data)| TensorLayout {
+                name: name.clone(),
+                dims: dims.clone(),
+                ggml_type: *ty,
+                bytes: data.len() as u64,
+            })
+            .collect();
+        let magic = self.magic.unwrap_or(*b"GGUF");
+        write_streamed(
+            out,
+            magic,
+            &self.metadata,
+            self.alignment,
+            &layout,
+            |i, out| out.write_all(&self.tensors[i].3),
+        )
+    }
+}
+
+/// A tensor's entry in the file directory, its data supplied later.
+#[derive(Clone, Debug)]
+pub struct TensorLayout {
+    pub name: String,
+    /// GGML dims (`dims[0]` contiguous).
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub bytes: u64,
+}
+
+/// Bytes of the whole file: header, directory, and each tensor padded to `alignment`.
+pub fn streamed_size(
+    metadata: &[(String, Value)],
+    alignment: u64,
+    tensors: &[TensorLayout],
+) -> u64 {
+    let mut counter = Counter(0);
+    write_header(&mut counter, *b"GGUF", metadata, alignment, tensors).expect("counting");
+    counter.0
+        + tensors
+            .iter()
+            .map(|t| t.bytes.next_multiple_of(alignment))
+            .sum::<u64>()
+}
+
+struct Counter(u64);
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+fn write_header(
+    out: &mut impl Write,
+    magic: [u8; 4],
+    metadata: &[(String, Value)],
+    alignment: u64,
+    tensors: &[TensorLayout],
+) -> io::Result<()> {
+    let mut head = Vec::new();
+    head.extend_from_slice(&magic);
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        GgufWriter::write_str(&mut head, k)?;
+        head.extend_from_slice(&GgufWriter::type_id(v).to_le_bytes());
+        GgufWriter::write_value(&mut head, v)?;
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        GgufWriter::write_str(&mut head, &t.name)?;
+        head.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        t.dims
+            .iter()
+            .for_each(|d| head.extend_from_slice(&d.to_le_bytes()));
+        head.extend_from_slice(&t.ggml_type.to_le_bytes());
+        head.extend_from_slice(&offset.to_le_bytes());
+        offset = (offset + t.bytes).next_multiple_of(alignment);
+    }
+    head.resize((head.len() as u64).next_multiple_of(alignment) as usize, 0);
+    out.write_all(&head)
+}
+
+/// Write a GGUF v3 file whose tensor data is produced in order by `data(i, out)` (which must
+/// write exactly `tensors[i].bytes` bytes), so files larger than memory can be made.
+pub fn write_streamed<W: Write>(
+    out: &mut W,
+    magic: [u8; 4],
+    metadata: &[(String, Value)],
+    alignment: u64,
+    tensors: &[TensorLayout],
+    mut data: impl FnMut(usize, &mut W) -> io::Result<()>,
+) -> io::Result<()> {
+    write_header(out, magic, metadata, alignment, tensors)?;
+    for (i, t) in tensors.iter().enumerate() {
+        data(i, out)?;
+        let pad = t.bytes.next_multiple_of(alignment) - t.bytes;
+        out.write_all(&vec![0u8; pad as usize])?;
+    }
+    Ok(())
 }

@@ -88,12 +88,17 @@ pub struct Calibration {
 pub struct ProfileConfig {
     /// The sparsity at which "active" is decided for frequencies, co-activation and the trace.
     pub reference_sparsity: f32,
+    /// Decide "active" as "activation not zero" instead (ReLU family: each layer's natural
+    /// sparsity); `reference_sparsity` is then ignored and the profile records the achieved
+    /// mean sparsity in its place.
+    pub nonzero: bool,
 }
 
 impl Default for ProfileConfig {
     fn default() -> Self {
         Self {
             reference_sparsity: 0.5,
+            nonzero: false,
         }
     }
 }
@@ -327,6 +332,7 @@ impl Profiler {
         let n = self.n_ff;
         let mut trace = Trace::new(self.codes.len(), n, tokens);
         let mut layers = Vec::new();
+        let mut zeros = 0u64;
         for (li, codes) in self.codes.iter().enumerate() {
             let mut histogram = vec![0u64; 256];
             for &c in codes {
@@ -339,7 +345,12 @@ impl Profiler {
                     (achieved, code_edge(c))
                 })
                 .collect();
-            let (ref_code, _) = threshold_code(&histogram, cfg.reference_sparsity);
+            zeros += histogram[0];
+            // Code 0 holds exactly the zero activations when `nonzero` matters (see `observe`).
+            let ref_code = match cfg.nonzero {
+                true => 1,
+                false => threshold_code(&histogram, cfg.reference_sparsity).0,
+            };
             let mut counts = vec![0u64; n];
             for (t, row) in codes.chunks_exact(n).enumerate() {
                 for (i, &c) in row.iter().enumerate() {
@@ -353,7 +364,11 @@ impl Profiler {
             let hit_rate = hit_rates(&trace, li, &counts, &CACHE_SIZES, &PINNED_STEPS);
             layers.push(LayerProfile {
                 thresholds,
-                reference_threshold: code_edge(ref_code),
+                reference_threshold: if cfg.nonzero {
+                    0.0
+                } else {
+                    code_edge(ref_code)
+                },
                 frequency: counts.iter().map(|&c| c as f32 / tokens as f32).collect(),
                 mean_abs: self.sum_abs[li]
                     .iter()
@@ -371,7 +386,11 @@ impl Profiler {
                 version: PROFILE_VERSION,
                 model,
                 calibration,
-                reference_sparsity: cfg.reference_sparsity,
+                reference_sparsity: if cfg.nonzero {
+                    zeros as f32 / (tokens * n * self.codes.len()) as f32
+                } else {
+                    cfg.reference_sparsity
+                },
                 layers,
             },
             trace,
@@ -387,7 +406,10 @@ impl FfnObserver for Profiler {
         for row in gate.chunks_exact(n) {
             for (i, &g) in row.iter().enumerate() {
                 let s = self.act.apply(g).abs();
-                codes.push(score_code(s));
+                // ReLU: any non-zero activation gets a code above 0, so code 0 means exactly
+                // zero and "active" can be exact.
+                let exact = self.act == Activation::Relu && s > 0.0;
+                codes.push(score_code(s).max(exact as u8));
                 sum[i] += s as f64;
                 max[i] = max[i].max(s);
             }

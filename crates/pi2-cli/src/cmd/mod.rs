@@ -10,6 +10,7 @@ pub mod profile;
 pub mod profile_io;
 pub mod run;
 pub mod sparse_args;
+pub mod synth;
 pub mod tokenize;
 
 use crate::{fetch, ModelArgs, SampleArgs};

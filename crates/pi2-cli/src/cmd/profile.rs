@@ -25,9 +25,10 @@ pub struct ProfileArgs {
     /// Tokens per chunk; each chunk starts with an empty context, as in perplexity runs
     #[arg(long = "chunk", default_value_t = 512)]
     pub chunk: usize,
-    /// Sparsity at which "active" is decided for frequencies, co-activation, trace and cache curves
-    #[arg(long = "sparsity", default_value_t = 0.5)]
-    pub sparsity: f32,
+    /// Sparsity at which "active" is decided for frequencies, co-activation, trace and cache
+    /// curves (default: 0.5; for ReLU-family models "active" is "activation > 0" unless given)
+    #[arg(long = "sparsity")]
+    pub sparsity: Option<f32>,
     /// Output profile (JSON); the trace and pictures go next to it
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
@@ -64,8 +65,8 @@ pub fn model_info(model: &Model, path: &Path) -> ModelInfo {
 }
 
 pub fn run(a: ProfileArgs) -> Result<()> {
-    if !(0.0..1.0).contains(&a.sparsity) {
-        bail!("--sparsity must be in 0..1 (got {})", a.sparsity);
+    if let Some(s) = a.sparsity.filter(|s| !(0.0..1.0).contains(s)) {
+        bail!("--sparsity must be in 0..1 (got {s})");
     }
     if a.tokens == 0 || a.chunk == 0 {
         bail!("--tokens and --chunk must be at least 1");
@@ -130,9 +131,13 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         tokens: n,
     };
     let cfg = ProfileConfig {
-        reference_sparsity: a.sparsity,
+        reference_sparsity: a.sparsity.unwrap_or(0.5),
+        nonzero: a.sparsity.is_none() && model.config.ffn_act.exact_sparsity(),
     };
     let (profile, trace) = profiler.finish(info, cal, &cfg)?;
+    if let Some(spec) = pi2_model::stand_in::StandInSpec::from_file(&model.file) {
+        print_planted(&spec, &profile);
+    }
     profile.save(&a.output)?;
     trace.write(&trace_path)?;
     plot_hotness(&profile, &hot_svg)?;
@@ -142,6 +147,43 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         eprintln!("profile: wrote {}", p.display());
     }
     Ok(())
+}
+
+/// A stand-in model's planted firing rates against the measured ones (fraction of tokens
+/// with a positive gate, read from the profile at "active" = not zero).
+fn print_planted(spec: &pi2_model::stand_in::StandInSpec, p: &Profile) {
+    println!(
+        "planted vs measured firing rates ({}, alpha {}):",
+        spec.shape.name, spec.alpha
+    );
+    println!(
+        "layer | mean planted | mean measured | correlation | top 20% share planted / measured"
+    );
+    for (li, l) in p.layers.iter().enumerate() {
+        let planted = spec.planted_rates(li, 0);
+        let measured = &l.frequency;
+        let n = planted.len() as f64;
+        let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let (mp, mm) = (mean(&planted), mean(measured));
+        let cov: f64 = planted
+            .iter()
+            .zip(measured)
+            .map(|(&a, &b)| (a as f64 - mp) * (b as f64 - mm))
+            .sum();
+        let var = |v: &[f32], m: f64| v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>();
+        let corr = cov / (var(&planted, mp) * var(measured, mm)).sqrt();
+        let top_share = |v: &[f32]| {
+            let mut s = v.to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            let total: f32 = s.iter().sum();
+            s[..s.len() / 5].iter().sum::<f32>() / total.max(1e-9)
+        };
+        println!(
+            "{li:>5} | {mp:>12.3} | {mm:>13.3} | {corr:>11.3} | {:.2} / {:.2}",
+            top_share(&planted),
+            top_share(measured)
+        );
+    }
 }
 
 fn print_summary(p: &Profile) {

@@ -1,0 +1,169 @@
+//! `pi2 synth`: a full-size stand-in model (real shape, real tokenizer, planted activation
+//! statistics) streamed to disk. See `pi2_model::stand_in` for the construction.
+
+use super::sparse_args::parse_type;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use pi2_model::stand_in::{Shape, StandIn, StandInSpec, SHAPES};
+use pi2_model::{FfnAct, GgufFile};
+use rayon::prelude::*;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Model shape: llama2-7b, llama2-13b, mistral-7b, mixtral-8x7b (tiny, tiny-moe: tests)
+    #[arg(long)]
+    pub shape: String,
+    /// FFN: relu (ReGLU), dreglu (dReLU, TurboSparse), silu (SwiGLU)
+    #[arg(long, default_value = "relu")]
+    pub ffn: String,
+    /// Type of every matrix: q4_0, q4_1, q8_0, f16
+    #[arg(long, default_value = "q4_0")]
+    pub quant: String,
+    /// Mean planted firing rate of a layer's neurons (default: 0.1 for ReLU-family FFNs, as
+    /// TurboSparse and ProSparse report; 0.5 for SiLU)
+    #[arg(long)]
+    pub rate: Option<f32>,
+    /// Power-law exponent of neuron hotness (rate of the r-th hottest neuron ~ 1/r^alpha)
+    #[arg(long, default_value_t = 1.0)]
+    pub alpha: f32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// GGUF file whose tokenizer the stand-in copies (default: SmolLM2, fetched on first use)
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    #[arg(short = 'o', long)]
+    pub output: PathBuf,
+    /// Replace an existing output file
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run(a: SynthArgs) -> Result<()> {
+    let shape = Shape::by_name(&a.shape).with_context(|| {
+        let names: Vec<_> = SHAPES.iter().map(|s| s.name).collect();
+        format!("unknown shape `{}` (known: {})", a.shape, names.join(", "))
+    })?;
+    let ffn_act = FfnAct::parse(&a.ffn)
+        .with_context(|| format!("unknown FFN `{}` (relu, dreglu, silu)", a.ffn))?;
+    let spec = StandInSpec {
+        shape,
+        ffn_act,
+        quant: parse_type(&a.quant)?,
+        rate: a
+            .rate
+            .unwrap_or(if ffn_act.exact_sparsity() { 0.1 } else { 0.5 }),
+        alpha: a.alpha,
+        seed: a.seed,
+    };
+    if a.output.exists() && !a.force {
+        bail!("{} exists; pass --force to replace it", a.output.display());
+    }
+    let tok_path = match &a.tokenizer {
+        Some(p) => p.clone(),
+        None => crate::fetch::default_model()?,
+    };
+    let tok = GgufFile::open(&tok_path)
+        .with_context(|| format!("cannot read the tokenizer source {}", tok_path.display()))?;
+    let model = StandIn::new(spec, &tok)?;
+    let total = model.file_bytes();
+    let dir = match a.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let free = free_bytes(&dir)?;
+    // A file being replaced gives its room back.
+    let reclaimed = std::fs::metadata(&a.output).map_or(0, |m| m.len());
+    if total > free + reclaimed {
+        bail!(
+            "{} needs {:.2} GiB but {} has {:.2} GiB free",
+            a.output.display(),
+            gib(total),
+            dir.display(),
+            gib(free + reclaimed)
+        );
+    }
+    eprintln!(
+        "synth: {} {} {}, {} tensors, {:.2} GiB -> {}",
+        shape.name,
+        ffn_act.name(),
+        model.spec.quant,
+        model.tensors.len(),
+        gib(total),
+        a.output.display()
+    );
+    // Written beside the target and renamed when complete: an interrupted run leaves no
+    // file that looks like a model.
+    let partial = a.output.with_extension("gguf.partial");
+    write(&model, &partial, total).with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &a.output)
+        .with_context(|| format!("renaming {} to {}", partial.display(), a.output.display()))?;
+    println!("{}", a.output.display());
+    Ok(())
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+fn write(model: &StandIn, path: &Path, total: u64) -> Result<()> {
+    let file = std::fs::File::create(path)?;
+    let mut out = BufWriter::with_capacity(8 << 20, file);
+    let pb = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}, eta {eta}")
+            .expect("valid template"),
+    );
+    // Rows in batches generated in parallel, written in order.
+    const BATCH_BYTES: usize = 64 << 20;
+    pi2_model::writer::write_streamed(
+        &mut out,
+        *b"GGUF",
+        &model.metadata,
+        32,
+        &model.tensors,
+        |t, out| {
+            let (rows, _) = model.geometry(t);
+            let row_bytes = (model.tensors[t].bytes as usize / rows).max(1);
+            let per_batch = (BATCH_BYTES / row_bytes).max(1);
+            let per_task = per_batch.div_ceil(rayon::current_num_threads() * 4).max(1);
+            let mut start = 0;
+            while start < rows {
+                let end = (start + per_batch).min(rows);
+                let parts: Vec<Vec<u8>> = (start..end)
+                    .step_by(per_task)
+                    .collect::<Vec<_>>()
+                    .into_par_iter()
+                    .map(|s| {
+                        let mut buf = Vec::with_capacity(per_task * row_bytes);
+                        model.fill_rows(t, s..(s + per_task).min(end), &mut buf);
+                        buf
+                    })
+                    .collect();
+                for p in &parts {
+                    out.write_all(p)?;
+                    pb.inc(p.len() as u64);
+                }
+                start = end;
+            }
+            Ok(())
+        },
+    )?;
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    pb.finish_and_clear();
+    Ok(())
+}
+
+/// Free bytes for an unprivileged writer on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a zeroed struct for the kernel to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("cannot query free space of {}", dir.display()));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
