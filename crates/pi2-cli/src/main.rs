@@ -98,6 +98,12 @@ enum Command {
 }
 
 fn main() {
+    // Die quietly when a reader closes the pipe (`pi2 info | head`), as C tools do, instead of
+    // panicking on the failed print.
+    // SAFETY: restoring a default signal disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(a) => cmd::run::run(a),

@@ -127,7 +127,7 @@ impl Shape {
 pub const P_MAX: f32 = 0.95;
 /// Standard deviation of each layer's contribution to the residual stream, relative to the
 /// embedding's: small, so the planted rates hold in every layer.
-const EPS: f32 = 0.1;
+const EPS: f32 = 0.03;
 /// Half-width of the uniform embedding entries.
 const EMBD_SCALE: f32 = 1.0;
 
