@@ -10,8 +10,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
-/// Longest string accepted (chat templates are the largest real strings, a few KiB).
-pub const MAX_STRING_LEN: u64 = 1 << 22;
+/// Longest string accepted (converted files embed their activation profile as JSON, 16 MiB for
+/// a 7B model; chat templates are a few KiB).
+pub const MAX_STRING_LEN: u64 = 1 << 26;
 /// Most elements accepted in one metadata array (vocabularies are ~2^18).
 pub const MAX_ARRAY_LEN: u64 = 1 << 24;
 /// Most tensors / metadata entries accepted.
