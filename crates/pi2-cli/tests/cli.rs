@@ -660,4 +660,83 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
     .unwrap();
     let n = run["generated_ids"].as_array().map_or(0, |t| t.len());
     assert!((1..=4).contains(&n), "{run}");
+    // Its experts' planted rates come out of `profile`, and it converts and runs offloaded
+    // with the dense output.
+    let text = ok(&[
+        "profile",
+        "-m",
+        m,
+        "-f",
+        "testdata/corpus/kjv_calibration.txt",
+        "--tokens",
+        "1024",
+        "-o",
+        prof.to_str().unwrap(),
+        "--force",
+    ]);
+    let rows: Vec<Vec<f64>> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("layer | routed share"))
+        .skip(1)
+        .take(2)
+        .map(|l| {
+            l.split('|')
+                .skip(2)
+                .map(|c| c.trim().parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for r in rows {
+        let (measured, planted, corr) = (r[0], r[1], r[2]);
+        assert!((planted - 0.1).abs() < 1e-3, "{text}");
+        assert!((measured - planted).abs() < 0.03, "{text}");
+        assert!(corr > 0.8, "{text}");
+    }
+    let conv = dir.path().join("moe-conv.gguf");
+    let c = conv.to_str().unwrap();
+    fails_with(
+        &[
+            "convert",
+            "-m",
+            m,
+            "-f",
+            "testdata/corpus/kjv_calibration.txt",
+            "--tokens",
+            "256",
+            "--predictor",
+            "lowrank",
+            "-o",
+            c,
+        ],
+        "without predictors",
+    );
+    ok(&[
+        "convert",
+        "-m",
+        m,
+        "-f",
+        "testdata/corpus/kjv_calibration.txt",
+        "--tokens",
+        "256",
+        "-o",
+        c,
+    ]);
+    let ids = |args: &[&str]| -> Value {
+        let mut all = vec![
+            "run",
+            "-p",
+            "In the beginning",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "--json",
+        ];
+        all.extend_from_slice(args);
+        serde_json::from_str::<Value>(&ok(&all)).unwrap()["generated_ids"].clone()
+    };
+    let dense = ids(&["-m", m]);
+    assert_eq!(ids(&["-m", c, "--mem-budget", "6M"]), dense);
+    assert_eq!(ids(&["-m", m, "--sparse"]), dense);
 }

@@ -149,7 +149,8 @@ pub struct LayerWeights {
     pub down: TensorView,
     pub down_transposed: bool,
     /// Mixture-of-experts layers: the router. `gate`, `up` and `down` then stack the experts
-    /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down).
+    /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down, or
+    /// `e*n_ff..` of a transposed down).
     pub router: Option<TensorView>,
 }
 
@@ -429,7 +430,15 @@ impl Weights {
             let down = || -> Result<(TensorView, bool)> {
                 if c.n_expert > 0 {
                     let dims = [c.n_ff, c.n_embd, c.n_expert];
-                    return Ok((view(f, &n("ffn_down_exps.weight"), &dims)?, false));
+                    if let Some(d) = optional(view(f, &n("ffn_down_exps.weight"), &dims))? {
+                        return Ok((d, false));
+                    }
+                    // Converted files: each expert's down matrix transposed (neuron i = row i).
+                    let dims = [c.n_embd, c.n_ff, c.n_expert];
+                    return match optional(view(f, &n("ffn_down_t_exps.weight"), &dims))? {
+                        Some(d) => Ok((d, true)),
+                        None => Err(ModelError::MissingTensor(n("ffn_down_exps.weight"))),
+                    };
                 }
                 match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
                     Some(d) => Ok((d, false)),

@@ -24,6 +24,8 @@ use pi2_sparse::{
 use rayon::prelude::*;
 use std::path::Path;
 
+pub mod moe;
+
 pub const KEY_VERSION: &str = "pi2.version";
 pub const FORMAT_VERSION: u32 = 1;
 const KEY_THRESHOLDS: &str = "pi2.sparse.thresholds";
@@ -123,14 +125,17 @@ pub fn load_sparse(
     if !pi2 && !powerinfer {
         return Ok(None);
     }
-    c.require_dense_ffn("sparse decode")?;
-    let (kind, thresholds, cuts) = if pi2 {
-        let v = f.get(KEY_VERSION).and_then(Value::as_u64);
-        if v != Some(FORMAT_VERSION as u64) {
-            return Err(corrupt(format!(
-                "converted-model format version {v:?}; this pi2 reads {FORMAT_VERSION}"
-            )));
+    if c.n_expert > 0 {
+        if !pi2 {
+            c.require_dense_ffn("PowerInfer sparse files")?;
         }
+        check_version(f)?;
+        let t = f32_array(f, KEY_THRESHOLDS, c.n_layer)?;
+        crate::sparse::check_thresholds(&t, c.n_layer)?;
+        return Ok(Some((moe::load(model, t)?, None)));
+    }
+    let (kind, thresholds, cuts) = if pi2 {
+        check_version(f)?;
         let kind = match f.get(KEY_KIND).and_then(Value::as_str) {
             Some("none") => None,
             Some(k) => Some(
@@ -221,11 +226,35 @@ pub fn load_sparse(
         None => None,
     };
     let sp = SparseFfn {
+        experts: 1,
         use_predictor: layers.iter().all(|l| l.predictor.is_some()),
         layers,
         batches_too: false,
     };
     Ok(Some((sp, profile)))
+}
+
+fn check_version(f: &GgufFile) -> Result<(), SparseModelError> {
+    let v = f.get(KEY_VERSION).and_then(Value::as_u64);
+    if v != Some(FORMAT_VERSION as u64) {
+        return Err(corrupt(format!(
+            "converted-model format version {v:?}; this pi2 reads {FORMAT_VERSION}"
+        )));
+    }
+    Ok(())
+}
+
+/// How often each neuron of each FFN unit (layer, or expert of a layer) fired on the
+/// calibration text, in the file's neuron order: what pins hot neurons across units. `None` for
+/// a model that is not converted or carries no profile.
+pub fn unit_frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>, SparseModelError> {
+    let Some((_, profile)) = load_sparse(model)? else {
+        return Ok(None);
+    };
+    if model.config.n_expert > 0 {
+        return moe::frequencies(model).map(Some);
+    }
+    Ok(profile.map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect()))
 }
 
 /// Records (x, fired) pairs per layer during a dense calibration run.
@@ -333,18 +362,13 @@ pub fn convert(
 ) -> Result<(GgufWriter, Vec<LayerReport>), ConvertError> {
     let f = &model.file;
     let c = &model.config;
-    c.require_dense_ffn("conversion")?;
-    crate::sparse::check_thresholds(thresholds, c.n_layer)?;
-    if !cfg.granule.is_power_of_two()
-        || cfg.granule < 32
-        || cfg.granule as u64 > pi2_model::gguf::MAX_ALIGNMENT
-    {
-        return Err(ConvertError::Refused(format!(
-            "I/O granule {} must be a power of two in 32..={}",
-            cfg.granule,
-            pi2_model::gguf::MAX_ALIGNMENT
-        )));
+    if c.n_expert > 0 {
+        return Err(ConvertError::Refused(
+            "mixture-of-experts models convert through `convert::moe::convert`".into(),
+        ));
     }
+    crate::sparse::check_thresholds(thresholds, c.n_layer)?;
+    check_granule(cfg.granule)?;
     if model.weights.layers.iter().any(|l| l.down_transposed) {
         return Err(ConvertError::Refused(
             "the model is already converted".into(),
@@ -534,6 +558,27 @@ pub fn convert(
     Ok((w, layers.into_iter().map(|l| l.2).collect()))
 }
 
+/// Largest error, relative to a row's largest magnitude, of storing the row as `ty`: Q4_0 can
+/// clamp a value of the other sign than its block's extreme by a whole step (1/8); Q4_1 rounds
+/// by half of (max - min) / 15.
+fn requant_tolerance(ty: QuantType) -> f32 {
+    match ty {
+        QuantType::Q4_0 => 0.13,
+        _ => 0.07,
+    }
+}
+
+fn check_granule(granule: u32) -> Result<(), ConvertError> {
+    if !granule.is_power_of_two() || granule < 32 || granule as u64 > pi2_model::gguf::MAX_ALIGNMENT
+    {
+        return Err(ConvertError::Refused(format!(
+            "I/O granule {granule} must be a power of two in 32..={}",
+            pi2_model::gguf::MAX_ALIGNMENT
+        )));
+    }
+    Ok(())
+}
+
 fn down_type(
     want: Option<QuantType>,
     model: QuantType,
@@ -557,6 +602,18 @@ pub fn write_file(
     out: &Path,
     input: &Path,
     force: bool,
+) -> Result<(), ConvertError> {
+    write_atomic(out, input, force, |file| w.write(file))
+}
+
+/// Write `out` with `write` through a temporary file in the same folder, renamed into place at
+/// the end (removed on failure). Refuses to write over `input`, and over an existing file
+/// unless `force`.
+pub(crate) fn write_atomic(
+    out: &Path,
+    input: &Path,
+    force: bool,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
 ) -> Result<(), ConvertError> {
     let io = |path: &Path| {
         let p = path.display().to_string();
@@ -586,8 +643,11 @@ pub fn write_file(
         std::process::id()
     ));
     let result = (|| {
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
-        w.write(&mut file).map_err(io(&tmp))?;
+        let mut file = std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&tmp).map_err(io(&tmp))?,
+        );
+        write(&mut file).map_err(io(&tmp))?;
         use std::io::Write;
         file.flush().map_err(io(&tmp))?;
         file.get_ref().sync_all().map_err(io(&tmp))?;
@@ -663,8 +723,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
             dt.dequantize_row(j, &mut row);
             let want = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
             let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            // Q4 rounding is at most half a step of (max - min) / 15 per 32-value block.
-            let tol = amax * 0.07 + 1e-6;
+            let tol = amax * requant_tolerance(dt.ty) + 1e-6;
             if let Some((k, _)) = row
                 .iter()
                 .zip(want)

@@ -116,6 +116,8 @@ struct Scratch {
     rope_sin: Vec<f32>,
     // Sparse FFN: neuron lists, their values, predictor scores, per-thread partial outputs.
     cand: Vec<u32>,
+    /// Which of the step's units (index into its unit list) each candidate belongs to.
+    cand_unit: Vec<u32>,
     vals: Vec<f32>,
     coeff: Vec<f32>,
     pred_h: Vec<f32>,
@@ -133,6 +135,7 @@ struct Scratch {
     acts_up: ActBuf,
     // Mixture of experts: per expert, the (token, weight) pairs routed to it.
     routes: Vec<Vec<(usize, f32)>>,
+    picked: Vec<(usize, f32)>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -238,17 +241,17 @@ impl<'m> Engine<'m> {
     pub fn set_sparse(&mut self, sparse: Option<&'m SparseFfn<'m>>) -> Result<(), EngineError> {
         if let Some(sp) = sparse {
             let c = &self.model.config;
-            c.require_dense_ffn("sparse decode")
-                .map_err(|e| EngineError::SparseMismatch(e.to_string()))?;
-            if sp.layers.len() != c.n_layer {
+            let experts = c.n_expert.max(1);
+            if sp.experts != experts || sp.layers.len() != c.n_layer * experts {
                 return Err(EngineError::SparseMismatch(format!(
-                    "{} sparse layers for {} model layers",
+                    "{} sparse units ({} per layer) for {} model layers of {experts}",
                     sp.layers.len(),
+                    sp.experts,
                     c.n_layer
                 )));
             }
             for (i, l) in sp.layers.iter().enumerate() {
-                let bad = |what: String| EngineError::SparseMismatch(format!("layer {i}: {what}"));
+                let bad = |what: String| EngineError::SparseMismatch(format!("unit {i}: {what}"));
                 if (l.down_t.rows, l.down_t.cols) != (c.n_ff, c.n_embd) {
                     return Err(bad(format!(
                         "transposed down is {}x{}, expected {}x{}",
@@ -270,7 +273,8 @@ impl<'m> Engine<'m> {
                 }
             }
             self.stats = SparseStats {
-                n_ff: c.n_ff,
+                // Fractions are of the neurons a dense step computes (the chosen experts').
+                n_ff: c.n_ff * c.n_expert_used.max(1),
                 layer_true_active: vec![0; c.n_layer],
                 layer_true_found: vec![0; c.n_layer],
                 layer_candidates: vec![0; c.n_layer],
@@ -291,7 +295,8 @@ impl<'m> Engine<'m> {
             ));
         }
         if let Some(o) = &offload {
-            if o.layers.len() != self.model.config.n_layer || o.n_ff != self.model.config.n_ff {
+            let c = &self.model.config;
+            if o.layers.len() != c.n_layer * c.n_expert.max(1) || o.n_ff != c.n_ff {
                 return Err(EngineError::Offload("built for another model".into()));
             }
         }
@@ -672,17 +677,17 @@ impl<'m> Engine<'m> {
             );
         }
         if let Some(router) = &l.router {
-            self.ffn_moe(l, router, n);
-            return Ok(());
+            return self.ffn_moe(li, l, router, n, observer);
         }
         if let Some(sp) = self.sparse {
             if n == 1 {
-                return self.ffn_sparse_token(li, l, &sp.layers[li], sp.use_predictor);
+                return self.ffn_sparse_token(li, l, &[(li, 1.0)], sp.use_predictor);
             }
         }
         // Whole matrices: from the file mapping, or staged from flash layer by layer.
+        let n_layer = c.n_layer;
         let staged = match &mut self.offload {
-            Some(o) => Some(o.stage_layer(li)?),
+            Some(o) => Some(o.stage_unit(li, (li + 1 < n_layer).then_some(li + 1))?),
             None => None,
         };
         let (gate, up, down) = match (&self.offload, staged) {
@@ -748,10 +753,21 @@ impl<'m> Engine<'m> {
 
 impl Engine<'_> {
     /// A mixture-of-experts FFN: per token, the router's top `n_expert_used` experts, weighted
-    /// by the softmax over their logits. Tokens are grouped by expert, so a batch multiplies
-    /// each chosen expert's matrices once.
-    fn ffn_moe(&mut self, l: &LayerWeights, router: &TensorView, n: usize) {
-        let (c, f) = (&self.model.config, &self.model.file);
+    /// by the softmax over their logits. A decoded token with sparse weights runs the chosen
+    /// experts' neurons as one sparse step, so the reads of every chosen expert are issued
+    /// before any is computed. Batches group tokens by expert, so each chosen expert's matrices
+    /// are multiplied once (offloaded: staged from flash expert by expert, the next one read
+    /// while this one is computed).
+    fn ffn_moe<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        router: &TensorView,
+        n: usize,
+        mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let model = self.model;
+        let (c, f) = (&model.config, &model.file);
         let (d, ff, ne) = (c.n_embd, c.n_ff, c.n_expert);
         let s = &mut self.s;
         let router = router.mat(f);
@@ -761,7 +777,7 @@ impl Engine<'_> {
         let mut routes = std::mem::take(&mut s.routes);
         routes.iter_mut().for_each(Vec::clear);
         routes.resize_with(ne, Vec::new);
-        let mut picked = Vec::with_capacity(c.n_expert_used);
+        let mut picked = std::mem::take(&mut s.picked);
         for t in 0..n {
             route(
                 &s.logits[t * ne..(t + 1) * ne],
@@ -772,27 +788,73 @@ impl Engine<'_> {
                 routes[e].push((t, w));
             }
         }
-        let (gate, up, down) = (l.gate.mat(f), l.up.mat(f), l.down.mat(f));
-        for (e, toks) in routes.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+        s.routes = routes;
+        if let Some(sp) = self.sparse.filter(|_| n == 1) {
+            // The chosen experts as units of the sparse FFN.
+            picked.iter_mut().for_each(|p| p.0 += li * ne);
+            let r = self.ffn_sparse_token(li, l, &picked, sp.use_predictor);
+            self.s.picked = picked;
+            return r;
+        }
+        s.picked = picked;
+
+        let Engine { ks, s, offload, .. } = self;
+        let routes = std::mem::take(&mut s.routes);
+        let mut chosen = routes.iter().enumerate().filter(|(_, t)| !t.is_empty());
+        let mut next = chosen.next();
+        let mut result = Ok(());
+        while let Some((e, toks)) = next {
+            next = chosen.next();
             let m = toks.len();
             let xe = grow(&mut s.q, m * d);
             for (j, &(t, _)) in toks.iter().enumerate() {
                 xe[j * d..(j + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
             }
+            let unit = li * ne + e;
+            let staged = match offload.as_mut() {
+                Some(o) => match o.stage_unit(unit, next.map(|(e, _)| li * ne + e)) {
+                    Ok(b) => Some(b),
+                    Err(err) => {
+                        result = Err(err.into());
+                        break;
+                    }
+                },
+                None => None,
+            };
+            let (gate, up, down, transposed) = match (offload.as_ref(), staged) {
+                (Some(o), Some(b)) => {
+                    let (g, u, dn) = o.stage_mats(b, unit, d);
+                    (g, u, dn, true)
+                }
+                _ => {
+                    let down = l.down.mat(f);
+                    let (rows, t) = match l.down_transposed {
+                        true => (e * ff..(e + 1) * ff, true),
+                        false => (e * d..(e + 1) * d, false),
+                    };
+                    let expert = e * ff..(e + 1) * ff;
+                    (
+                        l.gate.mat(f).rows(expert.clone()),
+                        l.up.mat(f).rows(expert),
+                        down.rows(rows),
+                        t,
+                    )
+                }
+            };
             let (g, u) = (grow(&mut s.gate, m * ff), grow(&mut s.up, m * ff));
-            let expert = e * ff..(e + 1) * ff;
-            project_pair(
-                &self.ks,
-                &mut s.acts,
-                &s.q[..m * d],
-                d,
-                [(gate.rows(expert.clone()), g), (up.rows(expert), u)],
-            );
+            project_pair(ks, &mut s.acts, &s.q[..m * d], d, [(gate, g), (up, u)]);
+            if let Some(obs) = observer.as_deref_mut() {
+                obs.observe_expert(li, e, &s.q[..m * d], &s.gate[..m * ff]);
+            }
             gated(c.ffn_act, &mut s.gate[..m * ff], &s.up[..m * ff]);
-            let down_e = down.rows(e * d..(e + 1) * d);
-            s.acts.quantize(down_e.ty.act_kind(), &s.gate[..m * ff], ff);
             let o = grow(&mut s.o, m * d);
-            matmul(&self.ks, &down_e, &s.acts, o);
+            if transposed {
+                o.fill(0.0);
+                accumulate_down_t(ks, &down, &s.gate[..m * ff], m, &mut s.partials, &mut s.o);
+            } else {
+                s.acts.quantize(down.ty.act_kind(), &s.gate[..m * ff], ff);
+                matmul(ks, &down, &s.acts, o);
+            }
             for (j, &(t, w)) in toks.iter().enumerate() {
                 let x = &mut s.x[t * d..(t + 1) * d];
                 x.iter_mut()
@@ -801,6 +863,7 @@ impl Engine<'_> {
             }
         }
         s.routes = routes;
+        result
     }
 }
 
@@ -906,22 +969,26 @@ thread_local! {
 impl Engine<'_> {
     /// Two-phase sparse FFN of one token, as a cluster pipeline: predictor -> candidates (in
     /// clusters of `self.cluster`) -> gate rows -> confirmed neurons -> their up rows and down
-    /// columns. With an [`Offload`], rows come from pinned blocks, cache slots or flash: a
-    /// cluster's gate phase starts once its gate rows are resident (missing ones are read by
-    /// the I/O thread meanwhile), and its up/down phase once its confirmed neurons' rows are.
-    /// Each cluster sums into its own partial; partials are added in cluster order, so the
-    /// result does not depend on residency, timing or threads.
+    /// columns. `units` are the FFN units of layer `li` to compute with their output weights:
+    /// the layer itself (weight 1), or the experts the router chose; their candidates form one
+    /// list, so every unit's reads are issued before any is computed. With an [`Offload`], rows
+    /// come from pinned blocks, cache slots or flash: a cluster's gate phase starts once its
+    /// gate rows are resident (missing ones are read by the I/O thread meanwhile), and its
+    /// up/down phase once its confirmed neurons' rows are. Each cluster sums into its own
+    /// partial; partials are added in cluster order, so the result does not depend on
+    /// residency, timing or threads.
     fn ffn_sparse_token(
         &mut self,
         li: usize,
         l: &LayerWeights,
-        sl: &SparseLayer<'_>,
+        units: &[(usize, f32)],
         use_predictor: bool,
     ) -> Result<(), EngineError> {
         let m = self.model;
         let f = &m.file;
         let (d, ff) = (m.config.n_embd, m.config.n_ff);
-        let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
+        let sp = self.sparse.expect("sparse weights are set");
+        let experts = sp.experts;
         let Engine {
             ks,
             s,
@@ -933,19 +1000,42 @@ impl Engine<'_> {
         } = self;
         let (ks, cl) = (&*ks, *cluster);
         let act = m.config.ffn_act;
-        if predictor.is_some() {
-            predict(ks, s, sl, d, ff, 1);
-        }
+        let unit_layer = |u: usize| &sp.layers[u];
+        let predictors = || {
+            units
+                .iter()
+                .filter_map(|&(u, _)| unit_layer(u).predictor.as_ref())
+                .filter(|_| use_predictor)
+        };
         s.cand.clear();
-        match predictor {
-            Some(p) => s
-                .cand
-                .extend((0..ff as u32).filter(|&i| is_candidate(p, act, s.pred_s[i as usize]))),
-            None => s.cand.extend(0..ff as u32),
+        s.cand_unit.clear();
+        for (j, &(u, _)) in units.iter().enumerate() {
+            let sl = unit_layer(u);
+            let from = s.cand.len();
+            match sl.predictor.as_ref().filter(|_| use_predictor) {
+                Some(p) => {
+                    predict(ks, s, sl, d, ff, 1);
+                    s.cand.extend(
+                        (0..ff as u32).filter(|&i| is_candidate(p, act, s.pred_s[i as usize])),
+                    );
+                }
+                None => s.cand.extend(0..ff as u32),
+            }
+            s.cand_unit.resize(s.cand.len(), j as u32);
+            debug_assert!(s.cand.len() >= from);
         }
         let nc = s.cand.len();
         let nclust = nc.div_ceil(cl);
-        let (gate_m, up_m, down_m) = (l.gate.mat(f), l.up.mat(f), sl.down_t.mat());
+        // Per unit: its rows in the file mapping (experts are row ranges of stacked tensors).
+        let expert_rows = |u: usize| (u % experts) * ff..(u % experts + 1) * ff;
+        let mats = |u: usize| {
+            (
+                l.gate.mat(f).rows(expert_rows(u)),
+                l.up.mat(f).rows(expert_rows(u)),
+                unit_layer(u).down_t.mat(),
+            )
+        };
+        let (gate_m, up_m, down_m) = mats(units[0].0);
         let (gty, uty, dty) = (gate_m.ty, up_m.ty, down_m.ty);
         let (grb, urb, drb) = (gate_m.row_bytes(), up_m.row_bytes(), down_m.row_bytes());
 
@@ -964,18 +1054,23 @@ impl Engine<'_> {
             .for_each(|p| p.store(0, Release));
         match offload.as_mut() {
             None => {
-                for &i in &s.cand {
-                    s.gate_at.push(gate_m.row(i as usize).as_ptr() as usize);
-                    s.up_at.push(up_m.row(i as usize).as_ptr() as usize);
-                    s.down_at.push(down_m.row(i as usize).as_ptr() as usize);
-                    s.slot.push(NO_SLOT);
+                for (j, &(u, _)) in units.iter().enumerate() {
+                    let (gate_m, up_m, down_m) = mats(u);
+                    let from = s.cand_unit.partition_point(|&x| (x as usize) < j);
+                    let to = s.cand_unit.partition_point(|&x| (x as usize) <= j);
+                    for &i in &s.cand[from..to] {
+                        s.gate_at.push(gate_m.row(i as usize).as_ptr() as usize);
+                        s.up_at.push(up_m.row(i as usize).as_ptr() as usize);
+                        s.down_at.push(down_m.row(i as usize).as_ptr() as usize);
+                        s.slot.push(NO_SLOT);
+                    }
                 }
             }
             Some(o) => {
-                let (lay, hot) = (&o.layers[li], &o.hot[li]);
                 o.cache.begin_step();
-                for (k, &i) in s.cand.iter().enumerate() {
-                    let i = i as usize;
+                for (k, (&i, &j)) in s.cand.iter().zip(&s.cand_unit).enumerate() {
+                    let (i, u) = (i as usize, units[j as usize].0);
+                    let (lay, hot) = (&o.layers[u], &o.hot[u]);
                     if i < hot.n {
                         let base = hot.buf.as_ptr() as usize;
                         s.gate_at.push(base + i * grb);
@@ -985,7 +1080,7 @@ impl Engine<'_> {
                         o.stats.gate_hot += 1;
                         continue;
                     }
-                    let key = (li * ff + i) as u32;
+                    let key = (u * ff + i) as u32;
                     let slot = match o.cache.lookup(key) {
                         Some(slot) => slot,
                         None => o.cache.insert(key).ok_or_else(|| {
@@ -1037,7 +1132,9 @@ impl Engine<'_> {
         let (acts, acts_up, cand) = (&s.acts, &s.acts_up, &s.cand);
         let (gate_at, up_at, down_at, slots) = (&s.gate_at, &s.up_at, &s.down_at, &s.slot);
         let (pend_gate, pend_updown) = (&s.pend_gate, &s.pend_updown);
-        let threshold = sl.threshold;
+        let cand_unit = &s.cand_unit;
+        // A candidate's unit and that unit's output weight.
+        let unit_of = |k: usize| units[cand_unit[k] as usize];
         let ffn_act = act;
         let range = |c: usize| c * cl..((c + 1) * cl).min(nc);
 
@@ -1088,16 +1185,22 @@ impl Engine<'_> {
             let gate_row = |j: usize| unsafe { row_at(gate_at[r.start + j], grb) };
             gather_matvec_by(ks, gty, d, gate_row, acts, v);
             // Not confirmed: NaN (an exact 0 coefficient still belongs to a confirmed neuron).
-            for (a, &g) in cf.iter_mut().zip(v.iter()) {
+            // The unit's output weight is folded into the coefficient.
+            for (j, (a, &g)) in cf.iter_mut().zip(v.iter()).enumerate() {
+                let (u, w) = unit_of(r.start + j);
                 let act = ffn_act.gate(g);
-                *a = if fires(act, threshold) { act } else { f32::NAN };
+                *a = if fires(act, unit_layer(u).threshold) {
+                    act * w
+                } else {
+                    f32::NAN
+                };
             }
             let Some(o) = o else { return updown(c) };
-            let lay = &o.layers[li];
             CONFIRMED.with_borrow_mut(|(_, _, _, reqs)| {
                 reqs.clear();
                 for (j, &a) in cf.iter().enumerate() {
                     let k = r.start + j;
+                    let lay = &o.layers[unit_of(k).0];
                     if slots[k] == NO_SLOT {
                         continue;
                     }
@@ -1205,13 +1308,13 @@ impl Engine<'_> {
         }
         let nf = confirmed.into_inner();
         if let Some(rec) = record.as_mut() {
+            // Experts' neurons numbered expert-major within the layer.
+            let id =
+                |k: usize| ((units[s.cand_unit[k] as usize].0 % experts) * ff) as u32 + s.cand[k];
             rec.push(NeuronStep {
                 layer: li as u32,
-                candidates: s.cand.clone(),
-                confirmed: (s.cand.iter().zip(&s.coeff[..nc]))
-                    .filter(|(_, a)| !a.is_nan())
-                    .map(|(&i, _)| i)
-                    .collect(),
+                candidates: (0..nc).map(id).collect(),
+                confirmed: (0..nc).filter(|&k| !s.coeff[k].is_nan()).map(id).collect(),
             });
         }
         for part in s.partials[..nclust * d].chunks_exact(d) {
@@ -1233,13 +1336,14 @@ impl Engine<'_> {
         stats.confirmed += nf as u64;
         stats.layer_candidates[li] += nc as u64;
         stats.layer_tokens[li] += 1;
-        if predictor.is_none() {
+        if predictors().next().is_none() {
             stats.layer_true_active[li] += nf as u64;
             stats.layer_true_found[li] += nf as u64;
         }
-        let pred_bytes = predictor.map_or(0, |p| p.bytes());
+        let pred_bytes: usize = predictors().map(|p| p.bytes()).sum();
         stats.ffn_bytes += (pred_bytes + nc * grb + nf * (urb + drb)) as u64;
-        stats.dense_ffn_bytes += (l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f)) as u64;
+        let layer_bytes = l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f);
+        stats.dense_ffn_bytes += layer_bytes * units.len() as u64 / experts as u64;
         Ok(())
     }
 }
@@ -1353,7 +1457,7 @@ fn is_candidate(p: &crate::sparse::PredictorWeights<'_>, act: FfnAct, score: f32
 /// A neuron fires when its gate activation is not zero and reaches the threshold: with a
 /// ReLU-family FFN and threshold 0 that is exact (`> 0`), with SiLU `|act| >= threshold`.
 #[inline]
-fn fires(act: f32, threshold: f32) -> bool {
+pub(crate) fn fires(act: f32, threshold: f32) -> bool {
     act != 0.0 && act.abs() >= threshold
 }
 

@@ -1,6 +1,7 @@
 //! Models larger than memory: the FFN neuron bundles of a converted model stay on flash and are
 //! read on demand into a segmented cache (pinned hot neurons + LRU cold slots) under one byte
-//! budget. The engine's cluster pipeline ([`crate::Engine`]) computes resident clusters while
+//! budget. The unit of layout, pinning and caching is an FFN unit: a layer's FFN, or one expert
+//! of a mixture-of-experts layer (unit `layer * n_expert + expert`). The engine's cluster pipeline ([`crate::Engine`]) computes resident clusters while
 //! the I/O thread reads missing rows.
 //!
 //! Residency never changes arithmetic: the same rows in the same clusters give the same logits
@@ -85,7 +86,7 @@ impl FfnLayout {
     }
 }
 
-/// The pinned hot neurons of one layer (`n` first neurons of the hot-first file order):
+/// The pinned hot neurons of one unit (`n` first neurons of the hot-first file order):
 /// gate rows, up rows and down rows, each block padded to 64 bytes.
 pub(crate) struct HotLayer {
     pub n: usize,
@@ -115,7 +116,7 @@ pub struct OffloadStats {
     pub io_wait_ns: u64,
     /// Token-layers computed sparsely from the cache.
     pub token_layers: u64,
-    /// Layers read whole for dense batches (prefill).
+    /// Units (layers, or experts) read whole for dense batches (prefill).
     pub dense_layer_reads: u64,
 }
 
@@ -130,13 +131,14 @@ impl OffloadStats {
 /// The offloaded FFN: reader, layout, pinned hot rows, cold cache, prefill staging.
 pub struct Offload {
     pub(crate) reader: Reader,
+    /// Per unit.
     pub(crate) layers: Vec<FfnLayout>,
     pub(crate) hot: Vec<HotLayer>,
     pub(crate) cache: SlotCache<Lru>,
-    /// Two layer-sized buffers: prefill computes from one while the next layer is read into
+    /// Two unit-sized buffers: prefill computes from one while the next unit is read into
     /// the other.
     pub(crate) stage: [AlignedBuf; 2],
-    pub(crate) stage_layer: [Option<usize>; 2],
+    pub(crate) stage_unit: [Option<usize>; 2],
     pub(crate) stats: OffloadStats,
     pub(crate) n_ff: usize,
     budget: Budget,
@@ -164,6 +166,10 @@ fn is_bundle_tensor(name: &str) -> bool {
             "ffn_up.weight",
             "ffn_down_t.weight",
             "ffn_down.weight",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_t_exps.weight",
+            "ffn_down_exps.weight",
         ]
         .iter()
         .any(|s| name.ends_with(s))
@@ -183,31 +189,43 @@ pub(crate) fn plan(
             "offloading reads neuron bundles: convert the model first (`pi2 convert`)".into(),
         ));
     }
-    let mut layout = Vec::with_capacity(c.n_layer);
-    for (li, l) in model.weights.layers.iter().enumerate() {
-        let part = |name: &str, at: usize| -> Result<Part, OffloadError> {
+    let experts = c.n_expert.max(1);
+    if sparse.layers.len() != c.n_layer * experts {
+        return Err(OffloadError::Model(format!(
+            "{} sparse units for {} layers of {experts}",
+            sparse.layers.len(),
+            c.n_layer
+        )));
+    }
+    let mut layout = Vec::with_capacity(c.n_layer * experts);
+    for l in &model.weights.layers {
+        // Expert e's rows follow the e experts before it in each stacked tensor.
+        let part = |name: &str, at: usize, e: usize| -> Result<Part, OffloadError> {
             let t = f
                 .tensor(name)
                 .ok_or_else(|| OffloadError::Model(format!("tensor `{name}` is missing")))?;
             let ty = QuantType::from_ggml_id(t.ggml_type)
                 .ok_or_else(|| OffloadError::Model(format!("`{name}`: unsupported type")))?;
-            let row_bytes = (t.size as usize) / c.n_ff;
+            let row_bytes = (t.size as usize) / (c.n_ff * experts);
             Ok(Part {
-                offset: f.data_offset + t.offset,
+                offset: f.data_offset + t.offset + (e * c.n_ff * row_bytes) as u64,
                 ty,
                 row_bytes,
                 slot_at: at,
             })
         };
-        let gate = part(&l.gate.name, 0)?;
-        let up = part(&l.up.name, pad(gate.row_bytes))?;
-        let down = part(&l.down.name, up.slot_at + pad(up.row_bytes))?;
-        if sparse.layers[li].down_t.rows != c.n_ff {
-            return Err(OffloadError::Model(format!(
-                "layer {li}: transposed down shape"
-            )));
+        for e in 0..experts {
+            let gate = part(&l.gate.name, 0, e)?;
+            let up = part(&l.up.name, pad(gate.row_bytes), e)?;
+            let down = part(&l.down.name, up.slot_at + pad(up.row_bytes), e)?;
+            let u = layout.len();
+            if sparse.layers[u].down_t.rows != c.n_ff {
+                return Err(OffloadError::Model(format!(
+                    "unit {u}: transposed down shape"
+                )));
+            }
+            layout.push(FfnLayout { gate, up, down });
         }
-        layout.push(FfnLayout { gate, up, down });
     }
     let fixed: u64 = f
         .tensors
@@ -266,11 +284,16 @@ pub fn min_budget(
     Ok(p.fixed + stage + min_cold)
 }
 
-/// Prefill staging (two layers) and the least neuron cache (one layer of slots): a decode step
-/// may need every neuron of a layer.
+/// Prefill staging (two units) and the least neuron cache (the neurons of one decode step: a
+/// layer, or the experts a token uses).
 fn least_regions(p: &Plan, c: &pi2_model::ModelConfig) -> (u64, u64) {
-    let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, c.n_ff, c.n_layer * c.n_ff);
+    let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, step_neurons(c), p.layout.len() * c.n_ff);
     (2 * pad(p.stage) as u64, min_cold)
+}
+
+/// Neurons one decode step may touch.
+fn step_neurons(c: &pi2_model::ModelConfig) -> usize {
+    c.n_ff * c.n_expert_used.max(1)
 }
 
 /// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
@@ -285,8 +308,9 @@ pub fn regions(
     hot_share: f64,
 ) -> Result<Regions, OffloadError> {
     let c = &model.config;
-    let (n_layer, n_ff) = (c.n_layer, c.n_ff);
+    let n_ff = c.n_ff;
     let p = plan(model, sparse, kv_bytes, scratch)?;
+    let n_units = p.layout.len();
     let mut budget = Budget::new(budget);
     let (stage_bytes, min_cold) = least_regions(&p, c);
     budget.reserve_with_minimum(
@@ -298,7 +322,7 @@ pub fn regions(
     budget.reserve_with_minimum(
         Region::Scratch,
         stage_bytes,
-        "prefill staging (two FFN layers)",
+        "prefill staging (two FFN units)",
         min_cold,
     )?;
     let neuron_bytes = budget.left();
@@ -306,11 +330,11 @@ pub fn regions(
         budget.reserve_with_minimum(
             Region::Cold,
             min_cold,
-            "the neuron cache (one layer of bundles)",
+            "the neuron cache (one decode step of bundles)",
             0,
         )?;
     }
-    // Pinned hot neurons: the most frequent across layers (file order is hot-first per layer).
+    // Pinned hot neurons: the most frequent across units (file order is hot-first per unit).
     let hot_budget = ((neuron_bytes - min_cold) as f64 * hot_share.clamp(0.0, 1.0)) as u64;
     let hot_counts = hot_counts(&p.layout, n_ff, hot_budget, frequency);
     let hot_bytes: u64 = hot_counts
@@ -320,11 +344,11 @@ pub fn regions(
         .sum();
     budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
     // The rest is the LRU cache, never more slots than neurons outside the pinned set.
-    let unpinned = n_layer * n_ff - hot_counts.iter().sum::<usize>();
-    let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_layer * n_ff)
+    let unpinned = n_units * n_ff - hot_counts.iter().sum::<usize>();
+    let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_units * n_ff)
         .min(unpinned)
-        .max(n_ff.min(unpinned).max(1));
-    let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_layer * n_ff);
+        .max(step_neurons(c).min(unpinned).max(1));
+    let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_units * n_ff);
     budget.reserve(Region::Cold, cold_bytes, "the neuron cache")?;
     Ok(Regions {
         plan: p,
@@ -346,8 +370,7 @@ impl Offload {
         frequency: Option<&[Vec<f32>]>,
         cfg: &OffloadConfig,
     ) -> Result<Offload, OffloadError> {
-        let c = &model.config;
-        let (n_layer, n_ff) = (c.n_layer, c.n_ff);
+        let n_ff = model.config.n_ff;
         let Regions {
             plan: p,
             budget,
@@ -362,7 +385,8 @@ impl Offload {
             cfg.budget,
             cfg.hot_share,
         )?;
-        let cache = SlotCache::new(n_layer * n_ff, n_ff, p.bundle, slots, Lru::default())?;
+        let n_units = p.layout.len();
+        let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
         let engine = match &cfg.emulate {
             Some(_) => PreadEngine::open_cached(path)?,
@@ -387,7 +411,7 @@ impl Offload {
             None => Reader::new(engine, cfg.reader.clone()),
         };
         // Preload the pinned neurons with sequential reads.
-        let mut hot = Vec::with_capacity(n_layer);
+        let mut hot = Vec::with_capacity(n_units);
         for (l, &h) in p.layout.iter().zip(&hot_counts) {
             let (up_at, down_at, size) = hot_block(l, h);
             let mut buf = AlignedBuf::new(size, PAD);
@@ -413,7 +437,7 @@ impl Offload {
             hot,
             cache,
             stage,
-            stage_layer: [None, None],
+            stage_unit: [None, None],
             stats: OffloadStats::default(),
             n_ff,
             budget,
@@ -427,7 +451,7 @@ impl Offload {
         &self.budget
     }
 
-    /// Pinned neurons per layer.
+    /// Pinned neurons per unit.
     pub fn hot_counts(&self) -> Vec<usize> {
         self.hot.iter().map(|h| h.n).collect()
     }
@@ -465,9 +489,9 @@ impl Offload {
 }
 
 impl Offload {
-    /// Byte ranges of a staged layer's gate, up and down blocks.
-    fn stage_parts(&self, li: usize) -> [(Part, usize, usize); 3] {
-        let l = &self.layers[li];
+    /// Byte ranges of a staged unit's gate, up and down blocks.
+    fn stage_parts(&self, unit: usize) -> [(Part, usize, usize); 3] {
+        let l = &self.layers[unit];
         let n = self.n_ff;
         let g = (l.gate, 0, n * l.gate.row_bytes);
         let u_at = pad(g.2);
@@ -476,17 +500,17 @@ impl Offload {
         [g, u, (l.down, d_at, n * l.down.row_bytes)]
     }
 
-    fn read_stage(&mut self, li: usize, b: usize) -> Result<(), IoError> {
-        let parts = self.stage_parts(li);
+    fn read_stage(&mut self, u: usize, b: usize) -> Result<(), IoError> {
+        let parts = self.stage_parts(u);
         let base = self.stage[b].as_mut_ptr();
         let reqs = parts.map(|(p, at, len)| Request {
             offset: p.offset,
             len,
-            // SAFETY: inside the staging buffer (sized for the largest layer).
+            // SAFETY: inside the staging buffer (sized for the largest unit).
             dst: unsafe { base.add(at) },
             tag: STAGE_TAG,
         });
-        self.stage_layer[b] = Some(li);
+        self.stage_unit[b] = Some(u);
         // SAFETY: the buffer is not read until `wait_stage` has received every completion.
         unsafe { self.reader.submit(&reqs) }
     }
@@ -494,44 +518,44 @@ impl Offload {
     fn wait_stage(&mut self) -> Result<(), IoError> {
         while self.reader.outstanding() > 0 {
             if let Err(e) = self.reader.recv().and_then(|c| c.result) {
-                self.stage_layer = [None, None];
+                self.stage_unit = [None, None];
                 return Err(e);
             }
         }
         Ok(())
     }
 
-    /// Make layer `li`'s whole FFN resident in a staging buffer (returned) and start reading
-    /// layer `li + 1` into the other one, so prefill computes while the next layer streams in.
-    pub(crate) fn stage_layer(&mut self, li: usize) -> Result<usize, IoError> {
+    /// Make unit `u`'s whole FFN resident in a staging buffer (returned) and start reading unit
+    /// `next` into the other one, so prefill computes while the next unit streams in.
+    pub(crate) fn stage_unit(&mut self, u: usize, next: Option<usize>) -> Result<usize, IoError> {
         self.wait_stage()?;
-        let b = match self.stage_layer.iter().position(|&x| x == Some(li)) {
+        let b = match self.stage_unit.iter().position(|&x| x == Some(u)) {
             Some(b) => b,
             None => {
-                self.read_stage(li, 0)?;
+                self.read_stage(u, 0)?;
                 self.wait_stage()?;
                 0
             }
         };
         self.stats.dense_layer_reads += 1;
-        if li + 1 < self.layers.len() {
-            self.read_stage(li + 1, 1 - b)?;
+        if let Some(n) = next {
+            self.read_stage(n, 1 - b)?;
         }
         Ok(b)
     }
 
-    /// The staged gate, up and transposed down matrices of layer `li` in buffer `b`.
+    /// The staged gate, up and transposed down matrices of unit `u` in buffer `b`.
     pub(crate) fn stage_mats(
         &self,
         b: usize,
-        li: usize,
+        u: usize,
         d: usize,
     ) -> (MatRef<'_>, MatRef<'_>, MatRef<'_>) {
         let buf = &self.stage[b];
-        let [g, u, dn] = self.stage_parts(li).map(|(p, at, len)| {
+        let [g, up, dn] = self.stage_parts(u).map(|(p, at, len)| {
             MatRef::new(p.ty, self.n_ff, d, &buf[at..at + len]).expect("checked at load")
         });
-        (g, u, dn)
+        (g, up, dn)
     }
 }
 

@@ -155,10 +155,13 @@ pub struct SparseLayer<'a> {
     pub predictor: Option<PredictorWeights<'a>>,
 }
 
-/// Sparse FFN weights of every layer, plus how decode should use them.
+/// Sparse FFN weights of every FFN unit, plus how decode should use them. A unit is a layer's
+/// FFN, or in a mixture-of-experts model one expert of a layer: unit `layer * experts + e`.
 #[derive(Debug)]
 pub struct SparseFfn<'a> {
     pub layers: Vec<SparseLayer<'a>>,
+    /// Units per layer: the experts of a mixture-of-experts model, else 1.
+    pub experts: usize,
     /// Use the predictor (else every neuron is a candidate: gate rows are all computed).
     pub use_predictor: bool,
     /// Also run batches (prefill, perplexity) through the sparse FFN, token by token in effect;
@@ -167,17 +170,18 @@ pub struct SparseFfn<'a> {
 }
 
 impl SparseFfn<'_> {
-    /// Build from a dense model: transpose every down matrix into `down_type` rows (the model's
-    /// own down type when `None` and it fits `n_embd`, else Q8_0). No predictor.
+    /// Build from a model as loaded: transpose every down matrix (each expert's, in a
+    /// mixture-of-experts model) into `down_type` rows (the model's own down type when `None`
+    /// and it fits `n_embd`, else Q8_0). No predictor. `thresholds` are per layer.
     pub fn from_dense(
         model: &Model,
         thresholds: &[f32],
         down_type: Option<QuantType>,
     ) -> Result<SparseFfn<'static>, SparseModelError> {
         let c = &model.config;
-        c.require_dense_ffn("sparse decode")?;
         check_thresholds(thresholds, c.n_layer)?;
-        let mut layers = Vec::with_capacity(c.n_layer);
+        let experts = c.n_expert.max(1);
+        let mut layers = Vec::with_capacity(c.n_layer * experts);
         for (li, l) in model.weights.layers.iter().enumerate() {
             let down = l.down.mat(&model.file);
             let ty = down_type.unwrap_or(if down.ty.quantize_row(&vec![0.0; c.n_embd]).is_some() {
@@ -185,16 +189,29 @@ impl SparseFfn<'_> {
             } else {
                 QuantType::Q8_0
             });
-            let down_t = Weight::quantize(ty, c.n_ff, c.n_embd, &transposed(&down))
-                .map_err(|e| layer_err(li, e))?;
-            layers.push(SparseLayer {
-                threshold: thresholds[li],
-                down_t,
-                predictor: None,
-            });
+            for e in 0..experts {
+                let t = if l.down_transposed {
+                    let mut t = vec![0.0; c.n_ff * c.n_embd];
+                    let m = down.rows(e * c.n_ff..(e + 1) * c.n_ff);
+                    for (r, row) in t.chunks_exact_mut(c.n_embd).enumerate() {
+                        m.dequantize_row(r, row);
+                    }
+                    t
+                } else {
+                    transposed(&down.rows(e * c.n_embd..(e + 1) * c.n_embd))
+                };
+                let down_t =
+                    Weight::quantize(ty, c.n_ff, c.n_embd, &t).map_err(|e| layer_err(li, e))?;
+                layers.push(SparseLayer {
+                    threshold: thresholds[li],
+                    down_t,
+                    predictor: None,
+                });
+            }
         }
         Ok(SparseFfn {
             layers,
+            experts,
             use_predictor: false,
             batches_too: false,
         })
@@ -202,13 +219,19 @@ impl SparseFfn<'_> {
 }
 
 impl SparseFfn<'_> {
-    /// Replace every layer's confirm threshold.
+    /// Replace every layer's confirm threshold (one per layer, shared by its experts).
     pub fn set_thresholds(&mut self, thresholds: &[f32]) -> Result<(), SparseModelError> {
-        check_thresholds(thresholds, self.layers.len())?;
-        for (l, &t) in self.layers.iter_mut().zip(thresholds) {
-            l.threshold = t;
+        let experts = self.experts.max(1);
+        check_thresholds(thresholds, self.layers.len() / experts)?;
+        for (u, l) in self.layers.iter_mut().enumerate() {
+            l.threshold = thresholds[u / experts];
         }
         Ok(())
+    }
+
+    /// Model layers covered.
+    pub fn n_layer(&self) -> usize {
+        self.layers.len() / self.experts.max(1)
     }
 
     /// Whether every layer has a predictor.

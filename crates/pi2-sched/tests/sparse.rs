@@ -271,20 +271,21 @@ fn relu_family_skips_inactive_neurons_without_loss() {
 }
 
 #[test]
-fn mixture_of_experts_models_refuse_sparse_paths_by_name() {
-    let m = model(&SynthSpec {
+fn sparse_weights_must_fit_the_model_they_are_used_with() {
+    let moe = model(&SynthSpec {
         n_expert: 4,
         n_expert_used: 2,
         ..spec(QuantType::F32)
     });
-    let err = SparseFfn::from_dense(&m, &[0.0, 0.0], None).unwrap_err();
-    assert!(err.to_string().contains("mixture-of-experts"), "{err}");
     // A plain MoE file has no sparse layout (and runs dense).
-    assert!(convert::load_sparse(&m).unwrap().is_none());
-    let mut e = Engine::new(&m, &cfg()).unwrap();
-    assert!(e
-        .set_sparse(Some(
-            &SparseFfn::from_dense(&model(&spec(QuantType::F32)), &[0.0, 0.0], None).unwrap()
-        ))
-        .is_err());
+    assert!(convert::load_sparse(&moe).unwrap().is_none());
+    let dense = model(&spec(QuantType::F32));
+    let dense_sp = SparseFfn::from_dense(&dense, &[0.0, 0.0], None).unwrap();
+    let moe_sp = SparseFfn::from_dense(&moe, &[0.0, 0.0], None).unwrap();
+    assert_eq!((moe_sp.experts, moe_sp.layers.len()), (4, 8));
+    let mut e = Engine::new(&moe, &cfg()).unwrap();
+    let err = e.set_sparse(Some(&dense_sp)).unwrap_err().to_string();
+    assert!(err.contains("sparse units"), "{err}");
+    let mut e = Engine::new(&dense, &cfg()).unwrap();
+    assert!(e.set_sparse(Some(&moe_sp)).is_err());
 }

@@ -55,6 +55,11 @@ pub trait FfnObserver {
     /// Layer `layer` over `n` tokens: `x` is its normalized input (`n * n_embd`), `gate` the gate
     /// pre-activations (`n * n_ff`), both row-major by token.
     fn observe(&mut self, layer: usize, x: &[f32], gate: &[f32]);
+
+    /// Expert `expert` of mixture-of-experts layer `layer` over the tokens routed to it: `x`
+    /// their normalized inputs (`m * n_embd`), `gate` the expert's gate pre-activations
+    /// (`m * n_ff`). Ignored unless an observer needs experts.
+    fn observe_expert(&mut self, _layer: usize, _expert: usize, _x: &[f32], _gate: &[f32]) {}
 }
 
 /// Activation scores on a log scale in one byte: code `c >= 1` covers `[2^((c-128)/16),

@@ -1,4 +1,5 @@
-//! `pi2 convert`: a model re-laid out as hot-first neuron bundles, with predictors and thresholds.
+//! `pi2 convert`: a model re-laid out as hot-first neuron bundles, with predictors and thresholds
+//! (mixture-of-experts models: every expert's neurons, no predictors).
 
 use super::sparse_args::{check_sparsity, parse_type, thresholds};
 use super::{engine, load_model, model_path};
@@ -9,16 +10,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pi2_model::Model;
 use pi2_sched::convert::{self, ConvertConfig};
 use pi2_sparse::{FitConfig, PredictorKind, Profile};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Args)]
 pub struct ConvertArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Activation profile of this model (from `pi2 profile`)
+    /// Activation profile of this model (from `pi2 profile`; not used for mixture-of-experts
+    /// models, whose experts are counted during calibration)
     #[arg(long)]
-    pub profile: PathBuf,
+    pub profile: Option<PathBuf>,
     /// Calibration text the predictors are fitted on (never the text you evaluate on)
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
@@ -31,9 +33,14 @@ pub struct ConvertArgs {
     /// FFN sparsity the thresholds are set for (0..0.95)
     #[arg(long, default_value_t = 0.5)]
     pub sparsity: f32,
-    /// Predictor: lowrank (training-free, fast), trained, or none
-    #[arg(long, default_value = "lowrank")]
-    pub predictor: String,
+    /// Predictor: lowrank (training-free, fast; the default), trained, or none (the only choice
+    /// for mixture-of-experts models)
+    #[arg(long)]
+    pub predictor: Option<String>,
+    /// Mixture-of-experts models: confirm threshold of every layer (default 0, exact for
+    /// ReLU-family FFNs)
+    #[arg(long)]
+    pub threshold: Option<f32>,
     /// Recall the predictor cut is set for on the held-out tokens
     #[arg(long, default_value_t = 0.97)]
     pub recall: f32,
@@ -59,7 +66,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     if !(0.5..=1.0).contains(&a.recall) {
         bail!("--recall {} is outside 0.5..1", a.recall);
     }
-    let predictor = match a.predictor.as_str() {
+    let predictor = match a.predictor.as_deref().unwrap_or("lowrank") {
         "none" => None,
         k => Some(
             PredictorKind::from_name(k)
@@ -80,12 +87,6 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         }
     }
     let model = load_model(&a.model)?;
-    let profile = Profile::load(&a.profile)?;
-    profile
-        .model
-        .check_compatible(&super::profile::model_info(&model, &input))
-        .with_context(|| format!("profile {}", a.profile.display()))?;
-    let th = thresholds(&profile, sparsity)?;
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
     let mut tokens = model.tokenizer.encode(&text, false, false);
@@ -97,6 +98,18 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             tokens.len()
         );
     }
+    if model.config.n_expert > 0 {
+        return run_moe(&a, &model, &input, &tokens);
+    }
+    let Some(profile_path) = &a.profile else {
+        bail!("--profile is required (make one with `pi2 profile`)");
+    };
+    let profile = Profile::load(profile_path)?;
+    profile
+        .model
+        .check_compatible(&super::profile::model_info(&model, &input))
+        .with_context(|| format!("profile {}", profile_path.display()))?;
+    let th = thresholds(&profile, sparsity)?;
     let t0 = Instant::now();
     let mut eng = engine(&model, &a.model)?;
     let bar = ProgressBar::new(tokens.len() as u64).with_style(
@@ -111,7 +124,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         "convert: {} calibration tokens in {:.1} s; fitting {} predictors ..",
         tokens.len(),
         t0.elapsed().as_secs_f64(),
-        a.predictor
+        a.predictor.as_deref().unwrap_or("lowrank")
     );
     let cfg = ConvertConfig {
         sparsity,
@@ -151,6 +164,89 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         report.iter().map(|r| r.recall).sum::<f32>() / n,
         report.iter().map(|r| r.candidates).sum::<f32>() / n
     );
+    eprintln!(
+        "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
+        a.output.display(),
+        written.file.file_size() as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Mixture-of-experts conversion: count every expert's neurons on the calibration tokens, write
+/// each expert hot-first (streamed), verify, and report per layer.
+fn run_moe(
+    a: &ConvertArgs,
+    model: &Model,
+    input: &Path,
+    tokens: &[pi2_model::TokenId],
+) -> Result<()> {
+    let c = &model.config;
+    if a.predictor.as_deref().is_some_and(|p| p != "none") {
+        bail!(
+            "mixture-of-experts models convert without predictors (--predictor none): the router \
+             picks the experts and a ReLU-family FFN's activity is exact"
+        );
+    }
+    let threshold = match a.threshold {
+        Some(t) if t.is_finite() && t >= 0.0 => t,
+        Some(t) => bail!("--threshold {t} must be a number >= 0"),
+        None if c.ffn_act.exact_sparsity() => 0.0,
+        None => bail!(
+            "this mixture-of-experts model has a {} FFN, whose activity is not exact: pass \
+             --threshold",
+            c.ffn_act.name()
+        ),
+    };
+    let th = vec![threshold; c.n_layer];
+    let t0 = Instant::now();
+    let mut eng = engine(model, &a.model)?;
+    let bar = ProgressBar::new(tokens.len() as u64).with_style(
+        ProgressStyle::with_template("calibrating {bar:30} {pos}/{len} tokens {eta}").unwrap(),
+    );
+    let counts = convert::moe::count_experts(&mut eng, tokens, a.chunk, &th, |d| {
+        bar.set_position(d as u64)
+    })?;
+    bar.finish_and_clear();
+    drop(eng);
+    eprintln!(
+        "convert: {} calibration tokens through {} layers x {} experts in {:.1} s; writing ..",
+        tokens.len(),
+        c.n_layer,
+        c.n_expert,
+        t0.elapsed().as_secs_f64()
+    );
+    let cfg = ConvertConfig {
+        sparsity: 0.0,
+        predictor: None,
+        down_type: a.down_type.as_deref().map(parse_type).transpose()?,
+        granule: a.granule,
+        ..ConvertConfig::default()
+    };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("writing {bar:30} {pos}/{len} tensors {eta}").unwrap(),
+    );
+    convert::moe::convert(
+        model,
+        &counts,
+        &th,
+        &cfg,
+        &a.output,
+        input,
+        a.force,
+        |i, n| {
+            bar.set_length(n as u64);
+            bar.set_position(i as u64);
+        },
+    )?;
+    bar.finish_and_clear();
+    let written =
+        Model::load(&a.output).with_context(|| format!("cannot re-read {}", a.output.display()))?;
+    if let Err(e) = convert::moe::verify(model, &written) {
+        let _ = std::fs::remove_file(&a.output);
+        return Err(e).context("verification failed; the output was removed");
+    }
+    super::profile::print_expert_counts(model, &counts);
     eprintln!(
         "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
         a.output.display(),

@@ -99,7 +99,9 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         c.n_ff,
         (n * c.n_layer * c.n_ff) as f64 / (1 << 20) as f64
     );
-    c.require_dense_ffn("profiling")?;
+    if c.n_expert > 0 {
+        return profile_experts(&a, &model, &tokens[..n], chunk, engine);
+    }
     let mut profiler = Profiler::new(c.n_layer, c.n_ff, pi2_sched::profile_activation(c.ffn_act));
     let pb = ProgressBar::new(n as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens, {per_sec}, eta {eta}")
@@ -149,6 +151,118 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     Ok(())
 }
 
+/// Mixture-of-experts models: count every expert's neurons over the tokens (per unit: tokens
+/// routed, and per neuron the tokens on which it fired), print the per-layer summary and write
+/// the counts as JSON. Co-activation, traces and cache curves are per dense layer and are not
+/// made for experts.
+fn profile_experts(
+    a: &ProfileArgs,
+    model: &Model,
+    tokens: &[pi2_model::TokenId],
+    chunk: usize,
+    mut engine: pi2_sched::Engine<'_>,
+) -> Result<()> {
+    let c = &model.config;
+    let threshold = match a.sparsity {
+        None if c.ffn_act.exact_sparsity() => 0.0,
+        _ => bail!(
+            "profiling a mixture-of-experts model counts exact activity only: it needs a \
+             ReLU-family FFN and no --sparsity"
+        ),
+    };
+    let pb = ProgressBar::new(tokens.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} tokens, {per_sec}, eta {eta}")
+            .expect("valid template"),
+    );
+    let th = vec![threshold; c.n_layer];
+    let counts = pi2_sched::convert::moe::count_experts(&mut engine, tokens, chunk, &th, |d| {
+        pb.set_position(d as u64)
+    })?;
+    pb.finish_and_clear();
+    print_expert_counts(model, &counts);
+    let units: Vec<serde_json::Value> = (0..counts.fired.len())
+        .map(|u| {
+            let routed = counts.routed[u].max(1) as f32;
+            serde_json::json!({
+                "layer": u / counts.experts,
+                "expert": u % counts.experts,
+                "routed_tokens": counts.routed[u],
+                "active_rate": counts.active_rate(u),
+                "frequency_when_routed": counts.fired[u].iter().map(|&n| n as f32 / routed).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let json = serde_json::json!({
+        "model": model.name,
+        "n_layer": c.n_layer,
+        "n_expert": c.n_expert,
+        "n_expert_used": c.n_expert_used,
+        "n_ff": c.n_ff,
+        "activation": c.ffn_act.name(),
+        "tokens": counts.tokens,
+        "units": units,
+    });
+    std::fs::write(&a.output, serde_json::to_vec(&json)?)
+        .with_context(|| format!("cannot write {}", a.output.display()))?;
+    eprintln!("profile: wrote {}", a.output.display());
+    Ok(())
+}
+
+/// Per layer of a mixture-of-experts model: how tokens spread over experts and how many of an
+/// expert's neurons fire per routed token; for stand-ins, against the planted rates.
+pub fn print_expert_counts(model: &Model, counts: &pi2_sched::convert::moe::ExpertCounts) {
+    let spec = pi2_model::stand_in::StandInSpec::from_file(&model.file);
+    let ne = counts.experts;
+    println!(
+        "layer | routed share min..max | active rate (mean over experts){}",
+        if spec.is_some() {
+            " | planted | correlation (mean)"
+        } else {
+            ""
+        }
+    );
+    for li in 0..counts.fired.len() / ne {
+        let units = li * ne..(li + 1) * ne;
+        let total: u64 = counts.routed[units.clone()].iter().sum();
+        let share = |u: usize| counts.routed[u] as f64 / total.max(1) as f64;
+        let (lo, hi) = units
+            .clone()
+            .map(share)
+            .fold((1.0f64, 0.0f64), |(l, h), s| (l.min(s), h.max(s)));
+        let rate = units.clone().map(|u| counts.active_rate(u)).sum::<f64>() / ne as f64;
+        print!("{li:>5} | {lo:>9.3}..{hi:<9.3} | {rate:>31.3}");
+        if let Some(spec) = &spec {
+            let (mut planted, mut corr) = (0.0, 0.0);
+            for u in units {
+                let p = spec.planted_rates(li, u % ne);
+                let routed = counts.routed[u].max(1) as f32;
+                let m: Vec<f32> = counts.fired[u].iter().map(|&n| n as f32 / routed).collect();
+                planted += p.iter().map(|&x| x as f64).sum::<f64>() / p.len() as f64;
+                corr += correlation(&p, &m);
+            }
+            print!(
+                " | {:>7.3} | {:>18.3}",
+                planted / ne as f64,
+                corr / ne as f64
+            );
+        }
+        println!();
+    }
+}
+
+fn correlation(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len() as f64;
+    let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let (ma, mb) = (mean(a), mean(b));
+    let cov: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - ma) * (y as f64 - mb))
+        .sum();
+    let var = |v: &[f32], m: f64| v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>();
+    cov / (var(a, ma) * var(b, mb)).sqrt()
+}
+
 /// A stand-in model's planted firing rates against the measured ones (fraction of tokens
 /// with a positive gate, read from the profile at "active" = not zero).
 fn print_planted(spec: &pi2_model::stand_in::StandInSpec, p: &Profile) {
@@ -165,13 +279,7 @@ fn print_planted(spec: &pi2_model::stand_in::StandInSpec, p: &Profile) {
         let n = planted.len() as f64;
         let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / n;
         let (mp, mm) = (mean(&planted), mean(measured));
-        let cov: f64 = planted
-            .iter()
-            .zip(measured)
-            .map(|(&a, &b)| (a as f64 - mp) * (b as f64 - mm))
-            .sum();
-        let var = |v: &[f32], m: f64| v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>();
-        let corr = cov / (var(&planted, mp) * var(measured, mm)).sqrt();
+        let corr = correlation(&planted, measured);
         let top_share = |v: &[f32]| {
             let mut s = v.to_vec();
             s.sort_by(|a, b| b.total_cmp(a));

@@ -260,9 +260,7 @@ pub fn build_offload(
 
 /// The hot-neuron frequencies a converted model carries (pinning order across layers).
 pub fn frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>> {
-    Ok(pi2_sched::convert::load_sparse(model)?
-        .and_then(|(_, p)| p)
-        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect()))
+    Ok(pi2_sched::convert::unit_frequencies(model)?)
 }
 
 /// The offloaded FFN for `cfg` (see [`build_offload`]).

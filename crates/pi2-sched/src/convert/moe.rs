@@ -1,0 +1,482 @@
+//! Mixture-of-experts conversion: every expert of every layer (a *unit*) is re-laid out as
+//! hot-first neuron bundles, the way [`super::convert`] lays out a dense layer.
+//!
+//! Tensors of layer `N`: `ffn_gate_exps.weight` and `ffn_up_exps.weight` keep their shape (expert
+//! `e` owns rows `e*n_ff..(e+1)*n_ff`) with each expert's rows in hot-first order;
+//! `ffn_down_t_exps.weight` (`n_embd` x `n_ff` x `n_expert`) holds each expert's down columns as
+//! rows in the same order; `ffn_perm_exps` (I32, `n_ff` x `n_expert`) maps file neurons to source
+//! neurons and `ffn_freq_exps` (F32, same shape) holds how often each neuron fired per
+//! calibration token (routing included), which orders pinning across units. There are no
+//! predictors: conversion needs a ReLU-family FFN, whose activity is exact at threshold 0, or
+//! explicit thresholds.
+
+use super::{
+    corrupt, f32s_le, ConvertConfig, ConvertError, FORMAT_VERSION, GGML_I32, KEY_ACTIVATION,
+    KEY_GRANULE, KEY_KIND, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
+};
+use crate::engine::{fires, Engine, EngineError, Logits};
+use crate::sparse::{Blob, SparseFfn, SparseLayer, SparseModelError, Weight};
+use pi2_kernels::{MatRef, QuantType};
+use pi2_model::writer::TensorLayout;
+use pi2_model::{FfnAct, Model, TokenId, Value};
+use pi2_sparse::FfnObserver;
+use rayon::prelude::*;
+use std::io::Write;
+use std::path::Path;
+
+const KEY_CALIBRATION_TOKENS: &str = "pi2.moe.calibration_tokens";
+
+fn name(li: usize, s: &str) -> String {
+    format!("blk.{li}.{s}")
+}
+
+/// The sparse weights of a converted mixture-of-experts file (zero-copy).
+pub(crate) fn load(model: &Model, thresholds: Vec<f32>) -> Result<SparseFfn<'_>, SparseModelError> {
+    let (f, c) = (&model.file, &model.config);
+    if f.get(KEY_KIND).and_then(Value::as_str) != Some("none") {
+        return Err(corrupt(
+            "a converted mixture-of-experts file must have no predictors".into(),
+        ));
+    }
+    let (ff, d) = (c.n_ff, c.n_embd);
+    let mut layers = Vec::with_capacity(c.n_layer * c.n_expert);
+    for (li, l) in model.weights.layers.iter().enumerate() {
+        if !l.down_transposed {
+            return Err(corrupt(format!(
+                "{} is missing",
+                name(li, "ffn_down_t_exps.weight")
+            )));
+        }
+        let down = l.down.mat(f);
+        for e in 0..c.n_expert {
+            let bytes = down.rows(e * ff..(e + 1) * ff).bytes();
+            let down_t = Weight::new(down.ty, ff, d, Blob::File(bytes))
+                .map_err(|e| corrupt(format!("layer {li}: {e}")))?;
+            layers.push(SparseLayer {
+                threshold: thresholds[li],
+                down_t,
+                predictor: None,
+            });
+        }
+    }
+    Ok(SparseFfn {
+        layers,
+        experts: c.n_expert,
+        use_predictor: false,
+        batches_too: false,
+    })
+}
+
+/// Per-unit firing frequencies of a converted mixture-of-experts file (`ffn_freq_exps`), in
+/// file neuron order.
+pub(crate) fn frequencies(model: &Model) -> Result<Vec<Vec<f32>>, SparseModelError> {
+    let (f, c) = (&model.file, &model.config);
+    let mut out = Vec::with_capacity(c.n_layer * c.n_expert);
+    for li in 0..c.n_layer {
+        let n = name(li, "ffn_freq_exps");
+        let t = f
+            .tensor(&n)
+            .ok_or_else(|| corrupt(format!("{n} is missing")))?;
+        if t.ggml_type != 0 || t.n_elements() != (c.n_ff * c.n_expert) as u64 {
+            return Err(corrupt(format!(
+                "{n} is not {} F32 values",
+                c.n_ff * c.n_expert
+            )));
+        }
+        out.extend(
+            f32s_le(f.tensor_data(t))
+                .chunks_exact(c.n_ff)
+                .map(<[f32]>::to_vec),
+        );
+    }
+    Ok(out)
+}
+
+/// How often each neuron of each unit fired on calibration tokens.
+#[derive(Clone, Debug)]
+pub struct ExpertCounts {
+    pub n_ff: usize,
+    pub experts: usize,
+    /// Calibration tokens (every layer sees each once).
+    pub tokens: u64,
+    /// Per unit (`layer * experts + e`): tokens routed to it.
+    pub routed: Vec<u64>,
+    /// Per unit, per neuron: tokens on which it fired.
+    pub fired: Vec<Vec<u32>>,
+}
+
+impl ExpertCounts {
+    /// Fraction of calibration tokens on which each neuron of unit `u` fired.
+    pub fn frequency(&self, u: usize) -> Vec<f32> {
+        let t = self.tokens.max(1) as f32;
+        self.fired[u].iter().map(|&n| n as f32 / t).collect()
+    }
+
+    /// Mean fraction of a unit's neurons firing per token routed to it.
+    pub fn active_rate(&self, u: usize) -> f64 {
+        let fired: u64 = self.fired[u].iter().map(|&n| n as u64).sum();
+        fired as f64 / (self.routed[u].max(1) as f64 * self.n_ff as f64)
+    }
+}
+
+struct CountObserver<'a> {
+    counts: ExpertCounts,
+    thresholds: &'a [f32],
+    act: FfnAct,
+}
+
+impl FfnObserver for CountObserver<'_> {
+    fn observe(&mut self, _layer: usize, _x: &[f32], _gate: &[f32]) {}
+
+    fn observe_expert(&mut self, layer: usize, expert: usize, _x: &[f32], gate: &[f32]) {
+        let u = layer * self.counts.experts + expert;
+        let fired = &mut self.counts.fired[u];
+        for row in gate.chunks_exact(self.counts.n_ff) {
+            self.counts.routed[u] += 1;
+            for (n, &g) in fired.iter_mut().zip(row) {
+                *n += fires(self.act.gate(g), self.thresholds[layer]) as u32;
+            }
+        }
+    }
+}
+
+/// Run the dense mixture-of-experts model over `tokens` in chunks of `chunk` (each from an empty
+/// cache) and count, per unit and neuron, the tokens on which it fired at `thresholds`.
+pub fn count_experts(
+    engine: &mut Engine<'_>,
+    tokens: &[TokenId],
+    chunk: usize,
+    thresholds: &[f32],
+    mut progress: impl FnMut(usize),
+) -> Result<ExpertCounts, EngineError> {
+    let c = &engine.model().config;
+    let units = c.n_layer * c.n_expert;
+    let mut obs = CountObserver {
+        counts: ExpertCounts {
+            n_ff: c.n_ff,
+            experts: c.n_expert,
+            tokens: 0,
+            routed: vec![0; units],
+            fired: vec![vec![0; c.n_ff]; units],
+        },
+        thresholds,
+        act: c.ffn_act,
+    };
+    let mut done = 0;
+    for part in tokens.chunks(chunk.max(1)) {
+        engine.truncate(0);
+        engine.forward_observed(part, Logits::Last, Some(&mut obs))?;
+        done += part.len();
+        obs.counts.tokens += part.len() as u64;
+        progress(done);
+    }
+    engine.truncate(0);
+    Ok(obs.counts)
+}
+
+/// What one tensor of the converted file is made from.
+enum Source {
+    Copy(usize),
+    Rows { layer: usize, up: bool },
+    DownT { layer: usize, ty: QuantType },
+    Perm(usize),
+    Freq(usize),
+}
+
+/// Write the converted file of mixture-of-experts `model` to `out` (streamed: files larger than
+/// memory convert), units ordered hot-first by `counts` at `thresholds`. Only `cfg.down_type`
+/// and `cfg.granule` apply (there are no predictors).
+#[allow(clippy::too_many_arguments)]
+pub fn convert(
+    model: &Model,
+    counts: &ExpertCounts,
+    thresholds: &[f32],
+    cfg: &ConvertConfig,
+    out: &Path,
+    input: &Path,
+    force: bool,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(), ConvertError> {
+    let (f, c) = (&model.file, &model.config);
+    let (ff, d, ne) = (c.n_ff, c.n_embd, c.n_expert);
+    if ne == 0 {
+        return Err(ConvertError::Refused(
+            "not a mixture-of-experts model".into(),
+        ));
+    }
+    super::check_granule(cfg.granule)?;
+    crate::sparse::check_thresholds(thresholds, c.n_layer)?;
+    if cfg.predictor.is_some() {
+        return Err(ConvertError::Refused(
+            "predictors for mixture-of-experts models are not supported; convert with no predictor"
+                .into(),
+        ));
+    }
+    if model.weights.layers.iter().any(|l| l.down_transposed) {
+        return Err(ConvertError::Refused(
+            "the model is already converted".into(),
+        ));
+    }
+    if counts.fired.len() != c.n_layer * ne || counts.fired.iter().any(|v| v.len() != ff) {
+        return Err(ConvertError::Refused(
+            "the calibration counts are for another model".into(),
+        ));
+    }
+    // Hot-first order per unit (stable: ties keep the model's order).
+    let perms: Vec<Vec<u32>> = counts
+        .fired
+        .iter()
+        .map(|fired| {
+            let mut p: Vec<u32> = (0..ff as u32).collect();
+            p.sort_by_key(|&i| std::cmp::Reverse(fired[i as usize]));
+            p
+        })
+        .collect();
+
+    let mut meta: Vec<(String, Value)> = f
+        .metadata
+        .iter()
+        .filter(|(k, _)| {
+            k != "general.alignment"
+                && !(k.starts_with("pi2.") && k != pi2_model::KEY_FFN_ACTIVATION)
+        })
+        .cloned()
+        .collect();
+    let floats = |v: &[f32]| Value::Array(v.iter().map(|&x| Value::F32(x)).collect());
+    meta.extend([
+        ("general.alignment".into(), Value::U32(cfg.granule)),
+        (KEY_VERSION.into(), Value::U32(FORMAT_VERSION)),
+        (KEY_SPARSITY.into(), Value::F32(cfg.sparsity)),
+        (
+            KEY_ACTIVATION.into(),
+            Value::String(c.ffn_act.name().into()),
+        ),
+        (KEY_GRANULE.into(), Value::U32(cfg.granule)),
+        (KEY_THRESHOLDS.into(), floats(thresholds)),
+        (KEY_KIND.into(), Value::String("none".into())),
+        (KEY_CALIBRATION_TOKENS.into(), Value::U64(counts.tokens)),
+        (
+            KEY_SOURCE.into(),
+            Value::String(model.name.clone().unwrap_or_else(|| "unnamed model".into())),
+        ),
+    ]);
+
+    let is_expert_ffn = |n: &str| {
+        n.starts_with("blk.")
+            && [
+                ".ffn_gate_exps.weight",
+                ".ffn_up_exps.weight",
+                ".ffn_down_exps.weight",
+            ]
+            .iter()
+            .any(|s| n.ends_with(s))
+    };
+    let mut tensors = Vec::new();
+    let mut sources = Vec::new();
+    for (i, t) in f.tensors.iter().enumerate() {
+        if !is_expert_ffn(&t.name) {
+            tensors.push(TensorLayout {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ggml_type: t.ggml_type,
+                bytes: t.size,
+            });
+            sources.push(Source::Copy(i));
+        }
+    }
+    let stacked = [d as u64, ff as u64, ne as u64];
+    for (li, l) in model.weights.layers.iter().enumerate() {
+        for (tv, n, up) in [
+            (&l.gate, "ffn_gate_exps.weight", false),
+            (&l.up, "ffn_up_exps.weight", true),
+        ] {
+            tensors.push(TensorLayout {
+                name: name(li, n),
+                dims: stacked.to_vec(),
+                ggml_type: tv.ty.ggml_id(),
+                bytes: tv.mat(f).bytes().len() as u64,
+            });
+            sources.push(Source::Rows { layer: li, up });
+        }
+        let dt = super::down_type(cfg.down_type, l.down.ty, d)?;
+        tensors.push(TensorLayout {
+            name: name(li, "ffn_down_t_exps.weight"),
+            dims: stacked.to_vec(),
+            ggml_type: dt.ggml_id(),
+            bytes: (ne * ff * dt.row_bytes(d).expect("checked by down_type")) as u64,
+        });
+        sources.push(Source::DownT { layer: li, ty: dt });
+        for (n, ty, src) in [
+            ("ffn_perm_exps", GGML_I32, Source::Perm(li)),
+            ("ffn_freq_exps", 0, Source::Freq(li)),
+        ] {
+            tensors.push(TensorLayout {
+                name: name(li, n),
+                dims: vec![ff as u64, ne as u64],
+                ggml_type: ty,
+                bytes: (ff * ne * 4) as u64,
+            });
+            sources.push(src);
+        }
+    }
+
+    let n_tensors = tensors.len();
+    super::write_atomic(out, input, force, |w| {
+        pi2_model::writer::write_streamed(
+            w,
+            *b"GGUF",
+            &meta,
+            cfg.granule as u64,
+            &tensors,
+            |i, w| {
+                match sources[i] {
+                    Source::Copy(t) => w.write_all(f.tensor_data(&f.tensors[t]))?,
+                    Source::Rows { layer, up } => {
+                        let l = &model.weights.layers[layer];
+                        let m = if up { l.up.mat(f) } else { l.gate.mat(f) };
+                        for e in 0..ne {
+                            let perm = &perms[layer * ne + e];
+                            let rows: Vec<u8> = perm
+                                .iter()
+                                .flat_map(|&i| m.row(e * ff + i as usize).iter().copied())
+                                .collect();
+                            w.write_all(&rows)?;
+                        }
+                    }
+                    Source::DownT { layer, ty } => {
+                        let l = &model.weights.layers[layer];
+                        let down = l.down.mat(f);
+                        for e in 0..ne {
+                            let rows = transposed_rows(
+                                &down.rows(e * d..(e + 1) * d),
+                                &perms[layer * ne + e],
+                                ty,
+                            );
+                            w.write_all(&rows)?;
+                        }
+                    }
+                    Source::Perm(layer) => {
+                        for p in &perms[layer * ne..(layer + 1) * ne] {
+                            for &i in p {
+                                w.write_all(&(i as i32).to_le_bytes())?;
+                            }
+                        }
+                    }
+                    Source::Freq(layer) => {
+                        for (e, p) in perms[layer * ne..(layer + 1) * ne].iter().enumerate() {
+                            let freq = counts.frequency(layer * ne + e);
+                            for &i in p {
+                                w.write_all(&freq[i as usize].to_le_bytes())?;
+                            }
+                        }
+                    }
+                }
+                progress(i + 1, n_tensors);
+                Ok(())
+            },
+        )
+    })
+}
+
+/// Columns `perm` of `m` (`n_embd` rows of `n_ff`) as rows of type `ty`, quantized in parallel.
+fn transposed_rows(m: &MatRef<'_>, perm: &[u32], ty: QuantType) -> Vec<u8> {
+    let (rows, cols) = (m.rows, m.cols);
+    let mut src = vec![0.0f32; rows * cols];
+    src.par_chunks_mut(cols)
+        .enumerate()
+        .for_each(|(r, out)| m.dequantize_row(r, out));
+    perm.par_iter()
+        .map(|&i| {
+            let col: Vec<f32> = (0..rows).map(|r| src[r * cols + i as usize]).collect();
+            ty.quantize_row(&col).expect("type checked by down_type")
+        })
+        .collect::<Vec<_>>()
+        .concat()
+}
+
+/// Re-read a converted mixture-of-experts file and compare it with its source: dense tensors
+/// byte for byte, every expert's gate and up rows against the source rows its permutation
+/// names, transposed down rows against the source columns (within the storage type's
+/// rounding); the sparse weights and frequencies must load.
+pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
+    let bad = |m: String| ConvertError::Verify(m);
+    let (fs, fc) = (&source.file, &converted.file);
+    let c = &source.config;
+    let (ff, d, ne) = (c.n_ff, c.n_embd, c.n_expert);
+    for t in &fs.tensors {
+        if t.name.contains("_exps.") {
+            continue;
+        }
+        let o = fc
+            .tensor(&t.name)
+            .ok_or_else(|| bad(format!("{} is missing", t.name)))?;
+        if o.dims != t.dims || o.ggml_type != t.ggml_type || fc.tensor_data(o) != fs.tensor_data(t)
+        {
+            return Err(bad(format!("{} differs from the source", t.name)));
+        }
+    }
+    for (li, (ls, lc)) in source
+        .weights
+        .layers
+        .iter()
+        .zip(&converted.weights.layers)
+        .enumerate()
+    {
+        let n = name(li, "ffn_perm_exps");
+        let pt = fc
+            .tensor(&n)
+            .ok_or_else(|| bad(format!("{n} is missing")))?;
+        let perm: Vec<i32> = fc
+            .tensor_data(pt)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        if perm.len() != ff * ne {
+            return Err(bad(format!("{n} has {} entries", perm.len())));
+        }
+        if !lc.down_transposed {
+            return Err(bad(format!("layer {li} has no transposed down matrix")));
+        }
+        let (down, dt) = (ls.down.mat(fs), lc.down.mat(fc));
+        for e in 0..ne {
+            let p = &perm[e * ff..(e + 1) * ff];
+            let mut seen = vec![false; ff];
+            for &i in p {
+                if i < 0 || i as usize >= ff || std::mem::replace(&mut seen[i as usize], true) {
+                    return Err(bad(format!("{n}: expert {e} is not a permutation")));
+                }
+            }
+            for (a, b) in [(&ls.gate, &lc.gate), (&ls.up, &lc.up)] {
+                let (ma, mb) = (a.mat(fs), b.mat(fc));
+                if let Some(j) =
+                    (0..ff).find(|&j| mb.row(e * ff + j) != ma.row(e * ff + p[j] as usize))
+                {
+                    return Err(bad(format!(
+                        "{} expert {e} row {j} is not source row {}",
+                        b.name, p[j]
+                    )));
+                }
+            }
+            let t = crate::sparse::transposed(&down.rows(e * d..(e + 1) * d));
+            let mine = dt.rows(e * ff..(e + 1) * ff);
+            let bad_row = (0..ff).into_par_iter().find_first(|&j| {
+                let mut row = vec![0.0; d];
+                mine.dequantize_row(j, &mut row);
+                let i = p[j] as usize;
+                let want = &t[i * d..(i + 1) * d];
+                let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let tol = amax * super::requant_tolerance(mine.ty) + 1e-6;
+                row.iter().zip(want).any(|(a, b)| (a - b).abs() > tol)
+            });
+            if let Some(j) = bad_row {
+                return Err(bad(format!(
+                    "layer {li} expert {e}: transposed down row {j} is not source down column {}",
+                    p[j]
+                )));
+            }
+        }
+    }
+    super::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
+    frequencies(converted)?;
+    Ok(())
+}

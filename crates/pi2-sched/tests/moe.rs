@@ -1,0 +1,234 @@
+//! Mixture-of-experts sparse decode and offload: the chosen experts' neurons run as one sparse
+//! step (exact for ReLU-family FFNs at threshold 0), conversion lays every expert out hot-first,
+//! and offloaded decode and prefill (experts staged one by one) give the in-memory logits bit
+//! for bit.
+
+use pi2_kernels::QuantType;
+use pi2_model::synth::{build, SynthSpec};
+use pi2_model::{FfnAct, GgufFile, Model};
+use pi2_sched::convert::{self, moe, ConvertConfig};
+use pi2_sched::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
+use std::path::Path;
+
+fn spec(ty: QuantType, act: FfnAct) -> SynthSpec {
+    SynthSpec {
+        n_embd: 64,
+        n_ff: 128,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        n_expert: 4,
+        n_expert_used: 2,
+        ffn_act: act,
+        weight_type: ty,
+        embd_type: QuantType::F32,
+        ..SynthSpec::default()
+    }
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        threads: 2,
+        n_ctx: 64,
+        cluster: 8,
+        ..EngineConfig::default()
+    }
+}
+
+const PROMPT: [u32; 5] = [5, 17, 42, 3, 11];
+const DECODE: [u32; 10] = [99, 7, 64, 12, 8, 150, 33, 2, 77, 1];
+
+/// Prefill of the prompt, then decode: the logits of every step.
+fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_sched::EngineError> {
+    e.truncate(0);
+    let mut out = vec![e.forward(&PROMPT, Logits::Last)?.to_vec()];
+    for &t in &DECODE {
+        out.push(e.forward(&[t], Logits::Last)?.to_vec());
+    }
+    Ok(out)
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3);
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+#[test]
+fn sparse_experts_equal_dense_experts_for_relu_family_ffns() {
+    for act in [FfnAct::Relu, FfnAct::DRelu] {
+        let m = Model::from_file(
+            GgufFile::from_bytes(&build(&spec(QuantType::F32, act)).to_bytes()).unwrap(),
+        )
+        .unwrap();
+        let sp = SparseFfn::from_dense(&m, &[0.0, 0.0], Some(QuantType::F32)).unwrap();
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        let dense = run(&mut e).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let sparse = run(&mut e).unwrap();
+        for (step, (d, s)) in dense.iter().zip(&sparse).enumerate() {
+            assert!(
+                max_rel_diff(d, s) < 1e-4,
+                "{act:?} step {step}: {}",
+                max_rel_diff(d, s)
+            );
+        }
+        // Decode computed the two chosen experts' firing neurons only.
+        let st = e.sparse_stats();
+        assert_eq!(st.token_layers, 2 * DECODE.len() as u64);
+        assert_eq!(st.candidates, st.token_layers * 2 * 128);
+        let confirmed = st.confirmed_fraction();
+        assert!((0.2..0.8).contains(&confirmed), "{act:?}: {confirmed}");
+    }
+}
+
+/// A converted dReLU MoE model written next to its source in `dir`.
+fn converted(dir: &Path) -> (Model, Model, std::path::PathBuf) {
+    let bytes = build(&spec(QuantType::Q4_1, FfnAct::DRelu)).to_bytes();
+    let input = dir.join("moe.gguf");
+    std::fs::write(&input, &bytes).unwrap();
+    let src = Model::load(&input).unwrap();
+    let mut e = Engine::new(&src, &cfg()).unwrap();
+    let tokens: Vec<u32> = (0..96).map(|i| (i * 37 + 11) % 250).collect();
+    let counts = moe::count_experts(&mut e, &tokens, 32, &[0.0, 0.0], |_| {}).unwrap();
+    assert_eq!(counts.tokens, 96);
+    // Every token goes to two experts in each layer.
+    for li in 0..2 {
+        assert_eq!(
+            counts.routed[li * 4..(li + 1) * 4].iter().sum::<u64>(),
+            2 * 96
+        );
+    }
+    let out = dir.join("moe-conv.gguf");
+    let cc = ConvertConfig {
+        sparsity: 0.0,
+        predictor: None,
+        down_type: Some(QuantType::Q8_0),
+        granule: 256,
+        ..ConvertConfig::default()
+    };
+    // Predictors are refused for experts; the dense converter refuses MoE models.
+    let with_predictor = ConvertConfig {
+        predictor: Some(pi2_sparse::PredictorKind::Lowrank),
+        ..cc.clone()
+    };
+    let err = moe::convert(
+        &src,
+        &counts,
+        &[0.0, 0.0],
+        &with_predictor,
+        &out,
+        &input,
+        false,
+        |_, _| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("predictors"), "{err}");
+    assert!(!out.exists());
+    moe::convert(
+        &src,
+        &counts,
+        &[0.0, 0.0],
+        &cc,
+        &out,
+        &input,
+        false,
+        |_, _| {},
+    )
+    .unwrap();
+    let err = moe::convert(
+        &src,
+        &counts,
+        &[0.0, 0.0],
+        &cc,
+        &out,
+        &input,
+        false,
+        |_, _| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("--force"), "{err}");
+    let conv = Model::load(&out).unwrap();
+    moe::verify(&src, &conv).unwrap();
+    // Each expert is hot-first by the counts.
+    let freq = convert::unit_frequencies(&conv).unwrap().unwrap();
+    assert_eq!(freq.len(), 8);
+    for f in &freq {
+        assert!(f.windows(2).all(|w| w[0] >= w[1]));
+    }
+    (src, conv, out)
+}
+
+#[test]
+fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, m, path) = converted(dir.path());
+    let (sp, profile) = convert::load_sparse(&m).unwrap().unwrap();
+    assert!(profile.is_none());
+    assert_eq!((sp.experts, sp.layers.len()), (4, 8));
+
+    // The converted file decodes as its source does (down rows re-stored as Q8_0).
+    let mut e = Engine::new(&src, &cfg()).unwrap();
+    let want_src = run(&mut e).unwrap();
+    let mut mem = Engine::new(&m, &cfg()).unwrap();
+    mem.set_sparse(Some(&sp)).unwrap();
+    let want = run(&mut mem).unwrap();
+    for (a, b) in want_src.iter().zip(&want) {
+        assert!(max_rel_diff(a, b) < 0.05, "{}", max_rel_diff(a, b));
+    }
+
+    let freq = convert::unit_frequencies(&m).unwrap();
+    let make = |e: &Engine<'_>, budget: u64, hot_share: f64| {
+        Offload::new(
+            &m,
+            &sp,
+            &path,
+            e.kv_bytes_full() as u64,
+            e.scratch_bytes(8) as u64,
+            freq.as_deref(),
+            &OffloadConfig {
+                budget,
+                hot_share,
+                ..Default::default()
+            },
+        )
+    };
+    let probe = Engine::new(&m, &cfg()).unwrap();
+    let minimum = pi2_sched::min_budget(
+        &m,
+        &sp,
+        probe.kv_bytes_full() as u64,
+        probe.scratch_bytes(8) as u64,
+    )
+    .unwrap();
+    let err = make(&probe, minimum - 1, 0.0).err().unwrap().to_string();
+    assert!(err.contains("memory budget too small"), "{err}");
+    let file = m.file.file_size();
+    for (budget, hot_share) in [(minimum, 0.0), (minimum + file / 16, 0.5), (4 * file, 0.5)] {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let o = make(&e, budget, hot_share).unwrap();
+        assert!(o.budget().total_used() <= budget);
+        assert_eq!(o.hot_counts().len(), 8);
+        e.set_offload(Some(o)).unwrap();
+        for pass in 0..2 {
+            let got = run(&mut e).unwrap();
+            for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "budget {budget} hot {hot_share} pass {pass} step {step}: logits differ"
+                );
+            }
+        }
+        let st = e.offload().unwrap().stats().clone();
+        assert_eq!(st.token_layers, 2 * 2 * DECODE.len() as u64);
+        // Prefill staged only the experts its tokens were routed to, one at a time.
+        assert!(st.dense_layer_reads >= 2 * 2 * 2, "{st:?}");
+        assert!(st.dense_layer_reads <= 2 * 2 * 4, "{st:?}");
+        if hot_share == 0.0 {
+            assert!(st.gate_reads > 0, "{st:?}");
+        }
+    }
+}
