@@ -600,45 +600,62 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
             "--shape",
             "tiny",
             "--quant",
-            "q4_k",
+            "q5_k",
             "--tokenizer",
             &tok,
             "-o",
             o,
             "--force",
         ],
-        "stand-ins in Q4_K",
+        "stand-ins in Q5_K",
     );
-    let prof = dir.path().join("p.json");
-    let text = ok(&[
-        "profile",
-        "-m",
-        o,
-        "-f",
-        "testdata/corpus/kjv_calibration.txt",
-        "--tokens",
-        "1024",
+    let q4k = dir.path().join("relu-q4k.gguf");
+    ok(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--ffn",
+        "relu",
+        "--quant",
+        "q4_k",
+        "--tokenizer",
+        &tok,
         "-o",
-        prof.to_str().unwrap(),
+        q4k.to_str().unwrap(),
     ]);
-    let rows: Vec<Vec<f64>> = text
-        .lines()
-        .skip_while(|l| !l.starts_with("planted vs measured"))
-        .skip(2)
-        .take(4)
-        .map(|l| {
-            l.split('|')
-                .take(4)
-                .map(|c| c.trim().parse().unwrap())
-                .collect()
-        })
-        .collect();
-    assert_eq!(rows.len(), 4, "{text}");
-    for r in rows {
-        let (planted, measured, corr) = (r[1], r[2], r[3]);
-        assert!((planted - 0.1).abs() < 1e-3, "{text}");
-        assert!((measured - planted).abs() < 0.03, "{text}");
-        assert!(corr > 0.9, "{text}");
+    let prof = dir.path().join("p.json");
+    for file in [o, q4k.to_str().unwrap()] {
+        let text = ok(&[
+            "profile",
+            "-m",
+            file,
+            "-f",
+            "testdata/corpus/kjv_calibration.txt",
+            "--tokens",
+            "1024",
+            "-o",
+            prof.to_str().unwrap(),
+            "--force",
+        ]);
+        let rows: Vec<Vec<f64>> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("planted vs measured"))
+            .skip(2)
+            .take(4)
+            .map(|l| {
+                l.split('|')
+                    .take(4)
+                    .map(|c| c.trim().parse().unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(rows.len(), 4, "{text}");
+        for r in rows {
+            let (planted, measured, corr) = (r[1], r[2], r[3]);
+            assert!((planted - 0.1).abs() < 1e-3, "{file}: {text}");
+            assert!((measured - planted).abs() < 0.03, "{file}: {text}");
+            assert!(corr > 0.9, "{file}: {text}");
+        }
     }
     // A mixture of experts stand-in runs.
     let moe = dir.path().join("moe.gguf");

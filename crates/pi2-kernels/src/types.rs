@@ -165,10 +165,13 @@ impl QuantType {
     }
 
     /// Quantize one row (a whole number of blocks) with the reference quantizer, or `None` for
-    /// the k-quants (pi2 reads them but does not make them).
+    /// Q5_K and Q6_K (pi2 reads them but does not make them).
     pub fn quantize_row(self, x: &[f32]) -> Option<Vec<u8>> {
-        fn blocks<B: bytemuck::Pod>(x: &[f32], q: fn(&[f32]) -> B) -> Vec<u8> {
-            let bs: Vec<B> = x.chunks_exact(QK).map(q).collect();
+        fn blocks<B: crate::quant::QuantBlock + bytemuck::Pod>(
+            x: &[f32],
+            q: fn(&[f32]) -> B,
+        ) -> Vec<u8> {
+            let bs: Vec<B> = x.chunks_exact(B::LEN).map(q).collect();
             bytemuck::cast_slice(&bs).to_vec()
         }
         if x.len() % self.block_len() != 0 {
@@ -183,7 +186,8 @@ impl QuantType {
             Self::Q4_0 => blocks(x, quant::BlockQ4_0::quantize),
             Self::Q4_1 => blocks(x, quant::BlockQ4_1::quantize),
             Self::Q8_0 => blocks(x, quant::BlockQ8_0::quantize),
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => return None,
+            Self::Q4_K => blocks(x, quant::BlockQ4K::quantize),
+            Self::Q5_K | Self::Q6_K => return None,
         })
     }
 

@@ -315,7 +315,7 @@ impl StandIn {
         let q = spec.quant;
         if q.quantize_row(&vec![0.0; q.block_len()]).is_none() {
             return Err(StandInError::Unsupported(format!(
-                "stand-ins in {q} (pi2 quantizes q4_0, q4_1, q8_0, f16, f32)"
+                "stand-ins in {q} (pi2 quantizes q4_0, q4_1, q4_k, q8_0, f16, f32)"
             )));
         }
         for (what, cols) in [("n_embd", s.n_embd), ("n_ff", s.n_ff)] {

@@ -588,7 +588,7 @@ fn down_type(
     match want {
         Some(t) if ok(t) => Ok(t),
         Some(t) => Err(ConvertError::Refused(format!(
-            "cannot store down rows of {n_embd} as {t} (pi2 makes F32, F16, Q8_0, Q4_0, Q4_1 in whole blocks)"
+            "cannot store down rows of {n_embd} as {t} (pi2 makes F32, F16, Q8_0, Q4_0, Q4_1, Q4_K in whole blocks)"
         ))),
         None if ok(model) => Ok(model),
         None => Ok(QuantType::Q8_0),

@@ -102,7 +102,7 @@ impl<'a> Weight<'a> {
             bytes.extend(ty.quantize_row(r).ok_or(SparseModelError::DownType {
                 ty,
                 cols,
-                need: "a format pi2 can quantize to (F32, F16, Q8_0, Q4_0, Q4_1) and whole blocks",
+                need: "a format pi2 can quantize to (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K) and whole blocks",
             })?);
         }
         Weight::new(ty, rows, cols, Blob::owned(&bytes)).map_err(|e| SparseModelError::Layer {

@@ -19,7 +19,7 @@ pub struct SynthArgs {
     /// FFN: relu (ReGLU), dreglu (dReLU, TurboSparse), silu (SwiGLU)
     #[arg(long, default_value = "relu")]
     pub ffn: String,
-    /// Type of every matrix: q4_0, q4_1, q8_0, f16
+    /// Type of every matrix: q4_0, q4_1, q4_k, q8_0, f16
     #[arg(long, default_value = "q4_0")]
     pub quant: String,
     /// Mean planted firing rate of a layer's neurons (default: 0.1 for ReLU-family FFNs, as

@@ -2,7 +2,7 @@
 //! packed in 12 bytes, f16 super-scales `d`, `dmin`; `w = d * sc * q - dmin * m`.
 //! Each 32 bytes of `qs` hold two sub-blocks: low nibbles first, then high nibbles.
 
-use super::{f16_to_f32, scale_min_k4, BlockQ8K, QuantBlock, K_SCALE_SIZE, QK_K};
+use super::{f16_to_f32, f32_to_f16, scale_min_k4, BlockQ8K, QuantBlock, K_SCALE_SIZE, QK_K};
 use bytemuck::{Pod, Zeroable};
 
 #[repr(C)]
@@ -26,6 +26,67 @@ impl BlockQ4K {
         } else {
             byte >> 4
         }
+    }
+}
+
+impl BlockQ4K {
+    /// Quantize 256 values: per sub-block of 32 the range `[min(0, lo), hi]` in 15 steps, the
+    /// sub-block scales and mins in 6 bits relative to the block's largest (`d`, `dmin`), then
+    /// each value to the nearest of its sub-block's 16 levels.
+    pub fn quantize(x: &[f32]) -> Self {
+        assert_eq!(x.len(), QK_K);
+        let mut scale = [0.0f32; 8];
+        let mut min = [0.0f32; 8];
+        for (sb, v) in x.chunks_exact(32).enumerate() {
+            let lo = v.iter().cloned().fold(0.0f32, f32::min);
+            let hi = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            scale[sb] = (hi - lo) / 15.0;
+            min[sb] = -lo;
+        }
+        let max_scale = scale.iter().cloned().fold(0.0f32, f32::max);
+        let max_min = min.iter().cloned().fold(0.0f32, f32::max);
+        // The stored f16 super-scales are what dequantization multiplies by.
+        let d = f16_to_f32(f32_to_f16(max_scale / 63.0));
+        let dmin = f16_to_f32(f32_to_f16(max_min / 63.0));
+        let six = |v: f32, unit: f32| {
+            if unit > 0.0 {
+                ((v / unit).round() as i32).clamp(0, 63) as u8
+            } else {
+                0
+            }
+        };
+        let mut b: BlockQ4K = Zeroable::zeroed();
+        b.d = f32_to_f16(d);
+        b.dmin = f32_to_f16(dmin);
+        let mut scs = [0u8; 8];
+        let mut ms = [0u8; 8];
+        for sb in 0..8 {
+            // Round the scale up where rounding down would clip the sub-block's top value.
+            let mut sc = six(scale[sb], d);
+            if sc < 63 && (sc as f32) * d < scale[sb] {
+                sc += 1;
+            }
+            scs[sb] = sc;
+            ms[sb] = six(min[sb], dmin);
+        }
+        for j in 0..4 {
+            b.scales[j] = scs[j] | ((scs[j + 4] >> 4) << 6);
+            b.scales[j + 4] = ms[j] | ((ms[j + 4] >> 4) << 6);
+            b.scales[j + 8] = (scs[j + 4] & 0x0F) | ((ms[j + 4] & 0x0F) << 4);
+        }
+        for (i, &v) in x.iter().enumerate() {
+            let sb = i / 32;
+            let step = d * scs[sb] as f32;
+            let q = if step > 0.0 {
+                (((v + dmin * ms[sb] as f32) / step).round() as i32).clamp(0, 15) as u8
+            } else {
+                0
+            };
+            let (chunk, rem) = (i / 64, i % 64);
+            let byte = &mut b.qs[chunk * 32 + rem % 32];
+            *byte |= if rem < 32 { q } else { q << 4 };
+        }
+        b
     }
 }
 
@@ -75,6 +136,43 @@ mod tests {
             *q = (i as u8).wrapping_mul(37);
         }
         b
+    }
+
+    #[test]
+    fn quantize_round_trips_within_a_step() {
+        let mut state = 7u64;
+        for case in 0..200 {
+            let spread = [1e-3f32, 0.05, 1.0, 30.0][case % 4];
+            let offset = [0.0f32, 0.5, -0.5, 2.0][(case / 4) % 4] * spread;
+            let x: Vec<f32> = (0..256)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * spread + offset
+                })
+                .collect();
+            let b = BlockQ4K::quantize(&x);
+            let mut y = [0.0; 256];
+            b.dequantize(&mut y);
+            for (sb, (xs, ys)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+                let lo = xs.iter().cloned().fold(0.0f32, f32::min);
+                let hi = xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                // Half a step, plus the 6-bit rounding of the scale and min.
+                let tol = (hi - lo) / 15.0 * 0.5 + amax / 63.0 * 1.01 + 1e-6;
+                for (a, b) in xs.iter().zip(ys) {
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "case {case} sub-block {sb}: {a} -> {b} (tol {tol})"
+                    );
+                }
+            }
+        }
+        // All zeros stay zeros.
+        let mut y = [1.0; 256];
+        BlockQ4K::quantize(&[0.0; 256]).dequantize(&mut y);
+        assert!(y.iter().all(|&v| v == 0.0));
     }
 
     #[test]
