@@ -2,15 +2,16 @@
 """Decode speed under a memory cap: pi2 (flash offload) vs llama.cpp (mmap), the paper's baseline.
 
     sudo python3 bench/offload_vs_llama_cpp.py --model STANDIN.gguf --converted CONVERTED.gguf \
-        [--budgets 50%,25%] [--tokens 8] [--threads 2]
+        [--budgets 50%,25%] [--tokens 8] [--prompt 0] [--threads 2]
 
 For each budget (a fraction of the original file, or a size like 2G), both engines run inside a
 cgroup v1 memory cap of that size, after `echo 3 > /proc/sys/vm/drop_caches`:
 - llama.cpp (`llama-cpp-python` in target/llama-cpp-venv, see compare_llama_cpp.py) loads the
   original file with mmap and decodes --tokens tokens one at a time after a 1-token prompt;
-- pi2 runs `pi2 bench -p 0 -n TOKENS -r 1 --mem-budget B` on the converted file (FFN neurons read
-  from flash, the rest resident), where B leaves the cap room for pi2's own KV cache, scratch
-  and code (the cap is the same for both).
+- pi2 runs `pi2 bench -p 0 -n TOKENS -r 1 --offload-only --mem-budget B` on the converted file
+  (FFN neurons read from flash, the rest resident; one warm-up pass, then the measured one), where
+  B leaves the cap room for pi2's code and heap (the cap is the same for both).
+With --prompt N both engines instead process an N-token prompt in one batch (prefill).
 Needs root (cgroups, drop_caches). Prints a markdown table.
 """
 import argparse, json, os, subprocess, sys, time
@@ -27,12 +28,18 @@ t0 = time.perf_counter()
 llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=256,
                       n_batch=32, use_mmap=True, verbose=False)
 load = time.perf_counter() - t0
-tok = 1
-llm.eval([tok])
-times = []
-for i in range(n):
+prompt = int(sys.argv[4])
+toks = lambda k: [(i * 7919 + 13) % llm.n_vocab() for i in range(k)]
+if prompt > 0:
     t = time.perf_counter()
-    llm.eval([(i * 7919 + 13) % llm.n_vocab()])
+    llm.eval(toks(prompt))
+    print(json.dumps({"load_s": load, "token_s": [(time.perf_counter() - t) / prompt] * prompt}))
+    sys.exit(0)
+llm.eval([1])
+times = []
+for tok in toks(n):
+    t = time.perf_counter()
+    llm.eval([tok])
     times.append(time.perf_counter() - t)
 print(json.dumps({"load_s": load, "token_s": times}))
 """
@@ -84,25 +91,35 @@ def main():
     ap.add_argument("--converted", required=True)
     ap.add_argument("--budgets", default="50%,25%")
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=0, help="measure prefill of this many tokens instead")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--headroom", default="256M", help="cap minus pi2's --mem-budget")
     a = ap.parse_args()
     file_bytes = os.path.getsize(a.model)
     headroom = size(a.headroom, file_bytes)
-    print("| cap | llama.cpp mmap t/s | pi2 offload t/s | pi2 / llama.cpp | peak cgroup MiB (llama.cpp / pi2) |")
-    print("| --- | --- | --- | --- | --- |")
+    test = f"pp{a.prompt}" if a.prompt else f"tg{a.tokens}"
+    print(f"| cap | test | llama.cpp mmap t/s | pi2 offload t/s | pi2 / llama.cpp | pi2 hit rate | "
+          f"pi2 MB read/token | pi2 I/O wait share | peak cgroup MiB (llama.cpp / pi2) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for b in a.budgets.split(","):
         cap = size(b, file_bytes)
-        out, peak_l = capped([str(VENV_PY), "-c", LLAMA_RUNNER, a.model, str(a.threads), str(a.tokens)], cap)
+        out, peak_l = capped([str(VENV_PY), "-c", LLAMA_RUNNER, a.model, str(a.threads), str(a.tokens),
+                              str(a.prompt)], cap)
         ll = json.loads(out.strip().splitlines()[-1])
         ll_tps = len(ll["token_s"]) / sum(ll["token_s"])
-        out, peak_p = capped([str(PI2), "bench", "-m", a.converted, "-p", "0", "-n", str(a.tokens), "-r", "1",
-                              "-t", str(a.threads), "-c", "256", "--mem-budget", str(cap - headroom), "-o", "json"], cap)
+        p, n = (a.prompt, 0) if a.prompt else (0, a.tokens)
+        out, peak_p = capped([str(PI2), "bench", "-m", a.converted, "-p", str(p), "-n", str(n), "-r", "1",
+                              "-t", str(a.threads), "-c", "256", "--offload-only",
+                              "--mem-budget", str(cap - headroom), "-o", "json"], cap)
         rows = json.loads(out)
         rows = rows if isinstance(rows, list) else rows.get("results", [rows])
-        tg = [r for r in rows if r.get("n_gen", 0) > 0]
-        pi_tps = tg[-1]["avg_ts"]
-        print(f"| {b} ({cap / 2**30:.2f} GiB) | {ll_tps:.3f} | {pi_tps:.3f} | {pi_tps / ll_tps:.1f}x | "
+        row = rows[-1]
+        pi_tps = row["avg_ts"]
+        off = (row.get("sparse") or {}).get("offload") or {}
+        # Rows decode asked the reader for (prefill streams whole units instead).
+        per_tok = off.get("decode_bytes_requested_per_token", 0) / 1e6 if n else float("nan")
+        print(f"| {b} ({cap / 2**30:.2f} GiB) | {test} | {ll_tps:.3f} | {pi_tps:.3f} | {pi_tps / ll_tps:.1f}x | "
+              f"{off.get('hit_rate', float('nan')):.3f} | {per_tok:.1f} | {off.get('io_wait_share', float('nan')):.2f} | "
               f"{peak_l / 2**20:.0f} / {peak_p / 2**20:.0f} |", flush=True)
 
 

@@ -20,6 +20,10 @@ pub enum Format {
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// With --mem-budget: measure only the offloaded configurations (skip dense and in-memory
+    /// sparse, which page the whole file through memory)
+    #[arg(long)]
+    pub offload_only: bool,
     /// Prompt lengths to test (comma separated; 0 skips)
     #[arg(
         short = 'p',
@@ -168,6 +172,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(sp) = &sparse {
         modes.push((Some(sp), None));
         modes.extend((0..budgets.len()).map(|j| (Some(sp), Some(j))));
+    }
+    if a.offload_only {
+        if budgets.is_empty() {
+            bail!("--offload-only needs --mem-budget");
+        }
+        modes.retain(|m| m.1.is_some());
     }
     if applied.is_some() {
         // Only the plan's own configuration.
