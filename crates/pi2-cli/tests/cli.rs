@@ -704,6 +704,20 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         })
         .collect();
     assert_eq!(rows.len(), 2, "{text}");
+    // Every expert gets a fair part of the tokens (the router's bias is mild).
+    for l in text.lines().filter(|l| l.starts_with("    ")).take(2) {
+        let lo: f64 = l
+            .split('|')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .split("..")
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(lo > 0.08, "{text}");
+    }
     for r in rows {
         let (measured, planted, corr) = (r[0], r[1], r[2]);
         assert!((planted - 0.1).abs() < 1e-3, "{text}");

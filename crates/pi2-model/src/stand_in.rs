@@ -17,8 +17,9 @@
 //! their mean is the requested rate: a few neurons fire for most tokens, most rarely.
 //! For SiLU models the same construction plants the rate of `gate > 0`. With dReLU the up
 //! projection is rectified too, so a neuron contributes on about half of its firing tokens.
-//! The router of a mixture of experts is random (each expert's channel-0 weight acts as a
-//! popularity bias).
+//! The router of a mixture of experts is random; its channel-0 weights, scaled like the gates',
+//! give each expert a mild popularity bias (`ROUTER_BIAS` standard deviations of its random
+//! logit part), so routing is uneven but every expert is used, as in trained mixtures.
 
 use crate::arch::{FfnAct, KEY_FFN_ACTIVATION};
 use crate::gguf::{GgufFile, Value};
@@ -128,6 +129,9 @@ pub const P_MAX: f32 = 0.95;
 /// Standard deviation of each layer's contribution to the residual stream, relative to the
 /// embedding's: small, so the planted rates hold in every layer.
 const EPS: f32 = 0.03;
+
+/// Standard deviation of an expert's router bias, in units of its logit's random part.
+const ROUTER_BIAS: f32 = 0.3;
 /// Half-width of the uniform embedding entries.
 const EMBD_SCALE: f32 = 1.0;
 
@@ -280,6 +284,10 @@ enum Kind {
     /// Gate rows of `layer`: uniform, channel 0 planted.
     Gate {
         layer: usize,
+        scale: f32,
+    },
+    /// Router rows: uniform, channel 0 a small random bias.
+    Router {
         scale: f32,
     },
     Ones,
@@ -479,7 +487,7 @@ impl StandIn {
                     n("ffn_gate_inp.weight"),
                     vec![d64, e64],
                     QuantType::F32,
-                    uni(w_in, false),
+                    Kind::Router { scale: w_in },
                 );
             }
             add(
@@ -550,6 +558,12 @@ impl StandIn {
                     } else {
                         x.iter_mut().for_each(|v| *v = rng.uniform() * scale);
                     }
+                }
+                Kind::Router { scale } => {
+                    x.iter_mut().for_each(|v| *v = rng.uniform() * scale);
+                    let rest = x[1..].iter().map(|v| v * v).sum::<f32>().sqrt();
+                    // Uniform on [-1, 1] has standard deviation 1/sqrt(3).
+                    x[0] = x[0] / scale * 3f32.sqrt() * ROUTER_BIAS * rest * self.sigma_x / self.a;
                 }
                 Kind::Gate { layer, scale } => {
                     x.iter_mut().for_each(|v| *v = rng.uniform() * scale);

@@ -214,7 +214,7 @@ pub fn print_expert_counts(model: &Model, counts: &pi2_sched::convert::moe::Expe
     let spec = pi2_model::stand_in::StandInSpec::from_file(&model.file);
     let ne = counts.experts;
     println!(
-        "layer | routed share min..max | active rate (mean over experts){}",
+        "layer | routed share min..max | active rate (mean over used experts){}",
         if spec.is_some() {
             " | planted | correlation (mean)"
         } else {
@@ -229,22 +229,21 @@ pub fn print_expert_counts(model: &Model, counts: &pi2_sched::convert::moe::Expe
             .clone()
             .map(share)
             .fold((1.0f64, 0.0f64), |(l, h), s| (l.min(s), h.max(s)));
-        let rate = units.clone().map(|u| counts.active_rate(u)).sum::<f64>() / ne as f64;
-        print!("{li:>5} | {lo:>9.3}..{hi:<9.3} | {rate:>31.3}");
+        // Experts no token was routed to have no measured rates.
+        let used: Vec<usize> = units.filter(|&u| counts.routed[u] > 0).collect();
+        let k = used.len().max(1) as f64;
+        let rate = used.iter().map(|&u| counts.active_rate(u)).sum::<f64>() / k;
+        print!("{li:>5} | {lo:>9.3}..{hi:<9.3} | {rate:>36.3}");
         if let Some(spec) = &spec {
             let (mut planted, mut corr) = (0.0, 0.0);
-            for u in units {
+            for &u in &used {
                 let p = spec.planted_rates(li, u % ne);
                 let routed = counts.routed[u].max(1) as f32;
                 let m: Vec<f32> = counts.fired[u].iter().map(|&n| n as f32 / routed).collect();
                 planted += p.iter().map(|&x| x as f64).sum::<f64>() / p.len() as f64;
                 corr += correlation(&p, &m);
             }
-            print!(
-                " | {:>7.3} | {:>18.3}",
-                planted / ne as f64,
-                corr / ne as f64
-            );
+            print!(" | {:>7.3} | {:>18.3}", planted / k, corr / k);
         }
         println!();
     }
