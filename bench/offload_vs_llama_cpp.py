@@ -22,8 +22,17 @@ VENV_PY = ROOT / "target" / "llama-cpp-venv" / "bin" / "python"
 PI2 = ROOT / "target" / "release" / "pi2"
 
 LLAMA_RUNNER = r"""
-import sys, time, json, llama_cpp
+import sys, time, json, llama_cpp, llama_cpp.llama_cpp as C
 model, threads, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# Keep the weights in the file mapping: by default llama.cpp copies Q4_0 tensors into a
+# repacked (CPU_REPACK) buffer in anonymous memory, which is not the mmap baseline and does
+# not fit under the cap (`--no-repack` in llama.cpp's own tools).
+_defaults = C.llama_model_default_params
+def _no_repack():
+    p = _defaults()
+    p.use_extra_bufts = False
+    return p
+C.llama_model_default_params = _no_repack
 t0 = time.perf_counter()
 llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=256,
                       n_batch=32, use_mmap=True, verbose=False)
@@ -94,6 +103,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=0, help="measure prefill of this many tokens instead")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--headroom", default="256M", help="cap minus pi2's --mem-budget")
+    ap.add_argument("--pi2-args", default="", help="extra pi2 bench arguments (e.g. --no-predictor)")
     a = ap.parse_args()
     file_bytes = os.path.getsize(a.model)
     headroom = size(a.headroom, file_bytes)
@@ -109,7 +119,7 @@ def main():
         ll_tps = len(ll["token_s"]) / sum(ll["token_s"])
         p, n = (a.prompt, 0) if a.prompt else (0, a.tokens)
         out, peak_p = capped([str(PI2), "bench", "-m", a.converted, "-p", str(p), "-n", str(n), "-r", "1",
-                              "-t", str(a.threads), "-c", "256", "--offload-only",
+                              "-t", str(a.threads), "-c", "256", "--offload-only", *a.pi2_args.split(),
                               "--mem-budget", str(cap - headroom), "-o", "json"], cap)
         rows = json.loads(out)
         rows = rows if isinstance(rows, list) else rows.get("results", [rows])
