@@ -770,4 +770,51 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
     let dense = ids(&["-m", m]);
     assert_eq!(ids(&["-m", c, "--mem-budget", "6M"]), dense);
     assert_eq!(ids(&["-m", m, "--sparse"]), dense);
+    // The ablation ladder: one row per mechanism, all offloaded at the same budget.
+    let rows: Value = serde_json::from_str(&ok(&[
+        "bench",
+        "-m",
+        c,
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--mem-budget",
+        "6M",
+        "--ablation",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let steps: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(r["avg_ts"].as_f64().unwrap() > 0.0, "{r}");
+            r["ffn"].as_str().unwrap().rsplit(' ').next().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        ["naive", "+merged", "+cache", "+pipeline", "+depth"],
+        "{rows}"
+    );
+    fails_with(
+        &[
+            "bench",
+            "-m",
+            c,
+            "-p",
+            "0",
+            "-n",
+            "4",
+            "--mem-budget",
+            "6M,7M",
+            "--ablation",
+        ],
+        "exactly one --mem-budget",
+    );
 }

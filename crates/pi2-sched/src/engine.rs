@@ -323,6 +323,12 @@ impl<'m> Engine<'m> {
         self.cluster
     }
 
+    /// Set the neurons per cluster (rounded up to a multiple of 4; one huge cluster turns the
+    /// pipeline's overlap of reads and compute off).
+    pub fn set_cluster(&mut self, n: usize) {
+        self.cluster = n.clamp(4, 1 << 30).div_ceil(4) * 4;
+    }
+
     /// Start (or stop and drop) recording every sparse decode step's candidate and confirmed
     /// neurons; [`Engine::take_neuron_record`] returns them.
     pub fn record_neurons(&mut self, on: bool) {

@@ -24,6 +24,12 @@ pub struct BenchArgs {
     /// sparse, which page the whole file through memory)
     #[arg(long)]
     pub offload_only: bool,
+    /// With one --mem-budget: the ablation ladder, one mechanism added per row: naive per-row
+    /// reads (the least cache, nothing pinned, one read at a time, no merging, no overlap of
+    /// reads and compute) -> + merged reads -> + hot/cold cache at the budget -> + cluster
+    /// pipeline -> + I/O queue depth (--io-depth)
+    #[arg(long)]
+    pub ablation: bool,
     /// Prompt lengths to test (comma separated; 0 skips)
     #[arg(
         short = 'p',
@@ -167,13 +173,62 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !budgets.is_empty() && sparse.is_none() {
         bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert`");
     }
+    // The ablation ladder: one step per "budget" entry, each with its own offload settings
+    // and cluster size.
+    let mut ladder: Vec<(super::sparse_args::OffloadArgs, bool, Option<usize>)> = Vec::new();
+    if a.ablation {
+        if budgets.len() != 1 || applied.is_some() {
+            bail!("--ablation needs exactly one --mem-budget and no --plan");
+        }
+        let sp = sparse.as_ref().expect("checked");
+        let l0 = &model.weights.layers[0];
+        let row = [
+            l0.gate.mat(&model.file).row_bytes(),
+            l0.up.mat(&model.file).row_bytes(),
+            sp.layers[0].down_t.mat().row_bytes(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+        let full = a.offload.clone();
+        let naive = super::sparse_args::OffloadArgs {
+            hot_share: 0.0,
+            io_depth: 1,
+            max_read: row.to_string(),
+            merge_gap: "0".into(),
+            ..full.clone()
+        };
+        let merged = super::sparse_args::OffloadArgs {
+            max_read: full.max_read.clone(),
+            merge_gap: full.merge_gap.clone(),
+            ..naive.clone()
+        };
+        let cached = super::sparse_args::OffloadArgs {
+            hot_share: full.hot_share,
+            ..merged.clone()
+        };
+        // (settings, at the least budget, one cluster of everything)
+        ladder = vec![
+            (naive, true, Some(1 << 30)),
+            (merged, true, Some(1 << 30)),
+            (cached.clone(), false, Some(1 << 30)),
+            (cached, false, None),
+            (full, false, None),
+        ];
+        let b = budgets[0].clone();
+        let names = ["naive", "+merged", "+cache", "+pipeline", "+depth"];
+        budgets = names
+            .iter()
+            .map(|n| (format!("{} {n}", b.0), b.1))
+            .collect();
+    }
     // Modes: dense, sparse in memory, then sparse under each budget (index into `budgets`).
     let mut modes: Vec<(Option<&pi2_sched::SparseFfn<'_>>, Option<usize>)> = vec![(None, None)];
     if let Some(sp) = &sparse {
         modes.push((Some(sp), None));
         modes.extend((0..budgets.len()).map(|j| (Some(sp), Some(j))));
     }
-    if a.offload_only {
+    if a.offload_only || a.ablation {
         if budgets.is_empty() {
             bail!("--offload-only needs --mem-budget");
         }
@@ -249,7 +304,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         let mut e = Engine::new(&model, &cfg)?;
         let mut offloads = Vec::new();
-        for (_, b) in &budgets {
+        let base_cluster = e.cluster();
+        for (j, (_, b)) in budgets.iter().enumerate() {
             e.set_sparse(sparse.as_ref())?;
             let sp = sparse.as_ref().expect("checked");
             let o = match applied
@@ -259,9 +315,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 Some((ap, ocfg)) => {
                     super::sparse_args::offload_with(ocfg, &model, &path, sp, &e, ap.plan.n_batch)?
                 }
-                None => super::sparse_args::build_offload(
-                    &a.offload, *b, &model, &path, sp, &e, max_len,
-                )?,
+                None => {
+                    let (args, least) = ladder.get(j).map_or((&a.offload, false), |l| (&l.0, l.1));
+                    let b = if least {
+                        pi2_sched::min_budget(
+                            &model,
+                            sp,
+                            e.kv_bytes_full() as u64,
+                            e.scratch_bytes(max_len) as u64,
+                        )?
+                    } else {
+                        *b
+                    };
+                    super::sparse_args::build_offload(args, b, &model, &path, sp, &e, max_len)?
+                }
             };
             offloads.push(Some(o));
         }
@@ -291,6 +358,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 for (k, (mode, budget)) in modes.iter().enumerate() {
                     e.set_sparse(*mode)?;
                     if let Some(j) = budget {
+                        e.set_cluster(ladder.get(*j).and_then(|l| l.2).unwrap_or(base_cluster));
                         e.set_offload(offloads[*j].take())?;
                         e.offload_mut().expect("set").reset_stats();
                     }
