@@ -558,6 +558,33 @@ pub fn convert(
     Ok((w, layers.into_iter().map(|l| l.2).collect()))
 }
 
+/// Every tensor of `source` except those `skip` names is in `converted`, byte for byte.
+fn same_dense_tensors(
+    source: &Model,
+    converted: &Model,
+    skip: impl Fn(&str) -> bool,
+) -> Result<(), ConvertError> {
+    let bad = |m: String| ConvertError::Verify(m);
+    let (fs, fc) = (&source.file, &converted.file);
+    for t in fs.tensors.iter().filter(|t| !skip(&t.name)) {
+        let o = fc
+            .tensor(&t.name)
+            .ok_or_else(|| bad(format!("{} is missing", t.name)))?;
+        if o.dims != t.dims || o.ggml_type != t.ggml_type || fc.tensor_data(o) != fs.tensor_data(t)
+        {
+            return Err(bad(format!("{} differs from the source", t.name)));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `row`, read back from type `ty`, is `want` within that type's rounding.
+fn requantized_row_matches(row: &[f32], want: &[f32], ty: QuantType) -> bool {
+    let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let tol = amax * requant_tolerance(ty) + 1e-6;
+    row.iter().zip(want).all(|(a, b)| (a - b).abs() <= tol)
+}
+
 /// Largest error, relative to a row's largest magnitude, of storing the row as `ty`: Q4_0 can
 /// clamp a value of the other sign than its block's extreme by a whole step (1/8); Q4_1 rounds
 /// by half of (max - min) / 15.
@@ -666,21 +693,9 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
     let bad = |m: String| ConvertError::Verify(m);
     let (fs, fc) = (&source.file, &converted.file);
     let c = &source.config;
-    for t in &fs.tensors {
-        if t.name.contains(".ffn_gate.")
-            || t.name.contains(".ffn_up.")
-            || t.name.contains(".ffn_down.")
-        {
-            continue;
-        }
-        let o = fc
-            .tensor(&t.name)
-            .ok_or_else(|| bad(format!("{} is missing", t.name)))?;
-        if o.dims != t.dims || o.ggml_type != t.ggml_type || fc.tensor_data(o) != fs.tensor_data(t)
-        {
-            return Err(bad(format!("{} differs from the source", t.name)));
-        }
-    }
+    same_dense_tensors(source, converted, |n| {
+        n.contains(".ffn_gate.") || n.contains(".ffn_up.") || n.contains(".ffn_down.")
+    })?;
     for (li, (ls, lc)) in source
         .weights
         .layers
@@ -722,16 +737,9 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
         for (j, &i) in perm.iter().enumerate() {
             dt.dequantize_row(j, &mut row);
             let want = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
-            let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let tol = amax * requant_tolerance(dt.ty) + 1e-6;
-            if let Some((k, _)) = row
-                .iter()
-                .zip(want)
-                .enumerate()
-                .find(|(_, (a, b))| (*a - *b).abs() > tol)
-            {
+            if !requantized_row_matches(&row, want, dt.ty) {
                 return Err(bad(format!(
-                    "blk.{li}.ffn_down_t row {j} element {k} is not source down column {i}"
+                    "blk.{li}.ffn_down_t row {j} is not source down column {i}"
                 )));
             }
         }

@@ -1017,7 +1017,6 @@ impl Engine<'_> {
         s.cand_unit.clear();
         for (j, &(u, _)) in units.iter().enumerate() {
             let sl = unit_layer(u);
-            let from = s.cand.len();
             match sl.predictor.as_ref().filter(|_| use_predictor) {
                 Some(p) => {
                     predict(ks, s, sl, d, ff, 1);
@@ -1028,7 +1027,6 @@ impl Engine<'_> {
                 None => s.cand.extend(0..ff as u32),
             }
             s.cand_unit.resize(s.cand.len(), j as u32);
-            debug_assert!(s.cand.len() >= from);
         }
         let nc = s.cand.len();
         let nclust = nc.div_ceil(cl);

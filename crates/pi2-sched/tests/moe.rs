@@ -3,6 +3,9 @@
 //! and offloaded decode and prefill (experts staged one by one) give the in-memory logits bit
 //! for bit.
 
+mod common;
+
+use common::max_rel_diff;
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{FfnAct, GgufFile, Model};
@@ -46,14 +49,6 @@ fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_sched::EngineError> {
         out.push(e.forward(&[t], Logits::Last)?.to_vec());
     }
     Ok(out)
-}
-
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3);
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
 }
 
 #[test]

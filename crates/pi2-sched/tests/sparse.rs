@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::max_rel_diff;
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{FfnAct, GgufFile, Model, Value};
@@ -42,14 +43,6 @@ fn decode_all(e: &mut Engine<'_>, toks: &[u32]) -> Vec<Vec<f32>> {
     toks.iter()
         .map(|&t| e.forward(&[t], Logits::Last).unwrap().to_vec())
         .collect()
-}
-
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3);
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
 }
 
 #[test]

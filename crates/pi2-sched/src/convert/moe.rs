@@ -403,18 +403,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
     let (fs, fc) = (&source.file, &converted.file);
     let c = &source.config;
     let (ff, d, ne) = (c.n_ff, c.n_embd, c.n_expert);
-    for t in &fs.tensors {
-        if t.name.contains("_exps.") {
-            continue;
-        }
-        let o = fc
-            .tensor(&t.name)
-            .ok_or_else(|| bad(format!("{} is missing", t.name)))?;
-        if o.dims != t.dims || o.ggml_type != t.ggml_type || fc.tensor_data(o) != fs.tensor_data(t)
-        {
-            return Err(bad(format!("{} differs from the source", t.name)));
-        }
-    }
+    super::same_dense_tensors(source, converted, |n| n.contains("_exps."))?;
     for (li, (ls, lc)) in source
         .weights
         .layers
@@ -463,10 +452,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
                 let mut row = vec![0.0; d];
                 mine.dequantize_row(j, &mut row);
                 let i = p[j] as usize;
-                let want = &t[i * d..(i + 1) * d];
-                let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let tol = amax * super::requant_tolerance(mine.ty) + 1e-6;
-                row.iter().zip(want).any(|(a, b)| (a - b).abs() > tol)
+                !super::requantized_row_matches(&row, &t[i * d..(i + 1) * d], mine.ty)
             });
             if let Some(j) = bad_row {
                 return Err(bad(format!(

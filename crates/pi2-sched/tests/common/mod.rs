@@ -7,6 +7,7 @@ use pi2_sparse::{Activation, Calibration, ModelInfo, ProfileConfig, Profiler};
 
 /// A profile of `m` over 200 synthetic tokens run in chunks of `chunk`, the per-layer thresholds
 /// for `sparsity`, and the predictor samples.
+#[allow(dead_code)] // not every test crate profiles
 pub fn profile_and_samples(
     m: &Model,
     cfg: &EngineConfig,
@@ -45,4 +46,14 @@ pub fn profile_and_samples(
         .collect();
     let samples = convert::collect_samples(&mut e, &toks, chunk, &th, |_| {}).unwrap();
     (profile, th, samples)
+}
+
+/// Largest absolute difference between `a` and `b`, relative to `a`'s largest magnitude.
+#[allow(dead_code)] // not every test crate compares logits
+pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-3);
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
