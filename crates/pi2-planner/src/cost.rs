@@ -16,6 +16,11 @@
 //!
 //! Prefill of a batch: every matrix as a batched product; offloaded, each layer's FFN is read
 //! whole in `max_read` pieces while the previous layer computes: `max(compute, read)` per layer.
+//!
+//! When the split streams the last layers' attention from flash, every token (and every prefill
+//! batch) reads those layers whole in `max_read` pieces. The reader has one queue, shared with
+//! the neuron reads, so decode counts that time as exposed (an upper bound when the device is
+//! idle part of the step; with the budgets that stream, it rarely is).
 
 use crate::hw::{HardwareProfile, KernelOp, ThreadRates};
 use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses};
@@ -399,8 +404,35 @@ impl<'a> CostModel<'a> {
             let sampled: Vec<usize> = (0..m.steps.len()).step_by(stride).collect();
             let extra: f64 = sampled.iter().map(|&j| (io[j] - compute[j]).max(0.0)).sum();
             ffn += extra * m.steps.len() as f64 / sampled.len().max(1) as f64;
+            let rep = self.replay(k.budget, k.hot_share);
+            if let Ok(rep) = rep.as_ref() {
+                let f = &self.hw.flash.with_load(k.threads);
+                let n = m.attention.len();
+                let bytes = self
+                    .streamed_attention(n.saturating_sub(rep.streamed_layers)..n, k)
+                    .1;
+                ffn += bytes as f64 / f.bytes_per_sec * tokens;
+            }
         }
         Ok(a + p + o + st + se + ffn / tokens)
+    }
+
+    /// Seconds, bytes and device reads to stream the attention of `layers` once.
+    fn streamed_attention(&self, layers: std::ops::Range<usize>, knobs: &Knobs) -> (f64, u64, u64) {
+        let m = self.model;
+        let f = &self.hw.flash.with_load(knobs.threads);
+        let max_read = knobs.max_read.max(f.alignment).max(1);
+        let (mut secs, mut bytes, mut reads) = (0.0, 0, 0);
+        for l in &m.attention[layers] {
+            for mat in l {
+                let b = mat.bytes() as usize;
+                let n = b.div_ceil(max_read);
+                secs += n as f64 * f.read_secs(max_read.min(b));
+                bytes += b as u64;
+                reads += n as u64;
+            }
+        }
+        (secs, bytes, reads)
     }
 
     /// The prediction for one plan, or why it cannot run.
@@ -458,12 +490,15 @@ impl<'a> CostModel<'a> {
                     total_io += io.step_io[n];
                 }
                 let scale = m.steps.len() as f64 / io.step_secs.len().max(1) as f64 / tokens;
+                let n = m.attention.len();
+                let (stream_secs, stream_bytes, stream_reads) =
+                    self.streamed_attention(n.saturating_sub(rep.streamed_layers)..n, k);
                 b.ffn_compute = compute.iter().sum::<f64>() / tokens;
-                b.io_exposed = exposed * scale;
-                b.io_total = total_io * scale;
+                b.io_exposed = exposed * scale + stream_secs;
+                b.io_total = total_io * scale + stream_secs;
                 hit_rate = Some(rep.hit_rate());
-                read_bytes = io.bytes as f64 * scale;
-                reads = io.reads as f64 * scale;
+                read_bytes = io.bytes as f64 * scale + stream_bytes as f64;
+                reads = io.reads as f64 * scale + stream_reads as f64;
             }
         }
         Ok(Prediction {
@@ -487,6 +522,14 @@ impl<'a> CostModel<'a> {
         let f = &self.hw.flash.with_load(k.threads);
         let mut total = 0.0;
         let mut prev_compute = 0.0;
+        let streamed = match k.mode {
+            Mode::Offload => match self.replay(k.budget, k.hot_share).as_ref() {
+                Ok(rep) => rep.streamed_layers,
+                Err(_) => 0,
+            },
+            _ => 0,
+        };
+        let first_streamed = m.ffn.len().saturating_sub(streamed);
         for (li, l) in m.ffn.iter().enumerate() {
             let attn: f64 = m.attention[li]
                 .iter()
@@ -499,7 +542,11 @@ impl<'a> CostModel<'a> {
             if k.mode == Mode::Offload {
                 let bytes = m.n_ff * l.neuron_bytes();
                 let max_read = k.max_read.max(f.alignment).max(1);
-                let read = bytes.div_ceil(max_read) as f64 * f.read_secs(max_read.min(bytes));
+                let mut read = bytes.div_ceil(max_read) as f64 * f.read_secs(max_read.min(bytes));
+                if li >= first_streamed {
+                    // This layer's attention shares the queue with the FFN reads.
+                    read += self.streamed_attention(li..li + 1, k).0;
+                }
                 // The first layer's read is exposed; later ones overlap the previous layer.
                 let waited = if li == 0 {
                     read

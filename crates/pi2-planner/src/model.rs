@@ -125,12 +125,14 @@ impl ModelProfile {
 }
 
 /// How the engine splits a memory budget (engine-specific, so the engine provides it).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ResidencySplit {
     /// Neurons pinned per layer: the first `hot_counts[l]` of layer `l` (hot-first file order).
     pub hot_counts: Vec<usize>,
     /// Cold cache slots (one neuron each).
     pub cold_slots: usize,
+    /// The last layers whose attention projections are read from flash every time they run.
+    pub streamed_layers: usize,
 }
 
 /// The engine's memory accounting.
@@ -160,6 +162,8 @@ pub struct Replay {
     /// Rows (gate rows + up/down pairs) found resident and read.
     pub rows_resident: u64,
     pub rows_read: u64,
+    /// The split's streamed attention layers (read whole every token).
+    pub streamed_layers: usize,
 }
 
 impl Replay {
@@ -183,6 +187,7 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, String
         .map_err(|e| e.to_string())?;
     let mut out = Replay {
         steps: Vec::with_capacity(m.steps.len()),
+        streamed_layers: split.streamed_layers,
         ..Default::default()
     };
     let mut slot_of = Vec::new();
@@ -251,6 +256,7 @@ mod tests {
             &ResidencySplit {
                 hot_counts: vec![64, 64],
                 cold_slots: 1,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -266,6 +272,7 @@ mod tests {
             &ResidencySplit {
                 hot_counts: vec![0, 0],
                 cold_slots: 128,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -284,6 +291,7 @@ mod tests {
                 &ResidencySplit {
                     hot_counts: vec![0, 0],
                     cold_slots: slots,
+                    ..Default::default()
                 },
             )
             .unwrap();

@@ -1,7 +1,7 @@
 //! The dense forward pass. Every FFN matrix is computed row by row (a row of gate/up is one
 //! neuron), so the sparse engine can later restrict the same loops to the active neurons.
 
-use crate::offload::{Offload, GATE, UPDOWN};
+use crate::offload::{Offload, ATTN_TAG, GATE, UPDOWN};
 use crate::sparse::{SparseFfn, SparseLayer, SparseStats};
 use half::f16;
 use pi2_io::Request;
@@ -469,7 +469,7 @@ impl<'m> Engine<'m> {
         }
         self.rope_tables(pos0, n);
         for (li, layer) in m.weights.layers.iter().enumerate() {
-            self.attention_block(li, layer, pos0, n);
+            self.attention_block(li, layer, pos0, n)?;
             self.ffn_block(li, layer, n, observer.as_deref_mut())?;
         }
         self.kv.len = pos0 + n;
@@ -511,13 +511,12 @@ impl<'m> Engine<'m> {
     fn project(
         ks: &KernelSet,
         f: &pi2_model::GgufFile,
-        w: &TensorView,
+        mat: &MatRef<'_>,
         bias: Option<&TensorView>,
         acts: &ActBuf,
         out: &mut [f32],
     ) {
-        let mat: MatRef<'_> = w.mat(f);
-        matmul(ks, &mat, acts, out);
+        matmul(ks, mat, acts, out);
         if let Some(b) = bias {
             let b = b.f32s(f);
             for row in out.chunks_exact_mut(b.len()) {
@@ -534,10 +533,10 @@ impl<'m> Engine<'m> {
         acts: &mut ActBuf,
         x: &[f32],
         d: usize,
-        jobs: [(&TensorView, Option<&TensorView>, &mut [f32]); J],
+        jobs: [(MatRef<'_>, Option<&TensorView>, &mut [f32]); J],
     ) {
         let biases = jobs.each_ref().map(|j| j.1);
-        let mut pairs = jobs.map(|(w, _, out)| (w.mat(f), out));
+        let mut pairs = jobs.map(|(w, _, out)| (w, out));
         let mut start = 0;
         while start < J {
             let kind = pairs[start].0.ty.act_kind();
@@ -558,10 +557,25 @@ impl<'m> Engine<'m> {
         }
     }
 
-    fn attention_block(&mut self, li: usize, l: &LayerWeights, pos0: usize, n: usize) {
+    fn attention_block(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
         let m = self.model;
         let c = &m.config;
         let f = &m.file;
+        // The projections: from the file mapping, or streamed from flash.
+        let streamed = match self.offload.as_mut() {
+            Some(o) => o.stream_attention(li)?,
+            None => false,
+        };
+        let [wq, wk, wv, wo] = match (&self.offload, streamed) {
+            (Some(o), true) => o.attention_mats(li),
+            _ => [&l.wq, &l.wk, &l.wv, &l.wo].map(|w| w.mat(f)),
+        };
         let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
         let s = &mut self.s;
         let xn = grow(&mut s.xn, n * d);
@@ -584,9 +598,9 @@ impl<'m> Engine<'m> {
             &s.xn[..n * d],
             d,
             [
-                (&l.wq, l.bq.as_ref(), q),
-                (&l.wk, l.bk.as_ref(), k),
-                (&l.wv, l.bv.as_ref(), v),
+                (wq, l.bq.as_ref(), q),
+                (wk, l.bk.as_ref(), k),
+                (wv, l.bv.as_ref(), v),
             ],
         );
         let half = self.inv_freq.len();
@@ -652,13 +666,14 @@ impl<'m> Engine<'m> {
                 }
             });
         });
-        s.acts.quantize(l.wo.ty.act_kind(), &s.att[..n * qd], qd);
+        s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
         let o = grow(&mut s.o, n * d);
-        Self::project(&self.ks, f, &l.wo, None, &s.acts, o);
+        Self::project(&self.ks, f, &wo, None, &s.acts, o);
         s.x[..n * d]
             .iter_mut()
             .zip(&s.o[..n * d])
             .for_each(|(x, o)| *x += o);
+        Ok(())
     }
 
     fn ffn_block<'o>(
@@ -1259,6 +1274,10 @@ impl Engine<'_> {
                 Err(e) => {
                     failed.lock().unwrap().get_or_insert(e);
                 }
+                Ok(()) if comp.tag == ATTN_TAG => {
+                    // A streamed attention layer read ahead for a later layer.
+                    o.expect("reads come from the offload").received(comp.tag);
+                }
                 Ok(()) => {
                     let c = (comp.tag >> 1) as usize / cl;
                     if comp.tag & 1 == 0 {
@@ -1305,8 +1324,8 @@ impl Engine<'_> {
         });
         if let Some(e) = failed.into_inner().unwrap() {
             // Wait out reads still in flight into the cache, then report.
-            if let Some(o) = o {
-                while o.reader.outstanding() > 0 && o.reader.recv().is_ok() {}
+            if let Some(o) = offload.as_mut() {
+                o.fail();
             }
             return Err(e.into());
         }

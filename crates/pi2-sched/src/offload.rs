@@ -4,6 +4,13 @@
 //! of a mixture-of-experts layer (unit `layer * n_expert + expert`). The engine's cluster pipeline ([`crate::Engine`]) computes resident clusters while
 //! the I/O thread reads missing rows.
 //!
+//! When the budget cannot hold every layer's attention projections too, the last layers'
+//! attention streams from flash: each is read whole into one of two buffers, the next streamed
+//! layer's read issued as soon as the current one is in, so it overlaps the compute in between.
+//! Attention weights are used by every token, so a byte of them kept resident saves one byte
+//! of reading per token, at least as much as any neuron byte: they are streamed only when the
+//! smallest neuron cache would not fit otherwise.
+//!
 //! Residency never changes arithmetic: the same rows in the same clusters give the same logits
 //! as in-memory sparse decode.
 
@@ -13,6 +20,10 @@ use pi2_io::{AlignedBuf, IoError, PreadEngine, ReadEngine, Reader, ReaderConfig,
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::Model;
 use std::path::Path;
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{AcqRel, Acquire, Release},
+};
 
 /// Offloading errors.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +129,9 @@ pub struct OffloadStats {
     pub token_layers: u64,
     /// Units (layers, or experts) read whole for dense batches (prefill).
     pub dense_layer_reads: u64,
+    /// Layers whose attention projections were read from flash, and their bytes.
+    pub attn_layer_reads: u64,
+    pub attn_bytes: u64,
 }
 
 impl OffloadStats {
@@ -141,6 +155,14 @@ pub struct Offload {
     pub(crate) stage_unit: [Option<usize>; 2],
     pub(crate) stats: OffloadStats,
     pub(crate) n_ff: usize,
+    /// Streamed attention: every layer's projections in the file, the first streamed layer
+    /// (layers from it on are read each time they run), two layer buffers, and the streamed
+    /// reads not yet received.
+    attn: Vec<AttnLayout>,
+    stream_from: usize,
+    attn_buf: [AlignedBuf; 2],
+    attn_buf_layer: [Option<usize>; 2],
+    pub(crate) attn_pending: AtomicU64,
     budget: Budget,
     direct: bool,
     fallback: Option<String>,
@@ -151,12 +173,63 @@ fn pad(n: usize) -> usize {
     n.div_ceil(PAD) * PAD
 }
 
+/// One attention projection of a layer: where it lies in the file and in a layer buffer.
+#[derive(Clone, Copy, Debug)]
+struct AttnMat {
+    offset: u64,
+    len: usize,
+    at: usize,
+    ty: QuantType,
+    rows: usize,
+    cols: usize,
+}
+
+/// A layer's q, k, v and output projections (what a streamed layer reads).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnLayout {
+    mats: [AttnMat; 4],
+    /// Bytes of a buffer holding all four (each padded).
+    size: usize,
+}
+
 /// Non-FFN resident bytes, the working buffers and what one decode step needs at least.
 pub(crate) struct Plan {
     pub layout: Vec<FfnLayout>,
+    pub attn: Vec<AttnLayout>,
+    /// With every layer's attention resident.
     pub fixed: u64,
     pub stage: usize,
     pub bundle: usize,
+}
+
+impl Plan {
+    /// The fixed region when the last `k` layers stream their attention (two layer buffers
+    /// replace their resident projections).
+    fn fixed_streaming(&self, k: usize) -> u64 {
+        if k == 0 {
+            return self.fixed;
+        }
+        let n = self.attn.len();
+        let freed: u64 = self.attn[n - k..]
+            .iter()
+            .map(|a| a.mats.iter().map(|m| m.len as u64).sum::<u64>())
+            .sum();
+        let bufs = 2 * self.attn.iter().map(|a| a.size).max().unwrap_or(0) as u64;
+        self.fixed - freed + bufs
+    }
+
+    /// The fewest streamed layers whose fixed region leaves `rest` bytes of `budget` (or, if
+    /// none does, the count with the smallest fixed region).
+    fn streamed_layers(&self, budget: u64, rest: u64) -> usize {
+        let n = self.attn.len();
+        (0..=n)
+            .find(|&k| self.fixed_streaming(k) + rest <= budget)
+            .unwrap_or_else(|| {
+                (0..=n)
+                    .min_by_key(|&k| self.fixed_streaming(k))
+                    .unwrap_or(0)
+            })
+    }
 }
 
 fn is_bundle_tensor(name: &str) -> bool {
@@ -198,6 +271,7 @@ pub(crate) fn plan(
         )));
     }
     let mut layout = Vec::with_capacity(c.n_layer * experts);
+    let mut attn = Vec::with_capacity(c.n_layer);
     for l in &model.weights.layers {
         // Expert e's rows follow the e experts before it in each stacked tensor.
         let part = |name: &str, at: usize, e: usize| -> Result<Part, OffloadError> {
@@ -226,6 +300,21 @@ pub(crate) fn plan(
             }
             layout.push(FfnLayout { gate, up, down });
         }
+        let mut at = 0;
+        let mats = [&l.wq, &l.wk, &l.wv, &l.wo].map(|w| {
+            let t = f.tensor(&w.name).expect("checked at load");
+            let m = AttnMat {
+                offset: f.data_offset + t.offset,
+                len: t.size as usize,
+                at,
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+            };
+            at += pad(m.len);
+            m
+        });
+        attn.push(AttnLayout { mats, size: at });
     }
     let fixed: u64 = f
         .tensors
@@ -247,6 +336,7 @@ pub(crate) fn plan(
         .unwrap_or(0);
     Ok(Plan {
         layout,
+        attn,
         fixed,
         stage,
         bundle,
@@ -262,6 +352,8 @@ pub struct Regions {
     pub hot_counts: Vec<usize>,
     /// Cold cache slots (one neuron bundle each).
     pub cold_slots: usize,
+    /// The last layers that read their attention from flash each time they run.
+    pub streamed_layers: usize,
 }
 
 impl Regions {
@@ -281,7 +373,8 @@ pub fn min_budget(
 ) -> Result<u64, OffloadError> {
     let p = plan(model, sparse, kv_bytes, scratch)?;
     let (stage, min_cold) = least_regions(&p, &model.config);
-    Ok(p.fixed + stage + min_cold)
+    let k = p.streamed_layers(0, u64::MAX);
+    Ok(p.fixed_streaming(k) + stage + min_cold)
 }
 
 /// Prefill staging (two units) and the least neuron cache (the neurons of one decode step: a
@@ -313,9 +406,10 @@ pub fn regions(
     let n_units = p.layout.len();
     let mut budget = Budget::new(budget);
     let (stage_bytes, min_cold) = least_regions(&p, c);
+    let streamed_layers = p.streamed_layers(budget.limit(), stage_bytes + min_cold);
     budget.reserve_with_minimum(
         Region::Fixed,
-        p.fixed,
+        p.fixed_streaming(streamed_layers),
         "the fixed region (embeddings, attention, norms, output, predictors, KV cache, buffers)",
         stage_bytes + min_cold,
     )?;
@@ -355,6 +449,7 @@ pub fn regions(
         budget,
         hot_counts,
         cold_slots: slots,
+        streamed_layers,
     })
 }
 
@@ -376,6 +471,7 @@ impl Offload {
             budget,
             hot_counts,
             cold_slots: slots,
+            streamed_layers,
         } = regions(
             model,
             sparse,
@@ -431,6 +527,14 @@ impl Offload {
             });
         }
         let stage = [AlignedBuf::new(p.stage, PAD), AlignedBuf::new(p.stage, PAD)];
+        let attn_size = match streamed_layers {
+            0 => 0,
+            _ => p.attn.iter().map(|a| a.size).max().unwrap_or(0),
+        };
+        let attn_buf = [
+            AlignedBuf::new(attn_size, PAD),
+            AlignedBuf::new(attn_size, PAD),
+        ];
         Ok(Offload {
             reader,
             layers: p.layout,
@@ -440,6 +544,11 @@ impl Offload {
             stage_unit: [None, None],
             stats: OffloadStats::default(),
             n_ff,
+            stream_from: p.attn.len() - streamed_layers,
+            attn: p.attn,
+            attn_buf,
+            attn_buf_layer: [None, None],
+            attn_pending: AtomicU64::new(0),
             budget,
             direct,
             fallback,
@@ -459,6 +568,11 @@ impl Offload {
     /// Cold cache slots (neuron bundles).
     pub fn cold_slots(&self) -> usize {
         self.cache.n_slots()
+    }
+
+    /// Layers whose attention is read from flash each time they run (the last ones).
+    pub fn streamed_layers(&self) -> usize {
+        self.attn.len() - self.stream_from
     }
 
     pub fn stats(&self) -> &OffloadStats {
@@ -517,12 +631,114 @@ impl Offload {
 
     fn wait_stage(&mut self) -> Result<(), IoError> {
         while self.reader.outstanding() > 0 {
-            if let Err(e) = self.reader.recv().and_then(|c| c.result) {
-                self.stage_unit = [None, None];
-                return Err(e);
+            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
+                Ok(tag) => self.received(tag),
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Account for a completion taken from the reader by whoever was waiting: a streamed
+    /// attention read is no longer pending.
+    pub(crate) fn received(&self, tag: u64) {
+        if tag == ATTN_TAG {
+            self.attn_pending.fetch_sub(1, AcqRel);
+        }
+    }
+
+    /// After a failed read: wait out what is still in flight into this offload's buffers and
+    /// forget what they held.
+    pub(crate) fn fail(&mut self) {
+        while self.reader.outstanding() > 0 && self.reader.recv().is_ok() {}
+        self.attn_pending.store(0, Release);
+        self.stage_unit = [None, None];
+        self.attn_buf_layer = [None, None];
+    }
+
+    /// Start reading layer `li`'s attention projections into buffer `b`.
+    fn read_attention(&mut self, li: usize, b: usize) -> Result<(), IoError> {
+        let a = self.attn[li];
+        let base = self.attn_buf[b].as_mut_ptr();
+        let reqs = a.mats.map(|m| Request {
+            offset: m.offset,
+            len: m.len,
+            // SAFETY: inside the buffer (sized for the largest layer).
+            dst: unsafe { base.add(m.at) },
+            tag: ATTN_TAG,
+        });
+        self.attn_buf_layer[b] = Some(li);
+        self.attn_pending.fetch_add(reqs.len() as u64, AcqRel);
+        self.stats.attn_layer_reads += 1;
+        self.stats.attn_bytes += a.mats.iter().map(|m| m.len as u64).sum::<u64>();
+        // SAFETY: the buffer is not read until every attention read has been received
+        // (`wait_attention`), and not written by anything else meanwhile.
+        let submitted = unsafe { self.reader.submit(&reqs) };
+        if submitted.is_err() {
+            self.attn_pending.fetch_sub(reqs.len() as u64, AcqRel);
+            self.attn_buf_layer[b] = None;
+        }
+        submitted
+    }
+
+    fn wait_attention(&mut self) -> Result<(), IoError> {
+        let t0 = std::time::Instant::now();
+        while self.attn_pending.load(Acquire) > 0 {
+            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
+                Ok(tag) => self.received(tag),
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            }
+        }
+        self.stats.io_wait_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// Whether layer `li`'s attention streams from flash; if it does, make it resident (wait for
+    /// its read, issuing it now if no earlier call prefetched it) and start reading the next
+    /// streamed layer into the other buffer: after the last layer, the first streamed one,
+    /// which the next token needs after the resident layers.
+    pub(crate) fn stream_attention(&mut self, li: usize) -> Result<bool, IoError> {
+        if li < self.stream_from {
+            return Ok(false);
+        }
+        let b = match self.attn_buf_layer.iter().position(|&x| x == Some(li)) {
+            Some(b) => b,
+            None => {
+                self.wait_attention()?;
+                self.read_attention(li, 0)?;
+                0
+            }
+        };
+        self.wait_attention()?;
+        let next = if li + 1 < self.attn.len() {
+            li + 1
+        } else {
+            self.stream_from
+        };
+        if next != li && self.attn_buf_layer[1 - b] != Some(next) {
+            self.read_attention(next, 1 - b)?;
+        }
+        Ok(true)
+    }
+
+    /// The q, k, v and output projections of streamed layer `li` (after
+    /// [`Offload::stream_attention`] returned true for it).
+    pub(crate) fn attention_mats(&self, li: usize) -> [MatRef<'_>; 4] {
+        let b = self
+            .attn_buf_layer
+            .iter()
+            .position(|&x| x == Some(li))
+            .expect("the layer was streamed in");
+        let buf = &self.attn_buf[b];
+        self.attn[li].mats.map(|m| {
+            MatRef::new(m.ty, m.rows, m.cols, &buf[m.at..m.at + m.len]).expect("checked at load")
+        })
     }
 
     /// Make unit `u`'s whole FFN resident in a staging buffer (returned) and start reading unit
@@ -561,6 +777,8 @@ impl Offload {
 
 /// Tag of staging reads (prefill), distinct from decode's neuron tags.
 const STAGE_TAG: u64 = u64::MAX;
+/// Tag of streamed attention reads.
+pub(crate) const ATTN_TAG: u64 = u64::MAX - 1;
 
 /// Offsets of the up and down blocks and the total size of a hot block of `h` neurons.
 fn hot_block(l: &FfnLayout, h: usize) -> (usize, usize, usize) {

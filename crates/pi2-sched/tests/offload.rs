@@ -40,7 +40,11 @@ const DECODE: [u32; 10] = [99, 7, 64, 12, 8, 150, 33, 2, 77, 1];
 
 /// A converted (bundled, lowrank-predictor) synthetic model on disk.
 fn converted(dir: &Path) -> PathBuf {
-    let bytes = build(&spec()).to_bytes();
+    converted_from(dir, &spec())
+}
+
+fn converted_from(dir: &Path, spec: &SynthSpec) -> PathBuf {
+    let bytes = build(spec).to_bytes();
     let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
     let (profile, th, samples) = common::profile_and_samples(&m, &cfg(), 0.4, 50);
     let cc = ConvertConfig {
@@ -182,6 +186,89 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
             assert!(st.gate_hits + st.gate_hot > st.gate_reads, "{st:?}");
         }
         assert!(o.reader_stats().bytes_read > 0);
+    }
+}
+
+#[test]
+fn streamed_attention_gives_the_same_logits() {
+    // Five layers: streaming pays off from three layers on (two buffers replace them).
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted_from(
+        dir.path(),
+        &SynthSpec {
+            n_layer: 5,
+            ..spec()
+        },
+    );
+    let m = Model::load(&path).unwrap();
+    let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
+    let mut mem = Engine::new(&m, &cfg()).unwrap();
+    mem.set_sparse(Some(&sp)).unwrap();
+    let want = run(&mut mem).unwrap();
+
+    let probe = Engine::new(&m, &cfg()).unwrap();
+    let (kv, scratch) = (probe.kv_bytes_full() as u64, probe.scratch_bytes(8) as u64);
+    let minimum = pi2_sched::min_budget(&m, &sp, kv, scratch).unwrap();
+    let attn_layer: u64 = ["attn_q", "attn_k", "attn_v", "attn_output"]
+        .iter()
+        .map(|t| m.file.tensor(&format!("blk.0.{t}.weight")).unwrap().size)
+        .sum();
+    let file = m.file.file_size();
+    for (budget, streamed) in [
+        (minimum, 5),
+        (minimum + attn_layer, 4),
+        (minimum + 2 * attn_layer - 1, 4),
+        (minimum + 2 * attn_layer, 3),
+        (4 * file, 0),
+    ] {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let oc = OffloadConfig {
+            budget,
+            hot_share: 0.5,
+            ..Default::default()
+        };
+        let o = offload(&m, &sp, &path, &e, oc).unwrap();
+        assert_eq!(o.streamed_layers(), streamed, "budget {budget}");
+        assert!(o.budget().total_used() <= budget);
+        e.set_offload(Some(o)).unwrap();
+        for pass in 0..2 {
+            let got = run(&mut e).unwrap();
+            for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "budget {budget} pass {pass} step {step}: logits differ"
+                );
+            }
+        }
+        // Each streamed layer is read once per forward pass (prefill + decode steps), give or
+        // take the read-ahead of the next pass's first streamed layer.
+        let st = e.offload().unwrap().stats();
+        let passes = 2 * (1 + DECODE.len() as u64);
+        let (reads, streamed) = (st.attn_layer_reads, streamed as u64);
+        assert!(
+            reads >= passes * streamed && reads <= passes * streamed + 2,
+            "{streamed} streamed: {reads} reads"
+        );
+        assert_eq!(st.attn_bytes, reads * attn_layer);
+    }
+    // A failing device mid-stream ends in a clear error, and the next pass reports it again
+    // rather than computing from a half-read buffer.
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    e.set_sparse(Some(&sp)).unwrap();
+    let oc = OffloadConfig {
+        budget: minimum,
+        faults: Some(FaultPlan {
+            eio_from: Some(30),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let o = offload(&m, &sp, &path, &e, oc).unwrap();
+    e.set_offload(Some(o)).unwrap();
+    for _ in 0..2 {
+        let err = run(&mut e).unwrap_err().to_string();
+        assert!(err.contains("Input/output error"), "{err}");
     }
 }
 

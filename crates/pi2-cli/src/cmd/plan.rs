@@ -328,6 +328,7 @@ impl Residency for EngineResidency<'_> {
         Ok(ResidencySplit {
             hot_counts: r.hot_counts,
             cold_slots: r.cold_slots,
+            streamed_layers: r.streamed_layers,
         })
     }
     fn min_budget(&self) -> u64 {

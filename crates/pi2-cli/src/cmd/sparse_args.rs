@@ -308,6 +308,8 @@ pub fn offload_json(o: &pi2_sched::Offload, tokens: usize, decode_secs: f64) -> 
         "updown_rows": {"hot": st.updown_hot, "cached": st.updown_hits, "read": st.updown_reads},
         "bytes_read": rd.bytes_read,
         "decode_bytes_requested_per_token": st.decode_bytes as f64 / tokens.max(1) as f64,
+        "streamed_attention_layers": o.streamed_layers(),
+        "attention_bytes_per_token": st.attn_bytes as f64 / tokens.max(1) as f64,
         "device_reads": rd.reads,
         "device_busy_secs": rd.busy_ns as f64 / 1e9,
         "io_wait_share": if decode_secs > 0.0 { st.io_wait_ns as f64 / 1e9 / decode_secs } else { 0.0 },
