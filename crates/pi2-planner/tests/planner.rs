@@ -2,7 +2,7 @@
 //! cost model, infeasibility answers, and the plan file's versioning and refusals.
 
 use pi2_planner::cost::Mode;
-use pi2_planner::model::Residency;
+use pi2_planner::model::{Residency, ResidencySplit};
 use pi2_planner::plan::{PlanDevice, PlanModel, PLAN_VERSION};
 use pi2_planner::synthetic::{toy_hardware, toy_model, ToyResidency};
 use pi2_planner::{plan, Constraints, CostModel, Knobs, Objective, PlanError, PlanFile, Space};
@@ -89,6 +89,59 @@ fn offloaded_decode_by_hand() {
     );
     assert_eq!(p.hit_rate, Some(0.0));
     assert_eq!(p.memory, res.min_budget());
+}
+
+/// The toy split with the last `streamed` layers' attention read from flash.
+struct Streaming(ToyResidency, usize);
+
+impl Residency for Streaming {
+    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String> {
+        let mut s = self.0.split(budget, hot_share)?;
+        s.streamed_layers = self.1;
+        Ok(s)
+    }
+    fn min_budget(&self) -> u64 {
+        self.0.min_budget()
+    }
+    fn in_memory_bytes(&self) -> u64 {
+        self.0.in_memory_bytes()
+    }
+}
+
+#[test]
+fn streamed_attention_adds_its_reads() {
+    // Two layers; streaming the last one's attention reads its four 128 x 136 B matrices, one
+    // read each, on the queue the neuron reads use.
+    let m = toy_model(2, 64, 2);
+    let hw = toy_hardware(1, 1.0, 100.0);
+    let base = ToyResidency::for_model(&m, 1 << 20);
+    let budget = base.min_budget();
+    let plain = CostModel::new(&hw, &m, &base, 0, 16)
+        .evaluate(&knobs(Mode::Offload, budget))
+        .unwrap();
+    let res = Streaming(ToyResidency::for_model(&m, 1 << 20), 1);
+    let streamed = CostModel::new(&hw, &m, &res, 0, 16)
+        .evaluate(&knobs(Mode::Offload, budget))
+        .unwrap();
+    let mat = 128.0 * 136.0;
+    let secs = 4.0 * (100e-6 + mat * 1e-9);
+    let (a, b) = (&plain.breakdown, &streamed.breakdown);
+    assert!(close(b.io_total - a.io_total, secs), "{a:?} {b:?}");
+    assert!(close(b.io_exposed - a.io_exposed, secs));
+    assert!(close(
+        streamed.read_bytes_per_token - plain.read_bytes_per_token,
+        4.0 * mat
+    ));
+    assert!(close(
+        streamed.device_reads_per_token - plain.device_reads_per_token,
+        4.0
+    ));
+    assert!(close(
+        1.0 / streamed.decode_tps - 1.0 / plain.decode_tps,
+        secs
+    ));
+    // Prefill reads it too, once per batch (hidden here behind the previous layer's compute).
+    assert!(streamed.prefill_tps <= plain.prefill_tps);
 }
 
 #[test]
