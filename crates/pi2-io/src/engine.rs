@@ -45,7 +45,7 @@ impl ReadEngine for Box<dyn ReadEngine> {
 /// `pread(2)` with `O_DIRECT` where the file system accepts it, else buffered reads whose pages
 /// are dropped after each read (`POSIX_FADV_DONTNEED`), so repeated reads really go to the device.
 pub struct PreadEngine {
-    file: File,
+    pub(crate) file: File,
     size: u64,
     direct: bool,
     fallback: Option<String>,
@@ -110,9 +110,26 @@ impl PreadEngine {
         self.fallback.as_deref()
     }
 
-    fn read_one(&self, op: &mut ReadOp<'_>) -> Result<(), IoError> {
-        let mut got = 0;
-        while got < op.buf.len() {
+    pub(crate) fn check_aligned(&self, op: &ReadOp<'_>) -> Result<(), IoError> {
+        let align = self.alignment() as u64;
+        if !op.offset.is_multiple_of(align)
+            || !(op.buf.len() as u64).is_multiple_of(align)
+            || !(op.buf.as_ptr() as u64).is_multiple_of(align)
+        {
+            return Err(IoError::Misaligned {
+                offset: op.offset,
+                len: op.buf.len(),
+                align: align as usize,
+            });
+        }
+        Ok(())
+    }
+
+    /// Finish `op` whose first `got` bytes have arrived (by another engine's submission, or
+    /// none yet): read the rest, drop buffered pages, and check that `need` bytes arrived.
+    pub(crate) fn read_rest(&self, op: &mut ReadOp<'_>, mut got: usize) -> Result<(), IoError> {
+        // A direct read ends short of a block only at the end of the file.
+        while got < op.buf.len() && !(self.direct && !got.is_multiple_of(DIRECT_ALIGN)) {
             match pread(&self.file, &mut op.buf[got..], op.offset + got as u64) {
                 Ok(0) => break,
                 Ok(n) => got += n,
@@ -124,9 +141,6 @@ impl PreadEngine {
                         source,
                     })
                 }
-            }
-            if self.direct && got % DIRECT_ALIGN != 0 {
-                break; // a direct read ends short only at the end of the file
             }
         }
         if !self.direct && !self.keep_pages {
@@ -165,19 +179,9 @@ impl ReadEngine for PreadEngine {
     }
 
     fn read_batch(&mut self, ops: &mut [ReadOp<'_>]) -> Result<(), IoError> {
-        let align = self.alignment() as u64;
         for op in ops.iter_mut() {
-            if op.offset % align != 0
-                || op.buf.len() as u64 % align != 0
-                || op.buf.as_ptr() as u64 % align != 0
-            {
-                return Err(IoError::Misaligned {
-                    offset: op.offset,
-                    len: op.buf.len(),
-                    align: align as usize,
-                });
-            }
-            self.read_one(op)?;
+            self.check_aligned(op)?;
+            self.read_rest(op, 0)?;
         }
         Ok(())
     }

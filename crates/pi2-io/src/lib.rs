@@ -16,12 +16,16 @@ mod buf;
 mod engine;
 pub mod profile;
 mod reader;
+#[cfg(target_os = "linux")]
+mod uring;
 
 pub use buf::AlignedBuf;
 pub use engine::{emulated, FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
 pub use reader::{
     device_reads, for_each_device_read, Completion, Reader, ReaderConfig, ReaderStats, Request,
 };
+#[cfg(target_os = "linux")]
+pub use uring::UringEngine;
 
 use std::path::PathBuf;
 

@@ -29,7 +29,7 @@ fn file(size: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
 
 /// Every engine under test, by name.
 fn engines(path: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
-    vec![
+    let pread: [(&'static str, Box<dyn ReadEngine>); 4] = [
         ("direct", Box::new(PreadEngine::open(path, true).unwrap())),
         (
             "buffered",
@@ -55,7 +55,32 @@ fn engines(path: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
                 .unwrap(),
             ),
         ),
-    ]
+    ];
+    pread.into_iter().chain(uring_engines(path)).collect()
+}
+
+/// The io_uring engines, direct and buffered, with a shallow ring so groups are split. Native
+/// x86-64 Linux must have io_uring; elsewhere (qemu-user does not emulate it) their absence is
+/// reported and the other engines are still tested.
+#[cfg(target_os = "linux")]
+fn uring_engines(path: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
+    let open = |direct| pi2_io::UringEngine::open(path, direct, 2);
+    match (open(true), open(false)) {
+        (Ok(d), Ok(b)) => vec![
+            ("uring-direct", Box::new(d)),
+            ("uring-buffered", Box::new(b)),
+        ],
+        (Err(e), _) | (_, Err(e)) => {
+            assert!(!cfg!(target_arch = "x86_64"), "io_uring: {e}");
+            eprintln!("note: io_uring engines not tested here: {e}");
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn uring_engines(_: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
+    Vec::new()
 }
 
 #[test]

@@ -16,7 +16,7 @@ pub mod topology;
 pub use engine::{Engine, EngineConfig, EngineError, Logits, NeuronStep};
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
 pub use offload::{
-    min_budget, regions, Offload, OffloadConfig, OffloadError, OffloadStats, Regions,
+    min_budget, regions, IoEngine, Offload, OffloadConfig, OffloadError, OffloadStats, Regions,
 };
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};

@@ -36,6 +36,16 @@ pub enum OffloadError {
     Model(String),
 }
 
+/// How reads reach the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoEngine {
+    /// `pread`, one read at a time: portable (Android apps cannot count on io_uring).
+    #[default]
+    Pread,
+    /// io_uring (Linux): the reader's `depth` reads in flight together.
+    Uring,
+}
+
 /// How to offload.
 #[derive(Clone, Debug)]
 pub struct OffloadConfig {
@@ -46,6 +56,7 @@ pub struct OffloadConfig {
     pub hot_share: f64,
     /// Use `O_DIRECT` (falls back to buffered reads with dropped pages where refused).
     pub direct: bool,
+    pub engine: IoEngine,
     pub reader: ReaderConfig,
     /// Inject faults/latency (tests, the ablation bench).
     pub faults: Option<pi2_io::FaultPlan>,
@@ -60,6 +71,7 @@ impl Default for OffloadConfig {
             budget: u64::MAX,
             hot_share: 1.0,
             direct: true,
+            engine: IoEngine::default(),
             reader: ReaderConfig::default(),
             faults: None,
             emulate: None,
@@ -484,20 +496,13 @@ impl Offload {
         let n_units = p.layout.len();
         let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
-        let engine = match &cfg.emulate {
-            Some(_) => PreadEngine::open_cached(path)?,
-            None => PreadEngine::open(path, cfg.direct)?,
-        };
+        let (engine, direct, fallback) = open_engine(path, cfg)?;
         if engine.size() != model.file.file_size() {
             return Err(OffloadError::Model(format!(
                 "{} is not the file the model was loaded from",
                 path.display()
             )));
         }
-        let (direct, fallback) = (
-            engine.is_direct(),
-            engine.fallback_reason().map(String::from),
-        );
         // Injected faults and an emulated device both wrap the file's engine.
         let reader = match cfg.faults.as_ref().or(cfg.emulate.as_ref()) {
             Some(plan) => Reader::new(
@@ -773,6 +778,35 @@ impl Offload {
         });
         (g, up, dn)
     }
+}
+
+/// The configured read engine, whether it reads direct, and why not if `O_DIRECT` was refused.
+/// An emulated device always reads through `pread` from the page cache (its delays model the
+/// device one read at a time).
+fn open_engine(
+    path: &Path,
+    cfg: &OffloadConfig,
+) -> Result<(Box<dyn ReadEngine>, bool, Option<String>), OffloadError> {
+    let pread = |e: PreadEngine| {
+        let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
+        (Box::new(e) as Box<dyn ReadEngine>, d, f)
+    };
+    Ok(match (&cfg.emulate, cfg.engine) {
+        (Some(_), _) => pread(PreadEngine::open_cached(path)?),
+        (None, IoEngine::Pread) => pread(PreadEngine::open(path, cfg.direct)?),
+        #[cfg(target_os = "linux")]
+        (None, IoEngine::Uring) => {
+            let e = pi2_io::UringEngine::open(path, cfg.direct, cfg.reader.depth)?;
+            let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
+            (Box::new(e), d, f)
+        }
+        #[cfg(not(target_os = "linux"))]
+        (None, IoEngine::Uring) => {
+            return Err(OffloadError::Model(
+                "the io_uring engine needs Linux; use the pread engine".into(),
+            ))
+        }
+    })
 }
 
 /// Tag of staging reads (prefill), distinct from decode's neuron tags.

@@ -9,7 +9,7 @@ use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
 use pi2_sched::convert::{self, ConvertConfig};
-use pi2_sched::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
+use pi2_sched::{Engine, EngineConfig, IoEngine, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_sparse::PredictorKind;
 use std::path::{Path, PathBuf};
 
@@ -93,6 +93,21 @@ fn offload(
     )
 }
 
+/// The read engines to test: io_uring too where the kernel has it (native x86-64 Linux must;
+/// qemu-user, which runs the aarch64 tests, does not emulate it).
+fn io_engines(path: &Path) -> Vec<IoEngine> {
+    let mut v = vec![IoEngine::Pread];
+    #[cfg(target_os = "linux")]
+    match pi2_io::UringEngine::open(path, true, 4) {
+        Ok(_) => v.push(IoEngine::Uring),
+        Err(e) => {
+            assert!(!cfg!(target_arch = "x86_64"), "io_uring: {e}");
+            eprintln!("note: the io_uring engine is not tested here: {e}");
+        }
+    }
+    v
+}
+
 #[test]
 fn offloaded_decode_matches_in_memory_at_every_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,12 +159,16 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
     .is_err());
 
     let file = m.file.file_size();
-    for (budget, hot_share) in [
+    let cases = [
         (minimum, 0.0),
         (minimum + file / 8, 0.5),
         (minimum + file / 8, 0.0),
         (4 * file, 0.5),
-    ] {
+    ];
+    for (engine, (budget, hot_share)) in io_engines(&path)
+        .into_iter()
+        .flat_map(|e| cases.map(|c| (e, c)))
+    {
         let mut e = Engine::new(&m, &cfg()).unwrap();
         e.set_sparse(Some(&sp)).unwrap();
         let o = offload(
@@ -160,6 +179,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
             OffloadConfig {
                 budget,
                 hot_share,
+                engine,
                 ..Default::default()
             },
         )
@@ -171,7 +191,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
             for (step, (w, g)) in want.iter().zip(&got).enumerate() {
                 assert!(
                     w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "budget {budget} hot {hot_share} pass {pass} step {step}: logits differ"
+                    "{engine:?} budget {budget} hot {hot_share} pass {pass} step {step}: logits differ"
                 );
             }
         }

@@ -923,6 +923,8 @@ pub fn apply(
         budget: k.budget,
         hot_share: k.hot_share,
         direct: true,
+        // The hardware profile measures the pread engine.
+        engine: pi2_sched::IoEngine::Pread,
         reader: pi2_io::ReaderConfig {
             max_request: k.max_read,
             depth: k.io_depth,

@@ -188,6 +188,10 @@ pub struct OffloadArgs {
     /// Reads handed to the device at once
     #[arg(long, default_value_t = 4)]
     pub io_depth: usize,
+    /// How reads reach the device: `pread` (portable, one read at a time) or `uring` (Linux
+    /// io_uring: --io-depth reads in flight together, from the one I/O thread)
+    #[arg(long, value_enum, default_value_t = IoEngineArg::Pread)]
+    pub io_engine: IoEngineArg,
     /// Largest merged read (bytes, K/M suffix)
     #[arg(long, default_value = "128K")]
     pub max_read: String,
@@ -198,6 +202,22 @@ pub struct OffloadArgs {
     /// the page cache, each read delayed by that much
     #[arg(long)]
     pub emulate_flash: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoEngineArg {
+    #[default]
+    Pread,
+    Uring,
+}
+
+impl From<IoEngineArg> for pi2_sched::IoEngine {
+    fn from(a: IoEngineArg) -> Self {
+        match a {
+            IoEngineArg::Pread => Self::Pread,
+            IoEngineArg::Uring => Self::Uring,
+        }
+    }
 }
 
 /// `48M`, `1.5G`, `4096`, `512K`, or `50%` of `file_bytes`.
@@ -240,6 +260,7 @@ pub fn build_offload(
         budget,
         hot_share: a.hot_share,
         direct: !a.no_direct,
+        engine: a.io_engine.into(),
         reader: pi2_io::ReaderConfig {
             max_request: parse_size(&a.max_read, file)? as usize,
             depth: a.io_depth.max(1),
