@@ -4,6 +4,8 @@
 //! - [`ReadEngine`]: how bytes leave the device. [`PreadEngine`] is the portable default
 //!   (`pread`, with `O_DIRECT` and aligned buffers where the file system allows it, else buffered
 //!   reads whose pages are dropped again so the page cache cannot act as a hidden cache).
+//!   `UringEngine` (Linux) submits a whole group of reads to an io_uring at once, so the device
+//!   works on `depth` of them together while one thread still does all the submitting.
 //!   [`FaultEngine`] wraps any engine to inject latency, short reads and `EIO` in tests.
 //! - [`Reader`]: one I/O thread owns submission (UFS has a single command queue and loses
 //!   throughput when several cores submit). It sorts what is pending by offset, merges nearby

@@ -27,7 +27,8 @@ pub struct BenchArgs {
     /// With one --mem-budget: the ablation ladder, one mechanism added per row: naive per-row
     /// reads (the least cache, nothing pinned, one read at a time, no merging, no overlap of
     /// reads and compute) -> + merged reads -> + hot/cold cache at the budget -> + cluster
-    /// pipeline -> + I/O queue depth (--io-depth)
+    /// pipeline -> + I/O queue depth (--io-depth; it takes --io-engine uring to keep several
+    /// reads in flight, pread issues them one by one)
     #[arg(long)]
     pub ablation: bool,
     /// Prompt lengths to test (comma separated; 0 skips)
@@ -288,6 +289,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .max()
             .unwrap_or(0);
         cfg.n_ctx = cfg.n_ctx.max(max_len + 1);
+        // Generation runs one token per forward pass: only prompts need batch buffers.
+        let max_batch = a.n_prompt.iter().copied().max().unwrap_or(0).max(1);
         if let Some(ap) = &applied {
             // The plan's memory was accounted for its context.
             if ap.plan.n_ctx <= max_len {
@@ -322,12 +325,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                             &model,
                             sp,
                             e.kv_bytes_full() as u64,
-                            e.scratch_bytes(max_len) as u64,
+                            e.scratch_bytes(max_batch) as u64,
                         )?
                     } else {
                         *b
                     };
-                    super::sparse_args::build_offload(args, b, &model, &path, sp, &e, max_len)?
+                    super::sparse_args::build_offload(args, b, &model, &path, sp, &e, max_batch)?
                 }
             };
             offloads.push(Some(o));
