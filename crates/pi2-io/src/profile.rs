@@ -111,16 +111,77 @@ pub fn measure_with(
         busiest = busiest.max(lat.iter().sum());
         all.extend(lat);
     }
-    all.sort_unstable();
-    let pct = |p: f64| all[((all.len() - 1) as f64 * p) as usize] as f64 / 1e3;
-    Ok(IoPoint {
+    Ok(point(read_size, depth, span, all, busiest, engine))
+}
+
+/// A point from every read's latency (ns) and the busiest submitter's total time (ns).
+fn point(
+    read_size: usize,
+    depth: usize,
+    span: u64,
+    mut lat: Vec<u64>,
+    busy_ns: u64,
+    engine: &'static str,
+) -> IoPoint {
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1e3;
+    IoPoint {
         read_size,
         depth,
         span,
-        reads: all.len() as u64,
-        bytes_per_sec: (all.len() * read_size) as f64 / (busiest as f64 / 1e9),
+        reads: lat.len() as u64,
+        bytes_per_sec: (lat.len() * read_size) as f64 / (busy_ns.max(1) as f64 / 1e9),
         lat_p50_us: pct(0.5),
         lat_p99_us: pct(0.99),
         engine,
-    })
+    }
+}
+
+/// Random reads of `read_size` bytes for about `time`, `depth` at a time from one thread
+/// through an io_uring ([`crate::UringEngine`], `O_DIRECT` where allowed): the way the
+/// [`crate::Reader`] drives that engine, one group of `depth` reads per submission. Each read's
+/// latency is its group's.
+#[cfg(target_os = "linux")]
+pub fn measure_uring(
+    path: &Path,
+    read_size: usize,
+    depth: usize,
+    span: u64,
+    time: Duration,
+) -> Result<IoPoint, IoError> {
+    let depth = depth.max(1);
+    let mut eng = crate::UringEngine::open(path, true, depth)?;
+    let (size, align, engine) = (eng.size(), eng.alignment().max(512), eng.name());
+    let read_size = read_size.div_ceil(align) * align;
+    let span = span.min(size) / align as u64 * align as u64;
+    if span < read_size as u64 {
+        return Err(IoError::OutOfRange {
+            offset: 0,
+            len: read_size,
+            size,
+        });
+    }
+    let slots = (span - read_size as u64) / align as u64 + 1;
+    let mut bufs: Vec<AlignedBuf> = (0..depth)
+        .map(|_| AlignedBuf::new(read_size, align))
+        .collect();
+    let mut rng = SplitMix(0x5eed);
+    let (mut lat, mut busy) = (Vec::new(), 0u64);
+    let start = Instant::now();
+    while start.elapsed() < time || lat.len() < 8 {
+        let mut ops: Vec<ReadOp<'_>> = bufs
+            .iter_mut()
+            .map(|b| ReadOp {
+                offset: rng.next() % slots * align as u64,
+                buf: &mut b[..read_size],
+                need: read_size,
+            })
+            .collect();
+        let t0 = Instant::now();
+        eng.read_batch(&mut ops)?;
+        let dt = t0.elapsed().as_nanos() as u64;
+        busy += dt;
+        lat.extend(std::iter::repeat_n(dt, depth));
+    }
+    Ok(point(read_size, depth, span, lat, busy, engine))
 }

@@ -340,3 +340,19 @@ fn profile_measures_a_point() {
     assert_eq!((p.read_size, p.depth), (4096, 2));
     assert!(p.reads >= 16 && p.bytes_per_sec > 0.0 && p.lat_p99_us >= p.lat_p50_us);
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn profile_measures_a_uring_point() {
+    let (_d, path, _) = file(1 << 20);
+    match pi2_io::profile::measure_uring(&path, 4096, 4, 1 << 20, Duration::from_millis(30)) {
+        Ok(p) => {
+            assert_eq!((p.read_size, p.depth), (4096, 4));
+            assert!(p.engine.starts_with("uring"), "{}", p.engine);
+            // Whole groups of four, at least eight reads.
+            assert!(p.reads >= 8 && p.reads % 4 == 0, "{p:?}");
+            assert!(p.bytes_per_sec > 0.0 && p.lat_p99_us >= p.lat_p50_us);
+        }
+        Err(e) => assert!(!cfg!(target_arch = "x86_64"), "io_uring: {e}"),
+    }
+}

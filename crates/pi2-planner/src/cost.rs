@@ -382,7 +382,7 @@ impl<'a> CostModel<'a> {
             let rep = self.replay(k.budget, k.hot_share);
             let rep = rep.as_ref().as_ref().map_err(|e| e.clone())?;
             let f = &self.hw.flash.with_load(k.threads);
-            let conc = f.engine_concurrency.max(1) as f64;
+            let conc = f.speedup(k.io_depth, None);
             Some(
                 m.steps
                     .iter()

@@ -144,6 +144,47 @@ impl FlashProfile {
         f
     }
 
+    /// How many times faster reads of about `bytes` complete with `depth` of them in flight
+    /// than one at a time: measured throughput at the deepest profiled depth up to `depth` over
+    /// depth 1, at the profiled read size nearest `bytes` (`None`: the best over sizes). 1 for
+    /// an engine that issues reads one by one.
+    pub fn speedup(&self, depth: usize, bytes: Option<usize>) -> f64 {
+        let depth = depth.min(self.engine_concurrency);
+        let Some(d) = self
+            .points
+            .iter()
+            .map(|p| p.depth)
+            .filter(|&d| d > 1 && d <= depth)
+            .max()
+        else {
+            return 1.0;
+        };
+        let at = |depth: usize, size: usize| {
+            self.points
+                .iter()
+                .find(|p| p.depth == depth && p.read_size == size)
+                .map(|p| p.bytes_per_sec)
+        };
+        let ratio = |size: usize| match (at(d, size), at(1, size)) {
+            (Some(deep), Some(one)) if one > 0.0 => (deep / one).max(1.0),
+            _ => 1.0,
+        };
+        let sizes = self
+            .points
+            .iter()
+            .filter(|p| p.depth == d)
+            .map(|p| p.read_size);
+        match bytes {
+            None => sizes.map(ratio).fold(1.0, f64::max),
+            Some(b) => {
+                let distance = |s: usize| ((s.max(1) as f64) / (b.max(1) as f64)).ln().abs();
+                sizes
+                    .min_by(|&x, &y| distance(x).total_cmp(&distance(y)))
+                    .map_or(1.0, ratio)
+            }
+        }
+    }
+
     /// Seconds the I/O thread needs for one read of `bytes`, its copy included.
     pub fn read_secs(&self, bytes: usize) -> f64 {
         self.latency_us * 1e-6
@@ -263,6 +304,9 @@ pub struct HwOptions<'a> {
     pub read_sizes: Vec<usize>,
     pub depths: Vec<usize>,
     pub read_time: Duration,
+    /// Profile the io_uring engine (one thread, `depths` reads in flight) instead of `pread`
+    /// (`depths` threads, one read each).
+    pub uring: bool,
     /// Profile an emulated device over the file instead of the real one (see
     /// [`pi2_io::emulated`]).
     pub emulate: Option<pi2_io::FaultPlan>,
@@ -450,7 +494,11 @@ fn fit_rows(points: [(usize, f64); 2]) -> (f64, f64) {
 
 /// Flash points at every read size and depth: each the median of three rounds spread over the
 /// measurement (flash devices and shared virtual disks vary from second to second).
-fn flash_points(o: &HwOptions<'_>, load: &str) -> Result<(Vec<FlashPoint>, String), PlanError> {
+fn flash_points(
+    o: &HwOptions<'_>,
+    load: &str,
+    depths: &[usize],
+) -> Result<(Vec<FlashPoint>, String), PlanError> {
     const ROUNDS: usize = 3;
     let size_of = std::fs::metadata(o.flash_file)
         .map(|m| m.len())
@@ -459,20 +507,24 @@ fn flash_points(o: &HwOptions<'_>, load: &str) -> Result<(Vec<FlashPoint>, Strin
     let mut samples: Vec<Vec<pi2_io::profile::IoPoint>> = Vec::new();
     for round in 0..ROUNDS {
         let mut k = 0;
-        for &depth in &o.depths {
+        for &depth in depths {
             for &size in &o.read_sizes {
                 (o.progress)(&format!(
                     "flash ({load}): {size} B reads at depth {depth}, round {}",
                     round + 1
                 ));
-                let p = pi2_io::profile::measure_with(
-                    o.flash_file,
-                    size,
-                    depth,
-                    size_of,
-                    o.read_time / ROUNDS as u32,
-                    o.emulate.as_ref(),
-                )?;
+                let time = o.read_time / ROUNDS as u32;
+                let p = match (o.uring, &o.emulate) {
+                    (true, None) => measure_uring(o.flash_file, size, depth, size_of, time)?,
+                    _ => pi2_io::profile::measure_with(
+                        o.flash_file,
+                        size,
+                        depth,
+                        size_of,
+                        time,
+                        o.emulate.as_ref(),
+                    )?,
+                };
                 engine = match o.emulate {
                     Some(_) => "emulated".to_string(),
                     None => p.engine.to_string(),
@@ -500,6 +552,32 @@ fn flash_points(o: &HwOptions<'_>, load: &str) -> Result<(Vec<FlashPoint>, Strin
         })
         .collect();
     Ok((points, engine))
+}
+
+#[cfg(target_os = "linux")]
+fn measure_uring(
+    path: &std::path::Path,
+    size: usize,
+    depth: usize,
+    span: u64,
+    time: Duration,
+) -> Result<pi2_io::profile::IoPoint, PlanError> {
+    Ok(pi2_io::profile::measure_uring(
+        path, size, depth, span, time,
+    )?)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn measure_uring(
+    _: &std::path::Path,
+    _: usize,
+    _: usize,
+    _: u64,
+    _: Duration,
+) -> Result<pi2_io::profile::IoPoint, PlanError> {
+    Err(PlanError::Hardware(
+        "the io_uring engine needs Linux".into(),
+    ))
 }
 
 /// One thread's memcpy speed (from one buffer beyond the caches to another).
@@ -616,7 +694,7 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
 /// The flash part of [`measure`] alone (idle and under load, and the copy speed): quick to
 /// repeat when the device's speed drifts (`pi2 bench --plan` does before timing a plan).
 pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
-    let (points, engine) = flash_points(o, "idle")?;
+    let (points, engine) = flash_points(o, "idle", &o.depths)?;
     // Under load: spinning threads on the fastest class's cores, as many as decode may use.
     let mut loaded = Vec::new();
     if let Some(class) = o.classes.first() {
@@ -636,7 +714,8 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
                         }
                     });
                 }
-                let r = flash_points(o, &format!("{t} busy thread(s)"));
+                // The fits under load use depth 1 only.
+                let r = flash_points(o, &format!("{t} busy thread(s)"), &[1]);
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
                 r
             })?;
@@ -654,8 +733,13 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
     })?;
     Ok(FlashProfile {
         alignment: if engine.ends_with("direct") { 4096 } else { 1 },
+        // pread issues one read per submitter; io_uring keeps up to the deepest profiled depth
+        // in flight (the speedup per depth is measured, see `speedup`).
+        engine_concurrency: match o.uring && o.emulate.is_none() {
+            true => o.depths.iter().copied().max().unwrap_or(1),
+            false => 1,
+        },
         engine,
-        engine_concurrency: 1,
         points,
         latency_us,
         bytes_per_sec,
@@ -685,6 +769,36 @@ mod tests {
         assert!((lat - 80.0).abs() < 0.01, "{lat}");
         assert!((bw / 500e6 - 1.0).abs() < 1e-6, "{bw}");
         assert!(FlashProfile::fit(&points, 2).is_none());
+    }
+
+    #[test]
+    fn speedup_comes_from_the_measured_depths() {
+        // Depth 1: 4 KiB at 100 MB/s, 1 MiB at 500 MB/s; depth 4: 3x and 1.2x those.
+        let pt = |read_size, depth, mbps: f64| FlashPoint {
+            read_size,
+            depth,
+            bytes_per_sec: mbps * 1e6,
+            lat_p50_us: 0.0,
+            lat_p99_us: 0.0,
+        };
+        let mut f = crate::synthetic::toy_hardware(1, 1.0, 100.0).flash;
+        f.points = vec![
+            pt(4096, 1, 100.0),
+            pt(1 << 20, 1, 500.0),
+            pt(4096, 4, 300.0),
+            pt(1 << 20, 4, 600.0),
+        ];
+        f.engine_concurrency = 4;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(f.speedup(4, Some(4096)), 3.0));
+        assert!(close(f.speedup(4, Some(8192)), 3.0)); // nearest profiled size
+        assert!(close(f.speedup(4, Some(512 << 10)), 1.2));
+        assert!(close(f.speedup(8, Some(1 << 20)), 1.2)); // no deeper point measured
+        assert!(close(f.speedup(4, None), 3.0));
+        // Below the first deeper depth, and for an engine that reads one at a time: none.
+        assert!(close(f.speedup(2, Some(4096)), 1.0));
+        f.engine_concurrency = 1;
+        assert!(close(f.speedup(4, Some(4096)), 1.0));
     }
 
     #[test]

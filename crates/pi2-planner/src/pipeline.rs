@@ -60,7 +60,6 @@ pub fn simulate(
     sc: &mut Scratch,
 ) -> StepCost {
     let n = gate_secs.len();
-    let conc = cfg.depth.min(flash.engine_concurrency).max(1) as f64;
     let mut out = StepCost::default();
     sc.gate_left.clear();
     sc.gate_left.resize(n, 0);
@@ -156,7 +155,9 @@ pub fn simulate(
         let land = &mut sc.land;
         land.clear();
         for &(_, len) in sc.spans.iter() {
-            let d = flash.read_secs(len) / conc;
+            // With several reads in flight each one's share of the queue's time shrinks by the
+            // measured speedup at this depth and size.
+            let d = flash.read_secs(len) / flash.speedup(cfg.depth, Some(len));
             t += d;
             out.io_secs += d;
             out.bytes += len as u64;

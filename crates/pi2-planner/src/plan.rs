@@ -273,6 +273,10 @@ pub struct PlanDevice {
     /// The emulated flash device the plan is for (`LATENCYus,BANDWIDTHMB/s`), if any.
     #[serde(default)]
     pub emulated: Option<String>,
+    /// The read engine the hardware profile measured (`pread-direct`, `uring-direct`, ...):
+    /// the one to run the plan with.
+    #[serde(default)]
+    pub engine: String,
 }
 
 /// A plan on disk: every knob, what it is predicted to do, and what it is for.

@@ -360,6 +360,7 @@ fn a_plan() -> PlanFile {
             fingerprint: hw.fingerprint.clone(),
             cpu: hw.cpu.clone(),
             emulated: None,
+            engine: hw.flash.engine.clone(),
         },
         constraints: c,
         knobs: sol.knobs,

@@ -41,6 +41,10 @@ pub struct ProfileHwArgs {
     /// from the page cache, each delayed by that much (for disks whose speed drifts)
     #[arg(long)]
     pub emulate_flash: Option<String>,
+    /// The read engine to profile (and so to plan for): `pread` (one read at a time) or
+    /// `uring` (io_uring on Linux, measured at depths 1, 2, 4 and 8)
+    #[arg(long, value_enum, default_value_t = super::sparse_args::IoEngineArg::Pread)]
+    pub io_engine: super::sparse_args::IoEngineArg,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -248,6 +252,10 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         pi2_kernels::QuantType::F32,
     ];
     let progress = |s: &str| eprintln!("profile-hw: {s}");
+    let uring = a.io_engine == super::sparse_args::IoEngineArg::Uring;
+    if uring && a.emulate_flash.is_some() {
+        bail!("--emulate-flash models a device read one request at a time: use --io-engine pread");
+    }
     let hw = pi2_planner::hw::measure(HwOptions {
         cpu: cpu_name(),
         storage: storage(&path, a.emulate_flash.as_deref())?,
@@ -257,8 +265,12 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         kernel_time: Duration::from_millis(a.kernel_ms),
         flash_file: &path,
         read_sizes: vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20],
-        depths: vec![1],
+        depths: match uring {
+            true => vec![1, 2, 4, 8],
+            false => vec![1],
+        },
         read_time: Duration::from_millis(a.read_ms),
+        uring,
         pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
         progress: &progress,
     })?;
@@ -574,7 +586,14 @@ pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Opti
         kernel_time: Duration::from_millis(30),
         flash_file: path,
         read_sizes: vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20],
-        depths: vec![1],
+        // The engine and depths the plan's profile measured.
+        depths: {
+            let mut d: Vec<usize> = hw.flash.points.iter().map(|p| p.depth).collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        },
+        uring: hw.flash.engine.starts_with("uring"),
         read_time: Duration::from_millis(600),
         emulate: emulate.map(parse_emulate).transpose()?,
         pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
@@ -685,6 +704,7 @@ fn solve(
             fingerprint,
             cpu: hw.cpu.clone(),
             emulated: emulate.map(String::from),
+            engine: hw.flash.engine.clone(),
         },
         constraints: cons.clone(),
         knobs: sol.knobs.clone(),
@@ -923,8 +943,11 @@ pub fn apply(
         budget: k.budget,
         hot_share: k.hot_share,
         direct: true,
-        // The hardware profile measures the pread engine.
-        engine: pi2_sched::IoEngine::Pread,
+        // The engine the hardware profile measured.
+        engine: match plan.device.engine.starts_with("uring") {
+            true => pi2_sched::IoEngine::Uring,
+            false => pi2_sched::IoEngine::Pread,
+        },
         reader: pi2_io::ReaderConfig {
             max_request: k.max_read,
             depth: k.io_depth,
