@@ -129,7 +129,7 @@ impl PreadEngine {
     /// none yet): read the rest, drop buffered pages, and check that `need` bytes arrived.
     pub(crate) fn read_rest(&self, op: &mut ReadOp<'_>, mut got: usize) -> Result<(), IoError> {
         // A direct read ends short of a block only at the end of the file.
-        while got < op.buf.len() && !(self.direct && !got.is_multiple_of(DIRECT_ALIGN)) {
+        while got < op.buf.len() && (!self.direct || got.is_multiple_of(DIRECT_ALIGN)) {
             match pread(&self.file, &mut op.buf[got..], op.offset + got as u64) {
                 Ok(0) => break,
                 Ok(n) => got += n,

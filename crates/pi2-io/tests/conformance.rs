@@ -71,7 +71,9 @@ fn uring_engines(path: &Path) -> Vec<(&'static str, Box<dyn ReadEngine>)> {
             ("uring-buffered", Box::new(b)),
         ],
         (Err(e), _) | (_, Err(e)) => {
-            assert!(!cfg!(target_arch = "x86_64"), "io_uring: {e}");
+            if cfg!(target_arch = "x86_64") {
+                panic!("io_uring: {e}");
+            }
             eprintln!("note: io_uring engines not tested here: {e}");
             Vec::new()
         }
@@ -353,6 +355,7 @@ fn profile_measures_a_uring_point() {
             assert!(p.reads >= 8 && p.reads % 4 == 0, "{p:?}");
             assert!(p.bytes_per_sec > 0.0 && p.lat_p99_us >= p.lat_p50_us);
         }
-        Err(e) => assert!(!cfg!(target_arch = "x86_64"), "io_uring: {e}"),
+        Err(e) if cfg!(target_arch = "x86_64") => panic!("io_uring: {e}"),
+        Err(e) => eprintln!("note: io_uring not tested here: {e}"),
     }
 }

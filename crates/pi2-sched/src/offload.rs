@@ -780,13 +780,12 @@ impl Offload {
     }
 }
 
+type OpenedEngine = (Box<dyn ReadEngine>, bool, Option<String>);
+
 /// The configured read engine, whether it reads direct, and why not if `O_DIRECT` was refused.
 /// An emulated device always reads through `pread` from the page cache (its delays model the
 /// device one read at a time).
-fn open_engine(
-    path: &Path,
-    cfg: &OffloadConfig,
-) -> Result<(Box<dyn ReadEngine>, bool, Option<String>), OffloadError> {
+fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, OffloadError> {
     let pread = |e: PreadEngine| {
         let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
         (Box::new(e) as Box<dyn ReadEngine>, d, f)
