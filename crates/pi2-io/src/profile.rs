@@ -66,16 +66,7 @@ pub fn measure_with(
     let probe = open()?;
     let (size, align, engine) = (probe.size(), probe.alignment().max(512), probe.name());
     drop(probe);
-    let read_size = read_size.div_ceil(align) * align;
-    let span = span.min(size) / align as u64 * align as u64;
-    if span < read_size as u64 {
-        return Err(IoError::OutOfRange {
-            offset: 0,
-            len: read_size,
-            size,
-        });
-    }
-    let slots = (span - read_size as u64) / align as u64 + 1;
+    let (read_size, span, slots) = geometry(size, align, read_size, span)?;
     let results: Vec<Result<Vec<u64>, IoError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..depth)
             .map(|t| {
@@ -112,6 +103,30 @@ pub fn measure_with(
         all.extend(lat);
     }
     Ok(point(read_size, depth, span, all, busiest, engine))
+}
+
+/// Reads rounded up to the engine's alignment, the aligned span of a `size`-byte file they fall
+/// in, and how many aligned offsets a read can start at.
+fn geometry(
+    size: u64,
+    align: usize,
+    read_size: usize,
+    span: u64,
+) -> Result<(usize, u64, u64), IoError> {
+    let read_size = read_size.div_ceil(align) * align;
+    let span = span.min(size) / align as u64 * align as u64;
+    if span < read_size as u64 {
+        return Err(IoError::OutOfRange {
+            offset: 0,
+            len: read_size,
+            size,
+        });
+    }
+    Ok((
+        read_size,
+        span,
+        (span - read_size as u64) / align as u64 + 1,
+    ))
 }
 
 /// A point from every read's latency (ns) and the busiest submitter's total time (ns).
@@ -152,16 +167,7 @@ pub fn measure_uring(
     let depth = depth.max(1);
     let mut eng = crate::UringEngine::open(path, true, depth)?;
     let (size, align, engine) = (eng.size(), eng.alignment().max(512), eng.name());
-    let read_size = read_size.div_ceil(align) * align;
-    let span = span.min(size) / align as u64 * align as u64;
-    if span < read_size as u64 {
-        return Err(IoError::OutOfRange {
-            offset: 0,
-            len: read_size,
-            size,
-        });
-    }
-    let slots = (span - read_size as u64) / align as u64 + 1;
+    let (read_size, span, slots) = geometry(size, align, read_size, span)?;
     let mut bufs: Vec<AlignedBuf> = (0..depth)
         .map(|_| AlignedBuf::new(read_size, align))
         .collect();

@@ -210,12 +210,8 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
         e.set_offload(Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
-            for (step, (w, g)) in want.iter().zip(&got).enumerate() {
-                assert!(
-                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "budget {budget} hot {hot_share} pass {pass} step {step}: logits differ"
-                );
-            }
+            let what = format!("budget {budget} hot {hot_share} pass {pass}");
+            common::assert_same_logits(&want, &got, &what);
         }
         let st = e.offload().unwrap().stats().clone();
         assert_eq!(st.token_layers, 2 * 2 * DECODE.len() as u64);

@@ -190,12 +190,8 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
         e.set_offload(Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
-            for (step, (w, g)) in want.iter().zip(&got).enumerate() {
-                assert!(
-                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{engine:?} budget {budget} hot {hot_share} pass {pass} step {step}: logits differ"
-                );
-            }
+            let what = format!("{engine:?} budget {budget} hot {hot_share} pass {pass}");
+            common::assert_same_logits(&want, &got, &what);
         }
         let o = e.offload().unwrap();
         let st = o.stats();
@@ -256,12 +252,7 @@ fn streamed_attention_gives_the_same_logits() {
         e.set_offload(Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
-            for (step, (w, g)) in want.iter().zip(&got).enumerate() {
-                assert!(
-                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "budget {budget} pass {pass} step {step}: logits differ"
-                );
-            }
+            common::assert_same_logits(&want, &got, &format!("budget {budget} pass {pass}"));
         }
         // Each streamed layer is read once per forward pass (prefill + decode steps), give or
         // take the read-ahead of the next pass's first streamed layer.

@@ -57,3 +57,14 @@ pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
         / scale
 }
+
+/// Every step's logits identical bit for bit (`what` names the run in the failure).
+#[allow(dead_code)] // not every test file uses it
+pub fn assert_same_logits(want: &[Vec<f32>], got: &[Vec<f32>], what: &str) {
+    for (step, (w, g)) in want.iter().zip(got).enumerate() {
+        assert!(
+            w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what} step {step}: logits differ"
+        );
+    }
+}
