@@ -126,10 +126,11 @@ def main():
         row = rows[-1]
         pi_tps = row["avg_ts"]
         off = (row.get("sparse") or {}).get("offload") or {}
-        # Neuron rows and streamed attention layers decode asked the reader for (prefill streams
-        # whole units instead).
+        # Neuron rows, streamed attention layers and output rows decode asked the reader for
+        # (prefill streams whole units instead).
         per_tok = (off.get("decode_bytes_requested_per_token", 0)
-                   + off.get("attention_bytes_per_token", 0)) / 1e6 if n else float("nan")
+                   + off.get("attention_bytes_per_token", 0)
+                   + off.get("output_bytes_per_token", 0)) / 1e6 if n else float("nan")
         print(f"| {b} ({cap / 2**30:.2f} GiB) | {test} | {ll_tps:.3f} | {pi_tps:.3f} | {pi_tps / ll_tps:.1f}x | "
               f"{off.get('hit_rate', float('nan')):.3f} | {per_tok:.1f} | {off.get('io_wait_share', float('nan')):.2f} | "
               f"{peak_l / 2**20:.0f} / {peak_p / 2**20:.0f} |", flush=True)

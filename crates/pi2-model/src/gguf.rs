@@ -500,7 +500,9 @@ impl GgufFile {
 
     /// Tell the kernel that the mapping is read at random (no read-ahead): with the FFN read
     /// from flash separately, faults on the resident tensors must not pull neighbouring FFN
-    /// pages into memory.
+    /// pages into memory (read-around fills a window of the device's read-ahead size, 8 MiB on
+    /// some disks, and later faults map whatever of it is cached). Call it before the first
+    /// access to tensor data.
     pub fn advise_random(&self) {
         // Advisory: failing only keeps the default read-ahead.
         #[cfg(unix)]

@@ -23,7 +23,7 @@
 //! idle part of the step; with the budgets that stream, it rarely is).
 
 use crate::hw::{HardwareProfile, KernelOp, ThreadRates};
-use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses};
+use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses, StreamedWeights};
 use crate::pipeline::{self, RowRequest, StepCost};
 use pi2_io::ReaderConfig;
 use rayon::prelude::*;
@@ -407,30 +407,40 @@ impl<'a> CostModel<'a> {
             let rep = self.replay(k.budget, k.hot_share);
             if let Ok(rep) = rep.as_ref() {
                 let f = &self.hw.flash.with_load(k.threads);
-                let n = m.attention.len();
-                let bytes = self
-                    .streamed_attention(n.saturating_sub(rep.streamed_layers)..n, k)
-                    .1;
+                let bytes = self.streamed(&rep.streamed, k).1;
                 ffn += bytes as f64 / f.bytes_per_sec * tokens;
             }
         }
         Ok(a + p + o + st + se + ffn / tokens)
     }
 
-    /// Seconds, bytes and device reads to stream the attention of `layers` once.
-    fn streamed_attention(&self, layers: std::ops::Range<usize>, knobs: &Knobs) -> (f64, u64, u64) {
+    /// Seconds, bytes and device reads of one token's streamed weights `s`: attention
+    /// layers, output row chunks and the embedding row, each read cut at `max_read`.
+    fn streamed(&self, s: &StreamedWeights, knobs: &Knobs) -> (f64, u64, u64) {
         let m = self.model;
+        let n = m.attention.len();
+        let attention = m.attention[n.saturating_sub(s.attn_layers)..n]
+            .iter()
+            .flatten()
+            .map(|mat| mat.bytes() as usize);
+        let chunk = s.output_chunk_rows.max(1);
+        let output = (0..s.output_rows)
+            .step_by(chunk)
+            .map(|first| chunk.min(s.output_rows - first) * m.output.row_bytes);
+        let embedding = Some(s.embedding_row_bytes).filter(|&b| b > 0);
+        self.read_cost(attention.chain(output).chain(embedding), knobs)
+    }
+
+    /// Seconds, bytes and device reads of whole reads of these sizes, cut at `max_read`.
+    fn read_cost(&self, sizes: impl Iterator<Item = usize>, knobs: &Knobs) -> (f64, u64, u64) {
         let f = &self.hw.flash.with_load(knobs.threads);
         let max_read = knobs.max_read.max(f.alignment).max(1);
         let (mut secs, mut bytes, mut reads) = (0.0, 0, 0);
-        for l in &m.attention[layers] {
-            for mat in l {
-                let b = mat.bytes() as usize;
-                let n = b.div_ceil(max_read);
-                secs += n as f64 * f.read_secs(max_read.min(b));
-                bytes += b as u64;
-                reads += n as u64;
-            }
+        for b in sizes {
+            let n = b.div_ceil(max_read);
+            secs += n as f64 * f.read_secs(max_read.min(b));
+            bytes += b as u64;
+            reads += n as u64;
         }
         (secs, bytes, reads)
     }
@@ -490,9 +500,7 @@ impl<'a> CostModel<'a> {
                     total_io += io.step_io[n];
                 }
                 let scale = m.steps.len() as f64 / io.step_secs.len().max(1) as f64 / tokens;
-                let n = m.attention.len();
-                let (stream_secs, stream_bytes, stream_reads) =
-                    self.streamed_attention(n.saturating_sub(rep.streamed_layers)..n, k);
+                let (stream_secs, stream_bytes, stream_reads) = self.streamed(&rep.streamed, k);
                 b.ffn_compute = compute.iter().sum::<f64>() / tokens;
                 b.io_exposed = exposed * scale + stream_secs;
                 b.io_total = total_io * scale + stream_secs;
@@ -524,12 +532,12 @@ impl<'a> CostModel<'a> {
         let mut prev_compute = 0.0;
         let streamed = match k.mode {
             Mode::Offload => match self.replay(k.budget, k.hot_share).as_ref() {
-                Ok(rep) => rep.streamed_layers,
-                Err(_) => 0,
+                Ok(rep) => rep.streamed,
+                Err(_) => StreamedWeights::default(),
             },
-            _ => 0,
+            _ => StreamedWeights::default(),
         };
-        let first_streamed = m.ffn.len().saturating_sub(streamed);
+        let first_streamed = m.ffn.len().saturating_sub(streamed.attn_layers);
         for (li, l) in m.ffn.iter().enumerate() {
             let attn: f64 = m.attention[li]
                 .iter()
@@ -545,7 +553,8 @@ impl<'a> CostModel<'a> {
                 let mut read = bytes.div_ceil(max_read) as f64 * f.read_secs(max_read.min(bytes));
                 if li >= first_streamed {
                     // This layer's attention shares the queue with the FFN reads.
-                    read += self.streamed_attention(li..li + 1, k).0;
+                    let mats = m.attention[li].iter().map(|mat| mat.bytes() as usize);
+                    read += self.read_cost(mats, k).0;
                 }
                 // The first layer's read is exposed; later ones overlap the previous layer.
                 let waited = if li == 0 {
@@ -565,6 +574,17 @@ impl<'a> CostModel<'a> {
             m.output.rows,
             m.output.row_bytes,
         );
+        // The batch's embedding rows and its one pass over the streamed output rows.
+        let vocab = StreamedWeights {
+            attn_layers: 0,
+            ..streamed
+        };
+        let (mut vocab_secs, ..) = self.streamed(&vocab, k);
+        if streamed.embedding_row_bytes > 0 {
+            let f = &self.hw.flash.with_load(k.threads);
+            vocab_secs += (n - 1) as f64 * f.read_secs(streamed.embedding_row_bytes);
+        }
+        total += vocab_secs;
         n as f64 / total
     }
 }

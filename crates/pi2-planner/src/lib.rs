@@ -18,7 +18,7 @@ pub mod synthetic;
 
 pub use cost::{Breakdown, CostModel, Knobs, Mode, Prediction};
 pub use hw::HardwareProfile;
-pub use model::{ModelProfile, Residency, ResidencySplit};
+pub use model::{ModelProfile, Residency, ResidencySplit, StreamedWeights};
 pub use plan::{plan, speed_curve, Constraints, Objective, PlanFile, Solution, Space};
 
 /// Planner errors.

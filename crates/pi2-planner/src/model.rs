@@ -131,8 +131,20 @@ pub struct ResidencySplit {
     pub hot_counts: Vec<usize>,
     /// Cold cache slots (one neuron each).
     pub cold_slots: usize,
-    /// The last layers whose attention projections are read from flash every time they run.
-    pub streamed_layers: usize,
+    /// Weights read from flash every token because they do not fit.
+    pub streamed: StreamedWeights,
+}
+
+/// Weights outside the FFN that a split reads from flash every token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamedWeights {
+    /// The last layers whose attention projections are read every time they run.
+    pub attn_layers: usize,
+    /// The last rows of the output matrix, read in chunks of `output_chunk_rows`.
+    pub output_rows: usize,
+    pub output_chunk_rows: usize,
+    /// Bytes of the embedding row each token reads (0 when the embedding is resident).
+    pub embedding_row_bytes: usize,
 }
 
 /// The engine's memory accounting.
@@ -162,8 +174,8 @@ pub struct Replay {
     /// Rows (gate rows + up/down pairs) found resident and read.
     pub rows_resident: u64,
     pub rows_read: u64,
-    /// The split's streamed attention layers (read whole every token).
-    pub streamed_layers: usize,
+    /// What the split streams every token.
+    pub streamed: StreamedWeights,
 }
 
 impl Replay {
@@ -187,7 +199,7 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, String
         .map_err(|e| e.to_string())?;
     let mut out = Replay {
         steps: Vec::with_capacity(m.steps.len()),
-        streamed_layers: split.streamed_layers,
+        streamed: split.streamed,
         ..Default::default()
     };
     let mut slot_of = Vec::new();

@@ -152,7 +152,7 @@ impl Residency for ToyResidency {
             cold_slots: cold
                 .max(self.n_ff.min(self.n_layer * self.n_ff - hot * self.n_layer))
                 .max(1),
-            streamed_layers: 0,
+            streamed: Default::default(),
         })
     }
     fn min_budget(&self) -> u64 {

@@ -2,7 +2,7 @@
 //! cost model, infeasibility answers, and the plan file's versioning and refusals.
 
 use pi2_planner::cost::Mode;
-use pi2_planner::model::{Residency, ResidencySplit};
+use pi2_planner::model::{Residency, ResidencySplit, StreamedWeights};
 use pi2_planner::plan::{PlanDevice, PlanModel, PLAN_VERSION};
 use pi2_planner::synthetic::{toy_hardware, toy_model, ToyResidency};
 use pi2_planner::{plan, Constraints, CostModel, Knobs, Objective, PlanError, PlanFile, Space};
@@ -91,13 +91,13 @@ fn offloaded_decode_by_hand() {
     assert_eq!(p.memory, res.min_budget());
 }
 
-/// The toy split with the last `streamed` layers' attention read from flash.
-struct Streaming(ToyResidency, usize);
+/// The toy split with these weights read from flash every token.
+struct Streaming(ToyResidency, StreamedWeights);
 
 impl Residency for Streaming {
     fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String> {
         let mut s = self.0.split(budget, hot_share)?;
-        s.streamed_layers = self.1;
+        s.streamed = self.1;
         Ok(s)
     }
     fn min_budget(&self) -> u64 {
@@ -109,9 +109,10 @@ impl Residency for Streaming {
 }
 
 #[test]
-fn streamed_attention_adds_its_reads() {
+fn streamed_weights_add_their_reads() {
     // Two layers; streaming the last one's attention reads its four 128 x 136 B matrices, one
-    // read each, on the queue the neuron reads use.
+    // read each; 800 output rows of 136 B in chunks of 300 rows are three reads (300, 300 and
+    // 200 rows), the embedding row one more; all on the queue the neuron reads use.
     let m = toy_model(2, 64, 2);
     let hw = toy_hardware(1, 1.0, 100.0);
     let base = ToyResidency::for_model(&m, 1 << 20);
@@ -119,29 +120,50 @@ fn streamed_attention_adds_its_reads() {
     let plain = CostModel::new(&hw, &m, &base, 0, 16)
         .evaluate(&knobs(Mode::Offload, budget))
         .unwrap();
-    let res = Streaming(ToyResidency::for_model(&m, 1 << 20), 1);
-    let streamed = CostModel::new(&hw, &m, &res, 0, 16)
-        .evaluate(&knobs(Mode::Offload, budget))
-        .unwrap();
     let mat = 128.0 * 136.0;
-    let secs = 4.0 * (100e-6 + mat * 1e-9);
-    let (a, b) = (&plain.breakdown, &streamed.breakdown);
-    assert!(close(b.io_total - a.io_total, secs), "{a:?} {b:?}");
-    assert!(close(b.io_exposed - a.io_exposed, secs));
-    assert!(close(
-        streamed.read_bytes_per_token - plain.read_bytes_per_token,
-        4.0 * mat
-    ));
-    assert!(close(
-        streamed.device_reads_per_token - plain.device_reads_per_token,
-        4.0
-    ));
-    assert!(close(
-        1.0 / streamed.decode_tps - 1.0 / plain.decode_tps,
-        secs
-    ));
-    // Prefill reads it too, once per batch (hidden here behind the previous layer's compute).
-    assert!(streamed.prefill_tps <= plain.prefill_tps);
+    let read = |bytes: f64| 100e-6 + bytes * 1e-9;
+    for (streamed, secs, bytes, reads) in [
+        (
+            StreamedWeights {
+                attn_layers: 1,
+                ..Default::default()
+            },
+            4.0 * read(mat),
+            4.0 * mat,
+            4.0,
+        ),
+        (
+            StreamedWeights {
+                attn_layers: 1,
+                output_rows: 800,
+                output_chunk_rows: 300,
+                embedding_row_bytes: 136,
+            },
+            4.0 * read(mat) + 2.0 * read(300.0 * 136.0) + read(200.0 * 136.0) + read(136.0),
+            4.0 * mat + 800.0 * 136.0 + 136.0,
+            8.0,
+        ),
+    ] {
+        let res = Streaming(ToyResidency::for_model(&m, 1 << 20), streamed);
+        let p = CostModel::new(&hw, &m, &res, 0, 16)
+            .evaluate(&knobs(Mode::Offload, budget))
+            .unwrap();
+        let (a, b) = (&plain.breakdown, &p.breakdown);
+        assert!(close(b.io_total - a.io_total, secs), "{a:?} {b:?}");
+        assert!(close(b.io_exposed - a.io_exposed, secs));
+        assert!(close(
+            p.read_bytes_per_token - plain.read_bytes_per_token,
+            bytes
+        ));
+        assert!(close(
+            p.device_reads_per_token - plain.device_reads_per_token,
+            reads
+        ));
+        assert!(close(1.0 / p.decode_tps - 1.0 / plain.decode_tps, secs));
+        // Prefill reads them too, once per batch (the attention hidden here behind the previous
+        // layer's compute).
+        assert!(p.prefill_tps <= plain.prefill_tps);
+    }
 }
 
 #[test]

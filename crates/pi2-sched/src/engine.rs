@@ -1,7 +1,7 @@
 //! The dense forward pass. Every FFN matrix is computed row by row (a row of gate/up is one
 //! neuron), so the sparse engine can later restrict the same loops to the active neurons.
 
-use crate::offload::{Offload, ATTN_TAG, GATE, UPDOWN};
+use crate::offload::{Offload, FIRST_STREAM_TAG, GATE, UPDOWN};
 use crate::sparse::{SparseFfn, SparseLayer, SparseStats};
 use half::f16;
 use pi2_io::Request;
@@ -461,11 +461,16 @@ impl<'m> Engine<'m> {
         let d = c.n_embd;
         let pos0 = self.kv.len;
 
-        // Embedding rows.
+        // Embedding rows: from the mapping, or (offloaded) from flash where not resident.
         let embd = m.weights.token_embd.mat(f);
         let x = grow(&mut self.s.x, n * d);
-        for (t, &tok) in tokens.iter().enumerate() {
-            embd.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
+        match self.offload.as_mut() {
+            Some(o) if o.streams_embedding() => o.embed(&embd, tokens, x)?,
+            _ => {
+                for (t, &tok) in tokens.iter().enumerate() {
+                    embd.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
+                }
+            }
         }
         self.rope_tables(pos0, n);
         for (li, layer) in m.weights.layers.iter().enumerate() {
@@ -486,7 +491,12 @@ impl<'m> Engine<'m> {
         self.s
             .acts
             .quantize(out.ty.act_kind(), &self.s.xn[..rows * d], d);
-        matmul(&self.ks, &out, &self.s.acts, logits);
+        match self.offload.as_mut() {
+            Some(o) if o.streams_output() => {
+                o.lm_head(&self.ks, &out, &self.s.acts, rows, logits)?
+            }
+            _ => matmul(&self.ks, &out, &self.s.acts, logits),
+        }
         Ok(())
     }
 
@@ -1274,8 +1284,8 @@ impl Engine<'_> {
                 Err(e) => {
                     failed.lock().unwrap().get_or_insert(e);
                 }
-                Ok(()) if comp.tag == ATTN_TAG => {
-                    // A streamed attention layer read ahead for a later layer.
+                Ok(()) if comp.tag >= FIRST_STREAM_TAG => {
+                    // A streamed read (attention, output or embedding rows) read ahead.
                     o.expect("reads come from the offload").received(comp.tag);
                 }
                 Ok(()) => {

@@ -14,12 +14,17 @@
 //! Residency never changes arithmetic: the same rows in the same clusters give the same logits
 //! as in-memory sparse decode.
 
+mod vocab;
+
 use crate::sparse::SparseFfn;
 use pi2_cache::{Budget, CacheError, Lru, Region, SlotCache};
 use pi2_io::{AlignedBuf, IoError, PreadEngine, ReadEngine, Reader, ReaderConfig, Request};
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::Model;
 use std::path::Path;
+use vocab::{VocabStream, EMBD_BATCH};
+pub(crate) use vocab::{EMBD_TAG, OUT_TAG};
+
 use std::sync::atomic::{
     AtomicU64,
     Ordering::{AcqRel, Acquire, Release},
@@ -144,6 +149,11 @@ pub struct OffloadStats {
     /// Layers whose attention projections were read from flash, and their bytes.
     pub attn_layer_reads: u64,
     pub attn_bytes: u64,
+    /// Chunks of output rows read from flash, and their bytes.
+    pub out_chunk_reads: u64,
+    pub out_bytes: u64,
+    /// Token embedding rows read from flash.
+    pub embd_rows: u64,
 }
 
 impl OffloadStats {
@@ -175,6 +185,8 @@ pub struct Offload {
     attn_buf: [AlignedBuf; 2],
     attn_buf_layer: [Option<usize>; 2],
     pub(crate) attn_pending: AtomicU64,
+    /// The token embedding and output matrix: resident rows and streamed ones.
+    vocab: VocabStream,
     budget: Budget,
     direct: bool,
     fallback: Option<String>,
@@ -208,39 +220,103 @@ pub(crate) struct AttnLayout {
 pub(crate) struct Plan {
     pub layout: Vec<FfnLayout>,
     pub attn: Vec<AttnLayout>,
-    /// With every layer's attention resident.
+    pub vocab: VocabLayout,
+    /// With every layer's attention and the whole output matrix resident (the token embedding
+    /// of a model with a separate output matrix never is: lookups read its rows).
     pub fixed: u64,
     pub stage: usize,
     pub bundle: usize,
 }
 
+/// What streams from flash every token: the last `attn_layers` layers' attention and the last
+/// `out_rows` rows of the output matrix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Streaming {
+    pub attn_layers: usize,
+    pub out_rows: usize,
+}
+
 impl Plan {
-    /// The fixed region when the last `k` layers stream their attention (two layer buffers
-    /// replace their resident projections).
-    fn fixed_streaming(&self, k: usize) -> u64 {
-        if k == 0 {
-            return self.fixed;
-        }
+    /// Attention bytes of the last `k` layers.
+    fn attn_bytes(&self, k: usize) -> u64 {
         let n = self.attn.len();
-        let freed: u64 = self.attn[n - k..]
+        self.attn[n - k..]
             .iter()
             .map(|a| a.mats.iter().map(|m| m.len as u64).sum::<u64>())
-            .sum();
-        let bufs = 2 * self.attn.iter().map(|a| a.size).max().unwrap_or(0) as u64;
-        self.fixed - freed + bufs
+            .sum()
     }
 
-    /// The fewest streamed layers whose fixed region leaves `rest` bytes of `budget` (or, if
-    /// none does, the count with the smallest fixed region).
-    fn streamed_layers(&self, budget: u64, rest: u64) -> usize {
+    /// The fixed region under `s`: two layer buffers replace the streamed layers' projections,
+    /// two chunk buffers the streamed output rows.
+    fn fixed_streaming(&self, s: Streaming) -> u64 {
+        let mut fixed = self.fixed;
+        if s.attn_layers > 0 {
+            let bufs = 2 * self.attn.iter().map(|a| a.size).max().unwrap_or(0) as u64;
+            fixed = fixed - self.attn_bytes(s.attn_layers) + bufs;
+        }
+        if s.out_rows > 0 {
+            let v = &self.vocab;
+            fixed = fixed - (s.out_rows * v.output.row_bytes) as u64 + v.chunk_buffers();
+        }
+        fixed
+    }
+
+    /// Bytes `s` reads per token.
+    fn streamed_bytes(&self, s: Streaming) -> u64 {
+        self.attn_bytes(s.attn_layers) + (s.out_rows * self.vocab.output.row_bytes) as u64
+    }
+
+    /// What to stream so that the fixed region leaves `rest` bytes of `budget`: the least
+    /// bytes read per token (every streamed byte costs one byte of reading per token, whatever
+    /// it holds), fewer streamed layers on a tie. If nothing fits, everything streams (the
+    /// smallest fixed region).
+    fn streaming(&self, budget: u64, rest: u64) -> Streaming {
         let n = self.attn.len();
-        (0..=n)
-            .find(|&k| self.fixed_streaming(k) + rest <= budget)
-            .unwrap_or_else(|| {
-                (0..=n)
-                    .min_by_key(|&k| self.fixed_streaming(k))
-                    .unwrap_or(0)
-            })
+        let v = &self.vocab;
+        let all = Streaming {
+            attn_layers: n,
+            out_rows: v.output.rows,
+        };
+        let mut best: Option<Streaming> = None;
+        for k in 0..=n {
+            let over = (self.fixed_streaming(Streaming {
+                attn_layers: k,
+                out_rows: 0,
+            }) + rest)
+                .saturating_sub(budget);
+            let out_rows = match over {
+                0 => 0,
+                // Streamed rows are the last ones, so that the resident ones start at a multiple
+                // of 8 (the kernels' row groups stay where a whole-matrix product puts them).
+                _ => {
+                    let need = (over + v.chunk_buffers()).div_ceil(v.output.row_bytes as u64);
+                    match (v.output.rows as u64).checked_sub(need) {
+                        Some(resident) => v.output.rows - (resident as usize / 8 * 8),
+                        None => continue,
+                    }
+                }
+            };
+            let s = Streaming {
+                attn_layers: k,
+                out_rows,
+            };
+            if self.fixed_streaming(s) + rest <= budget
+                && best.is_none_or(|b| self.streamed_bytes(s) < self.streamed_bytes(b))
+            {
+                best = Some(s);
+            }
+        }
+        best.unwrap_or_else(|| {
+            (0..=n)
+                .flat_map(|k| {
+                    [0, all.out_rows].map(|out_rows| Streaming {
+                        attn_layers: k,
+                        out_rows,
+                    })
+                })
+                .min_by_key(|&s| self.fixed_streaming(s))
+                .unwrap_or(all)
+        })
     }
 }
 
@@ -258,6 +334,41 @@ fn is_bundle_tensor(name: &str) -> bool {
         ]
         .iter()
         .any(|s| name.ends_with(s))
+}
+
+/// A vocabulary-sized matrix in the file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VocabMat {
+    pub offset: u64,
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+}
+
+/// The token embedding and the output matrix (the same tensor when the model ties them).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VocabLayout {
+    pub embd: VocabMat,
+    pub output: VocabMat,
+    pub tied: bool,
+}
+
+/// Most bytes of one read of streamed output rows.
+const OUT_CHUNK_BYTES: usize = 1 << 20;
+
+impl VocabLayout {
+    /// Output rows per streamed chunk: a multiple of 8, at most 1 MiB and a sixteenth of the
+    /// matrix (its two buffers stay small next to what streaming saves).
+    pub fn chunk_rows(&self) -> usize {
+        let o = &self.output;
+        ((OUT_CHUNK_BYTES / o.row_bytes.max(1)).min(o.rows / 16) / 8 * 8).max(8)
+    }
+
+    /// The two chunk buffers of streamed output rows.
+    fn chunk_buffers(&self) -> u64 {
+        2 * pad(self.chunk_rows() * self.output.row_bytes) as u64
+    }
 }
 
 /// The file layout of the FFN bundles and the size of everything else.
@@ -328,14 +439,37 @@ pub(crate) fn plan(
         });
         attn.push(AttnLayout { mats, size: at });
     }
+    let w = &model.weights;
+    let vocab_mat = |v: &pi2_model::TensorView| {
+        let t = f.tensor(&v.name).expect("checked at load");
+        VocabMat {
+            offset: f.data_offset + t.offset,
+            ty: v.ty,
+            rows: v.rows,
+            cols: v.cols,
+            row_bytes: t.size as usize / v.rows,
+        }
+    };
+    let vocab = VocabLayout {
+        embd: vocab_mat(&w.token_embd),
+        output: vocab_mat(&w.output),
+        tied: w.tied_output,
+    };
+    // A separate token embedding is read a row per token, never resident.
+    let embd_bytes = match vocab.tied {
+        true => 0,
+        false => (vocab.embd.rows * vocab.embd.row_bytes) as u64,
+    };
     let fixed: u64 = f
         .tensors
         .iter()
         .filter(|t| !is_bundle_tensor(&t.name))
         .map(|t| t.size)
         .sum::<u64>()
+        - embd_bytes
         + kv_bytes
-        + scratch;
+        + scratch
+        + pad(EMBD_BATCH * vocab.embd.row_bytes) as u64;
     let stage = layout
         .iter()
         .map(|l| l.bytes(c.n_ff) + 3 * PAD)
@@ -349,6 +483,7 @@ pub(crate) fn plan(
     Ok(Plan {
         layout,
         attn,
+        vocab,
         fixed,
         stage,
         bundle,
@@ -366,12 +501,29 @@ pub struct Regions {
     pub cold_slots: usize,
     /// The last layers that read their attention from flash each time they run.
     pub streamed_layers: usize,
+    /// The last rows of the output matrix, read from flash each time logits are computed.
+    pub streamed_output_rows: usize,
 }
 
 impl Regions {
     /// Bytes of one cold slot (a neuron's gate, up and down rows).
     pub fn slot_bytes(&self) -> usize {
         self.plan.bundle
+    }
+
+    /// Rows per read of streamed output rows.
+    pub fn output_chunk_rows(&self) -> usize {
+        self.plan.vocab.chunk_rows()
+    }
+
+    /// Bytes of the embedding row a token reads from flash: 0 if the embedding is resident
+    /// (tied weights with no streamed rows; with some, only tokens among them read).
+    pub fn embedding_row_bytes(&self) -> usize {
+        let v = &self.plan.vocab;
+        match v.tied && self.streamed_output_rows == 0 {
+            true => 0,
+            false => v.embd.row_bytes,
+        }
     }
 }
 
@@ -385,8 +537,7 @@ pub fn min_budget(
 ) -> Result<u64, OffloadError> {
     let p = plan(model, sparse, kv_bytes, scratch)?;
     let (stage, min_cold) = least_regions(&p, &model.config);
-    let k = p.streamed_layers(0, u64::MAX);
-    Ok(p.fixed_streaming(k) + stage + min_cold)
+    Ok(p.fixed_streaming(p.streaming(0, u64::MAX)) + stage + min_cold)
 }
 
 /// Prefill staging (two units) and the least neuron cache (the neurons of one decode step: a
@@ -418,11 +569,11 @@ pub fn regions(
     let n_units = p.layout.len();
     let mut budget = Budget::new(budget);
     let (stage_bytes, min_cold) = least_regions(&p, c);
-    let streamed_layers = p.streamed_layers(budget.limit(), stage_bytes + min_cold);
+    let streaming = p.streaming(budget.limit(), stage_bytes + min_cold);
     budget.reserve_with_minimum(
         Region::Fixed,
-        p.fixed_streaming(streamed_layers),
-        "the fixed region (embeddings, attention, norms, output, predictors, KV cache, buffers)",
+        p.fixed_streaming(streaming),
+        "the fixed region (attention, norms, output, predictors, KV cache, buffers)",
         stage_bytes + min_cold,
     )?;
     budget.reserve_with_minimum(
@@ -461,7 +612,8 @@ pub fn regions(
         budget,
         hot_counts,
         cold_slots: slots,
-        streamed_layers,
+        streamed_layers: streaming.attn_layers,
+        streamed_output_rows: streaming.out_rows,
     })
 }
 
@@ -484,6 +636,7 @@ impl Offload {
             hot_counts,
             cold_slots: slots,
             streamed_layers,
+            streamed_output_rows,
         } = regions(
             model,
             sparse,
@@ -554,6 +707,7 @@ impl Offload {
             attn_buf,
             attn_buf_layer: [None, None],
             attn_pending: AtomicU64::new(0),
+            vocab: VocabStream::new(p.vocab, streamed_output_rows),
             budget,
             direct,
             fallback,
@@ -578,6 +732,17 @@ impl Offload {
     /// Layers whose attention is read from flash each time they run (the last ones).
     pub fn streamed_layers(&self) -> usize {
         self.attn.len() - self.stream_from
+    }
+
+    /// Output matrix rows read from flash each time logits are computed (the last ones).
+    pub fn streamed_output_rows(&self) -> usize {
+        self.vocab.streamed_rows()
+    }
+
+    /// Whether embedding lookups read rows from flash (a separate token embedding, or tied
+    /// weights whose last rows stream).
+    pub fn streams_embedding(&self) -> bool {
+        self.vocab.streams_embedding()
     }
 
     pub fn stats(&self) -> &OffloadStats {
@@ -648,11 +813,33 @@ impl Offload {
     }
 
     /// Account for a completion taken from the reader by whoever was waiting: a streamed
-    /// attention read is no longer pending.
+    /// read (attention, output rows, embedding rows) is no longer pending.
     pub(crate) fn received(&self, tag: u64) {
-        if tag == ATTN_TAG {
-            self.attn_pending.fetch_sub(1, AcqRel);
+        let pending = match tag {
+            ATTN_TAG => &self.attn_pending,
+            EMBD_TAG => &self.vocab.embd_pending,
+            t if t == OUT_TAG[0] => &self.vocab.pending[0],
+            t if t == OUT_TAG[1] => &self.vocab.pending[1],
+            _ => return,
+        };
+        pending.fetch_sub(1, AcqRel);
+    }
+
+    /// Receive completions (accounting for each) until `done`; the time blocked counts as
+    /// I/O wait.
+    fn wait_until(&mut self, done: impl Fn(&Offload) -> bool) -> Result<(), IoError> {
+        let t0 = std::time::Instant::now();
+        while !done(self) {
+            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
+                Ok(tag) => self.received(tag),
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            }
         }
+        self.stats.io_wait_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
     }
 
     /// After a failed read: wait out what is still in flight into this offload's buffers and
@@ -662,6 +849,7 @@ impl Offload {
         self.attn_pending.store(0, Release);
         self.stage_unit = [None, None];
         self.attn_buf_layer = [None, None];
+        self.vocab.forget();
     }
 
     /// Start reading layer `li`'s attention projections into buffer `b`.
@@ -690,18 +878,7 @@ impl Offload {
     }
 
     fn wait_attention(&mut self) -> Result<(), IoError> {
-        let t0 = std::time::Instant::now();
-        while self.attn_pending.load(Acquire) > 0 {
-            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
-                Ok(tag) => self.received(tag),
-                Err(e) => {
-                    self.fail();
-                    return Err(e);
-                }
-            }
-        }
-        self.stats.io_wait_ns += t0.elapsed().as_nanos() as u64;
-        Ok(())
+        self.wait_until(|o| o.attn_pending.load(Acquire) == 0)
     }
 
     /// Whether layer `li`'s attention streams from flash; if it does, make it resident (wait for
@@ -812,6 +989,8 @@ fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, Offload
 const STAGE_TAG: u64 = u64::MAX;
 /// Tag of streamed attention reads.
 pub(crate) const ATTN_TAG: u64 = u64::MAX - 1;
+/// Tags from here on are streamed reads (not neurons): [`Offload::received`] accounts for them.
+pub(crate) const FIRST_STREAM_TAG: u64 = EMBD_TAG;
 
 /// Offsets of the up and down blocks and the total size of a hot block of `h` neurons.
 fn hot_block(l: &FfnLayout, h: usize) -> (usize, usize, usize) {
@@ -857,4 +1036,80 @@ fn hot_counts(
         }
     }
     counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Eight layers of 10,000 attention bytes (buffers of 10,240) and a 1000-row output
+    /// matrix of 64-byte rows (chunks of 56 rows, two buffers of 7168 bytes), in a fixed region
+    /// of 200,000 bytes.
+    fn plan() -> Plan {
+        let mat = |at| AttnMat {
+            offset: 0,
+            len: 2500,
+            at,
+            ty: QuantType::Q8_0,
+            rows: 1,
+            cols: 1,
+        };
+        let out = VocabMat {
+            offset: 0,
+            ty: QuantType::Q8_0,
+            rows: 1000,
+            cols: 32,
+            row_bytes: 64,
+        };
+        Plan {
+            layout: Vec::new(),
+            attn: vec![
+                AttnLayout {
+                    mats: [mat(0), mat(2560), mat(5120), mat(7680)],
+                    size: 10240,
+                };
+                8
+            ],
+            vocab: VocabLayout {
+                embd: out,
+                output: out,
+                tied: true,
+            },
+            fixed: 200_000,
+            stage: 0,
+            bundle: 0,
+        }
+    }
+
+    #[test]
+    fn streaming_reads_the_least_that_fits() {
+        let p = plan();
+        assert_eq!(p.vocab.chunk_rows(), 56);
+        let s = |attn_layers, out_rows| Streaming {
+            attn_layers,
+            out_rows,
+        };
+        // (bytes short of the budget, hand-computed choice)
+        for (short, want) in [
+            (0, s(0, 0)),
+            // 1000 + 7168 bytes of buffers = 127.6 rows; resident rows 872 (a multiple of 8).
+            (1000, s(0, 128)),
+            // Streaming 3 layers would also fit but reads 30,000 bytes; 192 rows read 12,288.
+            (5000, s(0, 192)),
+            // Output rows alone cannot free 60,000 bytes; of the mixes, 6 layers + 432 rows
+            // read the least (87,648 bytes; 3 layers + 904 rows 87,856; 8 + 120 87,680).
+            (60_000, s(6, 432)),
+        ] {
+            let got = p.streaming(200_000 - short, 0);
+            assert_eq!(got, want, "{short} short");
+            assert!(p.fixed_streaming(got) <= 200_000 - short);
+        }
+        assert_eq!(p.streamed_bytes(s(6, 432)), 87_648);
+        // Nothing fits: everything streams, the smallest fixed region (200,000 - 59,520 -
+        // 56,832), which is the minimum budget.
+        let all = p.streaming(200_000 - 120_000, 0);
+        assert_eq!(all, s(8, 1000));
+        assert_eq!(p.fixed_streaming(all), 83_648);
+        assert_eq!(p.streaming(83_648, 0), all);
+    }
 }

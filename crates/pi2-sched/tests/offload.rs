@@ -208,17 +208,35 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
 }
 
 #[test]
-fn streamed_attention_gives_the_same_logits() {
-    // Five layers: streaming pays off from three layers on (two buffers replace them).
-    let dir = tempfile::tempdir().unwrap();
-    let path = converted_from(
-        dir.path(),
-        &SynthSpec {
-            n_layer: 5,
-            ..spec()
-        },
-    );
-    let m = Model::load(&path).unwrap();
+fn streamed_weights_give_the_same_logits() {
+    // Five layers: streaming attention pays off from three layers on (two buffers replace
+    // them). A tied f32 embedding/output, and a separate q8_0 pair (row groups of four).
+    for (what, spec) in [
+        (
+            "tied f32",
+            SynthSpec {
+                n_layer: 5,
+                ..spec()
+            },
+        ),
+        (
+            "untied q8_0",
+            SynthSpec {
+                n_layer: 5,
+                tied: false,
+                embd_type: QuantType::Q8_0,
+                ..spec()
+            },
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = converted_from(dir.path(), &spec);
+        streamed_weights_case(what, &path);
+    }
+}
+
+fn streamed_weights_case(what: &str, path: &Path) {
+    let m = Model::load(path).unwrap();
     let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
     let mut mem = Engine::new(&m, &cfg()).unwrap();
     mem.set_sparse(Some(&sp)).unwrap();
@@ -231,14 +249,18 @@ fn streamed_attention_gives_the_same_logits() {
         .iter()
         .map(|t| m.file.tensor(&format!("blk.0.{t}.weight")).unwrap().size)
         .sum();
+    let vocab = m.config.n_vocab;
+    let out_name = match m.weights.tied_output {
+        true => "token_embd.weight",
+        false => "output.weight",
+    };
+    let out_row = m.file.tensor(out_name).unwrap().size / vocab as u64;
     let file = m.file.file_size();
-    for (budget, streamed) in [
-        (minimum, 5),
-        (minimum + attn_layer, 4),
-        (minimum + 2 * attn_layer - 1, 4),
-        (minimum + 2 * attn_layer, 3),
-        (4 * file, 0),
-    ] {
+    let tokens: Vec<u32> = PROMPT.iter().chain(&DECODE).copied().collect();
+    let passes = 2 * (1 + DECODE.len() as u64);
+    let (mut last_streamed, mut partial_output) = (u64::MAX, false);
+    let budgets = (0..=8).map(|k| minimum + (file - minimum) * k / 8);
+    for budget in budgets.chain([4 * file]) {
         let mut e = Engine::new(&m, &cfg()).unwrap();
         e.set_sparse(Some(&sp)).unwrap();
         let oc = OffloadConfig {
@@ -246,42 +268,76 @@ fn streamed_attention_gives_the_same_logits() {
             hot_share: 0.5,
             ..Default::default()
         };
-        let o = offload(&m, &sp, &path, &e, oc).unwrap();
-        assert_eq!(o.streamed_layers(), streamed, "budget {budget}");
-        assert!(o.budget().total_used() <= budget);
+        let o = offload(&m, &sp, path, &e, oc).unwrap();
+        let ctx = format!("{what}, budget {budget}");
+        assert!(o.budget().total_used() <= budget, "{ctx}");
+        let (layers, rows) = (o.streamed_layers(), o.streamed_output_rows());
+        if budget == minimum {
+            assert_eq!((layers, rows), (5, vocab), "{ctx}: everything streams");
+        }
+        if budget > file {
+            assert_eq!((layers, rows), (0, 0), "{ctx}: nothing streams");
+        }
+        partial_output |= rows > 0 && rows < vocab;
+        // More memory never streams more.
+        let streamed = layers as u64 * attn_layer + rows as u64 * out_row;
+        assert!(
+            streamed <= last_streamed,
+            "{ctx}: {streamed} > {last_streamed}"
+        );
+        last_streamed = streamed;
         e.set_offload(Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
-            common::assert_same_logits(&want, &got, &format!("budget {budget} pass {pass}"));
+            common::assert_same_logits(&want, &got, &format!("{ctx} pass {pass}"));
         }
-        // Each streamed layer is read once per forward pass (prefill + decode steps), give or
-        // take the read-ahead of the next pass's first streamed layer.
+        // Each streamed layer and output row is read once per forward pass (prefill + decode
+        // steps), give or take the read-ahead of the next pass's first layer and chunks.
         let st = e.offload().unwrap().stats();
-        let passes = 2 * (1 + DECODE.len() as u64);
-        let (reads, streamed) = (st.attn_layer_reads, streamed as u64);
+        let layers = layers as u64;
+        let reads = st.attn_layer_reads;
         assert!(
-            reads >= passes * streamed && reads <= passes * streamed + 2,
-            "{streamed} streamed: {reads} reads"
+            reads >= passes * layers && reads <= passes * layers + 2,
+            "{ctx}: {layers} streamed layers, {reads} reads"
         );
-        assert_eq!(st.attn_bytes, reads * attn_layer);
+        assert_eq!(st.attn_bytes, reads * attn_layer, "{ctx}");
+        let out = passes * rows as u64 * out_row;
+        assert!(
+            st.out_bytes >= out && st.out_bytes <= out + out / passes,
+            "{ctx}: {rows} streamed rows, {} bytes read",
+            st.out_bytes
+        );
+        // Lookups read every row that is not resident.
+        let resident = match m.weights.tied_output {
+            true => vocab - rows,
+            false => 0,
+        };
+        let misses = tokens.iter().filter(|&&t| t as usize >= resident).count() as u64;
+        assert_eq!(st.embd_rows, 2 * misses, "{ctx}");
     }
+    assert!(
+        partial_output,
+        "{what}: no budget streamed part of the output"
+    );
     // A failing device mid-stream ends in a clear error, and the next pass reports it again
     // rather than computing from a half-read buffer.
-    let mut e = Engine::new(&m, &cfg()).unwrap();
-    e.set_sparse(Some(&sp)).unwrap();
-    let oc = OffloadConfig {
-        budget: minimum,
-        faults: Some(FaultPlan {
-            eio_from: Some(30),
+    for eio_from in [1, 30] {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let oc = OffloadConfig {
+            budget: minimum,
+            faults: Some(FaultPlan {
+                eio_from: Some(eio_from),
+                ..Default::default()
+            }),
             ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let o = offload(&m, &sp, &path, &e, oc).unwrap();
-    e.set_offload(Some(o)).unwrap();
-    for _ in 0..2 {
-        let err = run(&mut e).unwrap_err().to_string();
-        assert!(err.contains("Input/output error"), "{err}");
+        };
+        let o = offload(&m, &sp, path, &e, oc).unwrap();
+        e.set_offload(Some(o)).unwrap();
+        for _ in 0..2 {
+            let err = run(&mut e).unwrap_err().to_string();
+            assert!(err.contains("Input/output error"), "{what}: {err}");
+        }
     }
 }
 

@@ -167,6 +167,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         None => None,
     };
+    if a.offload_only && !budgets.is_empty() {
+        // Before anything touches the tensors: see `GgufFile::advise_random` (rows that run
+        // in memory touch every tensor anyway).
+        model.file.advise_random();
+    }
     let sparse_args = applied
         .as_ref()
         .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));

@@ -338,9 +338,14 @@ impl Residency for EngineResidency<'_> {
         )
         .map_err(|e| e.to_string())?;
         Ok(ResidencySplit {
-            hot_counts: r.hot_counts,
+            hot_counts: r.hot_counts.clone(),
             cold_slots: r.cold_slots,
-            streamed_layers: r.streamed_layers,
+            streamed: pi2_planner::StreamedWeights {
+                attn_layers: r.streamed_layers,
+                output_rows: r.streamed_output_rows,
+                output_chunk_rows: r.output_chunk_rows(),
+                embedding_row_bytes: r.embedding_row_bytes(),
+            },
         })
     }
     fn min_budget(&self) -> u64 {

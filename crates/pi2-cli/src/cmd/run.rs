@@ -64,6 +64,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         )?),
         None => None,
     };
+    if budget.is_some() || applied.as_ref().is_some_and(|ap| ap.offload.is_some()) {
+        // Before anything touches the tensors: see `GgufFile::advise_random`.
+        model.file.advise_random();
+    }
     let sparse_args = applied
         .as_ref()
         .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));
@@ -99,7 +103,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         let Some(sp) = &sparse else {
             bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)");
         };
-        model.file.advise_random();
         let o = super::sparse_args::build_offload(
             &a.offload,
             budget,
@@ -115,7 +118,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         let Some(sp) = &sparse else {
             bail!("the plan offloads FFN neurons: it needs the converted model it was made for");
         };
-        model.file.advise_random();
         let n_batch = prompt
             .len()
             .max(applied.as_ref().map_or(0, |ap| ap.plan.n_batch));
