@@ -21,7 +21,8 @@ emu_args=()
 plans=()
 for spec in "p120:120%:" "p100:100%:" "p90:90%:" "p75:75%:" "p50:50%:" "p25:25%:" \
   "h100_t1:100%:threads=1" "h100_t2:100%:threads=2" "h100_hot0:100%:hot_share=0" \
-  "h100_gap0:100%:merge_gap=0" "h100_c32:100%:cluster=32" "h75_hot05:75%:hot_share=0.5"; do
+  "h100_gap0:100%:merge_gap=0" "h100_c32:100%:cluster=32" "h75_hot05:75%:hot_share=0.5" \
+  "h50_t1:50%:threads=1" "h50_hot0:50%:hot_share=0" "h25_t1:25%:threads=1" "h25_c32:25%:cluster=32"; do
   IFS=: read -r name limit fix <<< "$spec"
   fix_args=()
   [ -n "$fix" ] && fix_args=(--fix "$fix")

@@ -391,13 +391,14 @@ impl<'m> Engine<'m> {
         2 * self.n_ctx * c.kv_dim() * c.n_layer * std::mem::size_of::<f16>()
     }
 
-    /// Working buffers for batches of up to `n_batch` tokens (activations, logits, predictor
-    /// scores, cluster partials), an upper estimate for memory budgets.
+    /// Working buffers for batches of up to `n_batch` tokens (activations, predictor scores,
+    /// cluster partials) with logits for the last one ([`Logits::Last`]; each further row of
+    /// logits takes `4 * n_vocab` bytes more), an upper estimate for memory budgets.
     pub fn scratch_bytes(&self, n_batch: usize) -> usize {
         let c = &self.model.config;
         let n = n_batch.max(1);
-        let per_token = 8 * c.n_embd + c.q_dim() + 2 * c.kv_dim() + 4 * c.n_ff + c.n_vocab;
-        4 * (n * per_token + self.threads() * n * c.n_embd + 2 * c.n_ff * 3)
+        let per_token = 8 * c.n_embd + c.q_dim() + 2 * c.kv_dim() + 4 * c.n_ff;
+        4 * (n * per_token + c.n_vocab + self.threads() * n * c.n_embd + 2 * c.n_ff * 3)
             + 4 * self.n_ctx * rayon::current_num_threads().max(self.threads())
     }
 
