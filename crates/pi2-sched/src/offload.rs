@@ -7,9 +7,11 @@
 //! When the budget cannot hold every layer's attention projections too, the last layers'
 //! attention streams from flash: each is read whole into one of two buffers, the next streamed
 //! layer's read issued as soon as the current one is in, so it overlaps the compute in between.
-//! Attention weights are used by every token, so a byte of them kept resident saves one byte
-//! of reading per token, at least as much as any neuron byte: they are streamed only when the
-//! smallest neuron cache would not fit otherwise.
+//! The last rows of the output matrix may stream the same way, in chunks (see `vocab`), and a
+//! separate token embedding is never resident (each lookup reads its row). Attention and output
+//! weights are used by every token, so a byte of them kept resident saves one byte of reading
+//! per token, at least as much as any neuron byte: they are streamed only when the smallest
+//! neuron cache would not fit otherwise, in the mix that reads the fewest bytes per token.
 //!
 //! Residency never changes arithmetic: the same rows in the same clusters give the same logits
 //! as in-memory sparse decode.

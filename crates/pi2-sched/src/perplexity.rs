@@ -54,7 +54,7 @@ impl Accumulator {
     }
 }
 
-/// -log softmax(logits)[target], in f64.
+/// `-log softmax(logits)[target]`, in f64.
 pub fn nll(logits: &[f32], target: TokenId) -> f64 {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
     let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
