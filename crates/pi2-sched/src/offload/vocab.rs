@@ -42,7 +42,8 @@ pub(crate) struct VocabStream {
     pub(crate) pending: [AtomicU64; 2],
     embd_buf: AlignedBuf,
     embd_reqs: Requests,
-    embd_rows: Vec<usize>,
+    /// Per request: the batch row it fills and its buffer slot.
+    embd_rows: Vec<(usize, usize)>,
     pub(crate) embd_pending: AtomicU64,
     /// Logits of one chunk for batches of several rows (scattered into place after).
     tmp: Vec<f32>,
@@ -124,7 +125,7 @@ impl Offload {
                     dst: unsafe { base.add(j * slot) },
                     tag: EMBD_TAG,
                 });
-                self.vocab.embd_rows.push(row);
+                self.vocab.embd_rows.push((row, j));
             }
             let n = self.vocab.embd_reqs.0.len() as u64;
             if n == 0 {
@@ -139,8 +140,8 @@ impl Offload {
             self.stats.embd_rows += n;
             self.wait_until(|o| o.vocab.embd_pending.load(Acquire) == 0)?;
             let v = &self.vocab;
-            for (req, &row) in v.embd_reqs.0.iter().zip(&v.embd_rows) {
-                let at = req.dst as usize - v.embd_buf.as_ptr() as usize;
+            for &(row, j) in &v.embd_rows {
+                let at = j * slot;
                 let one = MatRef::new(e.ty, 1, d, &v.embd_buf[at..at + e.row_bytes])
                     .expect("checked at load");
                 one.dequantize_row(0, &mut x[row * d..(row + 1) * d]);
