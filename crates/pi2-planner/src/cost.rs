@@ -198,6 +198,8 @@ impl<'a> CostModel<'a> {
         }
         // Reads while this plan's compute threads keep the cores busy.
         let f = &self.hw.flash.with_load(k.threads);
+        let cores: usize = self.hw.classes.iter().map(|c| c.cpus.len()).sum();
+        let cores_shared = k.threads >= cores;
         let cfg = ReaderConfig {
             max_request: k.max_read,
             depth: k.io_depth,
@@ -268,7 +270,17 @@ impl<'a> CostModel<'a> {
                             });
                         }
                     }
-                    pipeline::simulate(gsecs, usecs, gate, updown, k.threads, f, &cfg, sc)
+                    pipeline::simulate(
+                        gsecs,
+                        usecs,
+                        gate,
+                        updown,
+                        k.threads,
+                        cores_shared,
+                        f,
+                        &cfg,
+                        sc,
+                    )
                 },
             )
             .collect();

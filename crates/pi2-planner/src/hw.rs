@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Bumped whenever the profile's meaning changes; older profiles are refused.
-pub const HW_VERSION: u32 = 2;
+pub const HW_VERSION: u32 = 3;
 
 /// A kernel operation as the engine uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -95,6 +95,10 @@ pub struct FlashProfile {
     /// The I/O thread copies each read from its aligned buffer to the rows' slots (memcpy
     /// speed of one thread); the next read waits for the copy.
     pub copy_bytes_per_sec: f64,
+    /// How fast the engine's reads themselves keep a CPU busy: buffered and emulated reads
+    /// copy from the page cache (the kernel's copy speed); `None` where the device moves the
+    /// data (O_DIRECT).
+    pub engine_cpu_bytes_per_sec: Option<f64>,
     /// The same fit measured while `threads` compute threads keep the fastest cores busy (as
     /// decode does): the I/O thread and the device's interrupts then share the CPU.
     pub loaded: Vec<LoadedFit>,
@@ -189,6 +193,14 @@ impl FlashProfile {
     pub fn read_secs(&self, bytes: usize) -> f64 {
         self.latency_us * 1e-6
             + bytes as f64 * (1.0 / self.bytes_per_sec + 1.0 / self.copy_bytes_per_sec)
+    }
+
+    /// Of [`Self::read_secs`], the seconds the I/O thread keeps a CPU busy (its copy, and the
+    /// engine's own copy where the page cache serves the read): time a compute thread loses
+    /// when no core is left free for the I/O thread.
+    pub fn read_cpu_secs(&self, bytes: usize) -> f64 {
+        let engine = self.engine_cpu_bytes_per_sec.map_or(0.0, |r| 1.0 / r);
+        bytes as f64 * (1.0 / self.copy_bytes_per_sec + engine)
     }
 }
 
@@ -591,6 +603,27 @@ fn copy_rate(time: Duration) -> f64 {
     src.len() as f64 / secs
 }
 
+/// Buffered 1 MiB reads of `o.flash_file` served from the page cache (the file is read
+/// once first): the CPU cost per byte of a read that does not bypass the cache.
+fn page_cache_rate(o: &HwOptions<'_>) -> Result<f64, PlanError> {
+    let size = std::fs::metadata(o.flash_file).map_or(0, |m| m.len());
+    let span = size.min(64 << 20);
+    let no_delay = pi2_io::FaultPlan::default();
+    let mut rate = 0.0;
+    for _ in 0..2 {
+        let p = pi2_io::profile::measure_with(
+            o.flash_file,
+            1 << 20,
+            1,
+            span,
+            o.read_time / 8,
+            Some(&no_delay),
+        )?;
+        rate = p.bytes_per_sec;
+    }
+    Ok(rate)
+}
+
 fn mem_bandwidth(time: Duration) -> f64 {
     let buf: Vec<u64> = (0..(POOL_BYTES * 2 / 8) as u64).collect();
     let secs = timed(time, || {
@@ -731,6 +764,10 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
     let (latency_us, bytes_per_sec) = FlashProfile::fit(&points, 1).ok_or_else(|| {
         PlanError::Hardware("the flash profile needs at least two read sizes at depth 1".into())
     })?;
+    let engine_cpu_bytes_per_sec = match engine.ends_with("direct") {
+        true => None,
+        false => Some(page_cache_rate(o)?),
+    };
     Ok(FlashProfile {
         alignment: if engine.ends_with("direct") { 4096 } else { 1 },
         // pread issues one read per submitter; io_uring keeps up to the deepest profiled depth
@@ -744,6 +781,7 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
         latency_us,
         bytes_per_sec,
         copy_bytes_per_sec: copy_rate(o.kernel_time),
+        engine_cpu_bytes_per_sec,
         loaded,
     })
 }

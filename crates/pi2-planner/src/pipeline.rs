@@ -7,6 +7,10 @@
 //!
 //! This captures what a closed formula misses: reads of several clusters merging in one batch,
 //! and the chain gate rows -> gate phase -> up/down rows -> up/down phase of the last clusters.
+//!
+//! When the workers take every core, the I/O thread's CPU work (its copies) runs on a core a
+//! worker was using: the copy at the end of each read delays the worker that would be free
+//! first, unless that worker is idle then (an idle core absorbs it).
 
 use crate::hw::FlashProfile;
 use pi2_io::ReaderConfig;
@@ -47,7 +51,8 @@ pub struct Scratch {
 }
 
 /// Simulates one step. `gate_secs[c]` and `updown_secs[c]` are cluster `c`'s phases on one
-/// worker; `gate` and `updown` the rows to read (`updown` in cluster order); `threads` workers.
+/// worker; `gate` and `updown` the rows to read (`updown` in cluster order); `threads` workers,
+/// which leave no core to the I/O thread if `cores_shared`.
 #[allow(clippy::too_many_arguments)]
 pub fn simulate(
     gate_secs: &[f64],
@@ -55,6 +60,7 @@ pub fn simulate(
     gate: &[RowRequest],
     updown: &[RowRequest],
     threads: usize,
+    cores_shared: bool,
     flash: &FlashProfile,
     cfg: &ReaderConfig,
     sc: &mut Scratch,
@@ -163,6 +169,17 @@ pub fn simulate(
             out.bytes += len as u64;
             out.reads += 1;
             land.push(t);
+            if cores_shared {
+                let cpu = flash.read_cpu_secs(len);
+                let w = sc
+                    .workers
+                    .iter_mut()
+                    .min_by(|a, b| a.total_cmp(b))
+                    .expect("one worker");
+                if *w > t - cpu {
+                    *w += cpu;
+                }
+            }
         }
         // A request lands with the read holding its last byte (spans and requests are sorted).
         for r in &sc.batch {
@@ -201,6 +218,7 @@ mod tests {
             latency_us: lat_us,
             bytes_per_sec: 1e9,
             copy_bytes_per_sec: f64::INFINITY,
+            engine_cpu_bytes_per_sec: None,
             loaded: vec![],
         }
     }
@@ -225,6 +243,7 @@ mod tests {
             &[],
             &[],
             2,
+            false,
             &flash(0.0),
             &cfg,
             &mut sc,
@@ -251,6 +270,7 @@ mod tests {
             &[req(0, false, 0)],
             &[req(0, true, 1)],
             4,
+            false,
             &flash(100.0),
             &cfg,
             &mut sc,
@@ -260,6 +280,39 @@ mod tests {
             "{c:?}"
         );
         assert_eq!((c.reads, c.bytes), (2, 8192));
+    }
+
+    #[test]
+    fn copies_delay_a_busy_worker_when_cores_are_shared() {
+        // One worker: cluster 0 is resident (10 ms of gate phase), cluster 1 waits for a gate
+        // read whose copy keeps the CPU busy 4096 B / 100 MB/s. That copy runs while the worker
+        // computes cluster 0, so with no core to spare it delays the worker by the copy.
+        let cfg = ReaderConfig::default();
+        let mut sc = Scratch::default();
+        let mut f = flash(100.0);
+        f.copy_bytes_per_sec = 1e8;
+        let copy = 4096.0 / 1e8;
+        let run = |gate_secs: &[f64], shared: bool, sc: &mut Scratch| {
+            simulate(
+                gate_secs,
+                &[0.0; 2],
+                &[req(1, false, 0)],
+                &[],
+                1,
+                shared,
+                &f,
+                &cfg,
+                sc,
+            )
+        };
+        let own = run(&[10e-3, 1e-3], false, &mut sc);
+        let shared = run(&[10e-3, 1e-3], true, &mut sc);
+        assert!((own.secs - 11e-3).abs() < 1e-12, "{own:?}");
+        assert!((shared.secs - (11e-3 + copy)).abs() < 1e-12, "{shared:?}");
+        // With nothing resident the worker is idle during the read: the copy costs nothing extra.
+        let idle = run(&[0.0, 1e-3], true, &mut sc);
+        let read = 100e-6 + 4096.0 * (1e-9 + 1.0 / 1e8);
+        assert!((idle.secs - (read + 1e-3)).abs() < 1e-12, "{idle:?}");
     }
 
     #[test]
@@ -280,6 +333,7 @@ mod tests {
             &gate,
             &updown,
             2,
+            false,
             &flash(100.0),
             &cfg,
             &mut sc,

@@ -110,6 +110,7 @@ pub fn toy_hardware(cores: usize, gbps: f64, lat_us: f64) -> HardwareProfile {
             latency_us: lat_us,
             bytes_per_sec: 1e9,
             copy_bytes_per_sec: f64::INFINITY,
+            engine_cpu_bytes_per_sec: None,
             loaded: vec![],
         },
     }
