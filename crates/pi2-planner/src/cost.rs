@@ -21,6 +21,9 @@
 //! batch) reads those layers whole in `max_read` pieces. The reader has one queue, shared with
 //! the neuron reads, so decode counts that time as exposed (an upper bound when the device is
 //! idle part of the step; with the budgets that stream, it rarely is).
+//!
+//! When the plan's compute threads take every core, the I/O thread's copies run on a core a
+//! worker was computing on and delay it (see [`crate::pipeline`]).
 
 use crate::hw::{HardwareProfile, KernelOp, ThreadRates};
 use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses, StreamedWeights};

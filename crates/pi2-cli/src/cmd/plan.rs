@@ -38,7 +38,8 @@ pub struct ProfileHwArgs {
     #[arg(long, default_value_t = 1500)]
     pub read_ms: u64,
     /// Profile an emulated flash device (LATENCYus,BANDWIDTHMB/s, e.g. 100us,800MB/s): reads
-    /// from the page cache, each delayed by that much (for disks whose speed drifts)
+    /// from the page cache, each taking the latency plus its size over the bandwidth (for
+    /// disks whose speed drifts)
     #[arg(long)]
     pub emulate_flash: Option<String>,
     /// The read engine to profile (and so to plan for): `pread` (one read at a time) or

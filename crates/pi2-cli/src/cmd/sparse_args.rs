@@ -199,7 +199,7 @@ pub struct OffloadArgs {
     #[arg(long, default_value = "0")]
     pub merge_gap: String,
     /// Read from an emulated flash device (LATENCYus,BANDWIDTHMB/s, e.g. 100us,800MB/s):
-    /// the page cache, each read delayed by that much
+    /// the page cache, each read taking the latency plus its size over the bandwidth
     #[arg(long)]
     pub emulate_flash: Option<String>,
 }
