@@ -397,16 +397,24 @@ fn acts(ty: QuantType, cols: usize, n: usize) -> ActBuf {
     a
 }
 
-/// Runs `f` repeatedly for about `time`; returns seconds per call.
+/// Runs `f` repeatedly for about `time` in five slices; returns the median slice's seconds per
+/// call: on a shared machine a burst of outside load spoils a slice, not the figure.
 fn timed(time: Duration, mut f: impl FnMut()) -> f64 {
     f(); // warm-up
-    let start = Instant::now();
-    let mut calls = 0u64;
-    while start.elapsed() < time || calls < 3 {
-        f();
-        calls += 1;
-    }
-    start.elapsed().as_secs_f64() / calls as f64
+    let slice = time / 5;
+    let mut per_call: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let mut calls = 0u64;
+            while start.elapsed() < slice || calls < 2 {
+                f();
+                calls += 1;
+            }
+            start.elapsed().as_secs_f64() / calls as f64
+        })
+        .collect();
+    per_call.sort_by(f64::total_cmp);
+    per_call[2]
 }
 
 /// Seconds per row of `pool` for `op` with the current rayon pool.
