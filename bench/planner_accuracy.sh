@@ -27,7 +27,8 @@ work=$(mktemp -d)
 export PI2_CACHE_DIR=${PI2_CACHE_DIR:-$work/cache}
 emu_args=()
 [ -n "$emu" ] && emu_args=(--emulate-flash "$emu")
-"$pi2" profile-hw -m "$model" "${emu_args[@]}" 2>/dev/null | tail -1
+# PI2_KEEP_HW=1 keeps a profile already in $PI2_CACHE_DIR (e.g. one checked for outside load).
+[ -n "${PI2_KEEP_HW:-}" ] || "$pi2" profile-hw -m "$model" "${emu_args[@]}" 2>/dev/null | tail -1
 plans=()
 for spec in "p120:120%:" "p100:100%:" "p90:90%:" "p75:75%:" "p50:50%:" "p25:25%:" \
   "h100_t1:100%:threads=1" "h100_t2:100%:threads=2" "h100_hot0:100%:hot_share=0" \
