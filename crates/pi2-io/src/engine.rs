@@ -253,8 +253,8 @@ pub struct FaultPlan {
 
 /// An emulated flash device over `path`: reads served from the page cache, each taking
 /// `plan`'s latency plus its per-byte time (the copy from the page cache counts towards it).
-/// Where the real device's speed drifts (a shared virtual
-/// disk), this gives a device of known, steady speed to check a planner's predictions against.
+/// Where the real device's speed drifts (a shared virtual disk), this gives a device of known,
+/// steady speed to check a planner's predictions against.
 pub fn emulated(
     path: impl AsRef<Path>,
     plan: FaultPlan,

@@ -611,25 +611,24 @@ fn copy_rate(time: Duration) -> f64 {
     src.len() as f64 / secs
 }
 
-/// Buffered 1 MiB reads of `o.flash_file` served from the page cache (the file is read
-/// once first): the CPU cost per byte of a read that does not bypass the cache.
+/// Buffered 1 MiB reads of `o.flash_file` served from the page cache: the CPU cost per byte
+/// of a read that does not bypass the cache.
 fn page_cache_rate(o: &HwOptions<'_>) -> Result<f64, PlanError> {
     let size = std::fs::metadata(o.flash_file).map_or(0, |m| m.len());
     let span = size.min(64 << 20);
     let no_delay = pi2_io::FaultPlan::default();
-    let mut rate = 0.0;
-    for _ in 0..2 {
-        let p = pi2_io::profile::measure_with(
+    let pass = || {
+        pi2_io::profile::measure_with(
             o.flash_file,
             1 << 20,
             1,
             span,
             o.read_time / 8,
             Some(&no_delay),
-        )?;
-        rate = p.bytes_per_sec;
-    }
-    Ok(rate)
+        )
+    };
+    pass()?; // fills the page cache
+    Ok(pass()?.bytes_per_sec)
 }
 
 fn mem_bandwidth(time: Duration) -> f64 {
@@ -772,12 +771,13 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
     let (latency_us, bytes_per_sec) = FlashProfile::fit(&points, 1).ok_or_else(|| {
         PlanError::Hardware("the flash profile needs at least two read sizes at depth 1".into())
     })?;
-    let engine_cpu_bytes_per_sec = match engine.ends_with("direct") {
+    let direct = engine.ends_with("direct");
+    let engine_cpu_bytes_per_sec = match direct {
         true => None,
         false => Some(page_cache_rate(o)?),
     };
     Ok(FlashProfile {
-        alignment: if engine.ends_with("direct") { 4096 } else { 1 },
+        alignment: if direct { 4096 } else { 1 },
         // pread issues one read per submitter; io_uring keeps up to the deepest profiled depth
         // in flight (the speedup per depth is measured, see `speedup`).
         engine_concurrency: match o.uring && o.emulate.is_none() {
