@@ -33,13 +33,18 @@ pub struct ModelArgs {
     /// Context size in tokens (0 = the model's training context)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
-    /// Force a kernel tier lower than the detected one (scalar, avx2)
+    /// Force a kernel tier lower than the detected one (scalar, avx2, avxvnni, avx512,
+    /// avx512vnni, neon, dotprod)
     #[arg(long = "kernel-tier")]
     pub kernel_tier: Option<String>,
     /// Pin compute threads to these cores: clusters (big, mid, little, all) or CPU numbers
     /// (0-3,6), in placement order; threads default to the number of cores selected
     #[arg(long = "cores")]
     pub cores: Option<String>,
+    /// Keep every weight in the file mapping: no row-interleaved copies of the attention,
+    /// output and dense FFN matrices (slower matvec; for comparison and tight memory)
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 /// Sampling options (llama.cpp names and defaults).

@@ -1,7 +1,7 @@
 //! Row dot-product and matmul throughput per format and tier (bytes/s of weights read).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef, QuantType, Tier};
+use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef, PackedMat, QuantType, Tier};
 
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;
@@ -27,7 +27,7 @@ fn matrix_bytes(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
             QuantType::Q6_K => b
                 .chunks_exact_mut(210)
                 .for_each(|c| c[208..].copy_from_slice(&scale)),
-            QuantType::Q4_1 | QuantType::Q4_K | QuantType::Q5_K => {
+            QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4_K | QuantType::Q5_K => {
                 b.chunks_exact_mut(ty.block_bytes()).for_each(|c| {
                     c[..2].copy_from_slice(&scale);
                     c[2..4].copy_from_slice(&scale);
@@ -73,6 +73,7 @@ fn bench_matmul(
         } else {
             Throughput::Elements((rows * n) as u64)
         });
+        let packed = PackedMat::pack(&w);
         for tier in Tier::ALL {
             let Some(ks) = KernelSet::for_tier(tier) else {
                 continue;
@@ -82,6 +83,15 @@ fn bench_matmul(
                 &ks,
                 |b, ks| b.iter(|| pool.install(|| matmul(ks, &w, &acts, &mut out))),
             );
+            // The row-interleaved copy (`PackedMat`) of the same matrix.
+            if let Some(p) = &packed {
+                let pm = p.mat();
+                g.bench_with_input(
+                    BenchmarkId::new(format!("{ty}-x8"), tier.name()),
+                    &ks,
+                    |b, ks| b.iter(|| pool.install(|| matmul(ks, &pm, &acts, &mut out))),
+                );
+            }
         }
     }
     g.finish();
@@ -106,10 +116,12 @@ fn bench_memory(c: &mut Criterion) {
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
     g.sample_size(10);
     g.bench_function("read_96MiB", |b| {
+        // 32 independent lanes (four 256-bit or eight 128-bit accumulators once vectorized), so
+        // the loop is bound by memory, not by an add chain.
         b.iter(|| {
-            let mut s = [0u64; 8];
-            for ch in buf.chunks_exact(8) {
-                for i in 0..8 {
+            let mut s = [0u64; 32];
+            for ch in buf.chunks_exact(32) {
+                for i in 0..32 {
                     s[i] = s[i].wrapping_add(ch[i]);
                 }
             }
@@ -124,6 +136,7 @@ fn bench_matvec_large(c: &mut Criterion) {
     let types = [
         QuantType::Q4_0,
         QuantType::Q4_1,
+        QuantType::Q5_0,
         QuantType::Q8_0,
         QuantType::Q4_K,
         QuantType::Q6_K,
@@ -133,8 +146,15 @@ fn bench_matvec_large(c: &mut Criterion) {
 
 /// Prefill shape: 64 tokens through one matrix (rows x tokens tiles).
 fn bench_gemm(c: &mut Criterion) {
-    let types = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
-    bench_matmul(c, "gemm_1536x576x64", &types, (1536, 576, 64), false);
+    let types = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q6_K,
+    ];
+    bench_matmul(c, "gemm_1536x512x64", &types, (1536, 512, 64), false);
 }
 
 criterion_group!(

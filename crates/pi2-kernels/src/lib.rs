@@ -12,10 +12,12 @@ mod simd;
 mod types;
 
 mod ops;
+pub mod packed;
 
 pub use ops::{
     axpy_rows, axpy_rows_by, dot_row, gather_matvec, gather_matvec_by, matmul, matmul_many, ActBuf,
     ActRow, MatRef, MAX_MATMUL_JOBS,
 };
-pub use simd::{cpu_features, KernelSet, RowKernels, Tier};
+pub use packed::PackedMat;
+pub use simd::{cpu_features, KernelSet, RowKernels, Tier, X8Kernels};
 pub use types::{ActKind, KernelError, QuantType};

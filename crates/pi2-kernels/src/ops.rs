@@ -1,9 +1,51 @@
 //! Matrix views, activation buffers and the row-parallel matmul built on a [`KernelSet`].
 
-use crate::quant::{self, BlockQ8, BlockQ8K, QuantBlock, QK, QK_K};
+use crate::quant::{self, ActBlock, BlockQ8, BlockQ8K, QuantBlock, QK, QK_K};
 use crate::simd::RowKernels;
 use crate::{ActKind, KernelError, KernelSet, QuantType};
 use rayon::prelude::*;
+
+/// Evaluates `$blocks` with `$k` bound to `$ks`'s row kernels for the block type `$ty`, or
+/// `$float` for F32/F16: the one place a new block format joins every operation below.
+macro_rules! by_block_type {
+    ($ks:expr, $ty:expr, $k:ident => $blocks:expr, float => $float:expr) => {
+        match $ty {
+            QuantType::Q4_0 => {
+                let $k = &$ks.q4_0;
+                $blocks
+            }
+            QuantType::Q4_1 => {
+                let $k = &$ks.q4_1;
+                $blocks
+            }
+            QuantType::Q5_0 => {
+                let $k = &$ks.q5_0;
+                $blocks
+            }
+            QuantType::Q5_1 => {
+                let $k = &$ks.q5_1;
+                $blocks
+            }
+            QuantType::Q8_0 => {
+                let $k = &$ks.q8_0;
+                $blocks
+            }
+            QuantType::Q4_K => {
+                let $k = &$ks.q4_k;
+                $blocks
+            }
+            QuantType::Q5_K => {
+                let $k = &$ks.q5_k;
+                $blocks
+            }
+            QuantType::Q6_K => {
+                let $k = &$ks.q6_k;
+                $blocks
+            }
+            QuantType::F32 | QuantType::F16 => $float,
+        }
+    };
+}
 
 /// A borrowed row-major weight matrix: `rows` rows of `cols` elements of type `ty`
 /// (GGML layout: a row is contiguous; the row index is the output dimension).
@@ -14,6 +56,8 @@ pub struct MatRef<'a> {
     pub cols: usize,
     row_bytes: usize,
     data: &'a [u8],
+    /// Rows interleaved in groups of eight ([`crate::PackedMat`]): no row access, matmul only.
+    packed: bool,
 }
 
 impl<'a> MatRef<'a> {
@@ -49,7 +93,30 @@ impl<'a> MatRef<'a> {
             cols,
             row_bytes,
             data,
+            packed: false,
         })
+    }
+
+    /// View an interleaved copy made by [`crate::PackedMat::pack`].
+    pub(crate) fn packed(ty: QuantType, rows: usize, cols: usize, data: &'a [u8]) -> Self {
+        let row_bytes = ty.row_bytes(cols).expect("packed from a valid matrix");
+        debug_assert_eq!(
+            data.len(),
+            rows.div_ceil(crate::packed::GROUP_ROWS) * crate::packed::GROUP_ROWS * row_bytes
+        );
+        Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+            packed: true,
+        }
+    }
+
+    /// Whether the rows are interleaved (see [`crate::PackedMat`]).
+    pub fn is_packed(&self) -> bool {
+        self.packed
     }
 
     /// Bytes of one row.
@@ -57,14 +124,16 @@ impl<'a> MatRef<'a> {
         self.row_bytes
     }
 
-    /// The raw bytes of row `r`.
+    /// The raw bytes of row `r`. Panics on an interleaved matrix, whose rows are not contiguous.
     #[inline]
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert!(!self.packed, "MatRef::row on an interleaved matrix");
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
     /// Rows `r` as a matrix of their own (one expert of a stacked mixture-of-experts tensor).
     pub fn rows(&self, r: std::ops::Range<usize>) -> MatRef<'a> {
+        assert!(!self.packed, "MatRef::rows on an interleaved matrix");
         MatRef {
             rows: r.len(),
             data: &self.data[r.start * self.row_bytes..r.end * self.row_bytes],
@@ -100,6 +169,8 @@ pub struct ActBuf {
     f32: Vec<f32>,
     q8: Vec<BlockQ8>,
     q8k: Vec<BlockQ8K>,
+    /// Integer sum of each `q8` block's quants (the offset terms of Q4_0/Q5_0 interleaved).
+    q8_sums: Vec<i32>,
 }
 
 impl Default for ActBuf {
@@ -117,6 +188,7 @@ impl ActBuf {
             f32: Vec::new(),
             q8: Vec::new(),
             q8k: Vec::new(),
+            q8_sums: Vec::new(),
         }
     }
 
@@ -139,6 +211,12 @@ impl ActBuf {
                 assert_eq!(cols % QK, 0);
                 self.q8.resize(x.len() / QK, BlockQ8::default());
                 quant::q8_act::quantize_q8(x, &mut self.q8);
+                self.q8_sums.clear();
+                self.q8_sums.extend(
+                    self.q8
+                        .iter()
+                        .map(|b| b.qs.iter().map(|&q| q as i32).sum::<i32>()),
+                );
             }
             ActKind::Q8K => {
                 assert_eq!(cols % QK_K, 0);
@@ -161,19 +239,16 @@ impl ActBuf {
         self.n == 0
     }
 
-    fn q8_len(&self) -> usize {
-        if self.kind == ActKind::Q8 {
-            self.n * self.cols / QK
-        } else {
-            0
+    /// Every token's blocks of activation type `A`, token-major (empty if quantized for
+    /// another kind).
+    fn blocks<A: ActBlock>(&self) -> &[A] {
+        if self.kind != A::KIND {
+            return &[];
         }
-    }
-
-    fn q8k_len(&self) -> usize {
-        if self.kind == ActKind::Q8K {
-            self.n * self.cols / QK_K
-        } else {
-            0
+        match A::KIND {
+            ActKind::Q8 => bytemuck::cast_slice(&self.q8[..self.n * self.cols / QK]),
+            ActKind::Q8K => bytemuck::cast_slice(&self.q8k[..self.n * self.cols / QK_K]),
+            ActKind::F32 => &[],
         }
     }
 
@@ -200,17 +275,20 @@ impl ActBuf {
 #[inline]
 pub fn dot_row(ks: &KernelSet, ty: QuantType, row: &[u8], act: ActRow<'_>) -> f32 {
     use bytemuck::cast_slice as c;
-    match (ty, act) {
-        (QuantType::F32, ActRow::F32(x)) => (ks.f32)(c(row), x),
-        (QuantType::F16, ActRow::F32(x)) => (ks.f16)(c(row), x),
-        (QuantType::Q4_0, ActRow::Q8(x)) => (ks.q4_0.dot)(c(row), x),
-        (QuantType::Q4_1, ActRow::Q8(x)) => (ks.q4_1.dot)(c(row), x),
-        (QuantType::Q8_0, ActRow::Q8(x)) => (ks.q8_0.dot)(c(row), x),
-        (QuantType::Q4_K, ActRow::Q8K(x)) => (ks.q4_k.dot)(c(row), x),
-        (QuantType::Q5_K, ActRow::Q8K(x)) => (ks.q5_k.dot)(c(row), x),
-        (QuantType::Q6_K, ActRow::Q8K(x)) => (ks.q6_k.dot)(c(row), x),
-        (ty, act) => panic!("dot_row: {ty} weights cannot take {act:?} activations"),
+    fn blocks<B: QuantBlock>(k: &RowKernels<B>, row: &[u8], act: ActRow<'_>) -> Option<f32> {
+        let x: &[B::Act] = match (B::Act::KIND, act) {
+            (ActKind::Q8, ActRow::Q8(x)) => c(x),
+            (ActKind::Q8K, ActRow::Q8K(x)) => c(x),
+            _ => return None,
+        };
+        Some((k.dot)(c(row), x))
     }
+    let got = by_block_type!(ks, ty, k => blocks(k, row, act), float => match (ty, act) {
+        (QuantType::F32, ActRow::F32(x)) => Some((ks.f32)(c(row), x)),
+        (QuantType::F16, ActRow::F32(x)) => Some((ks.f16)(c(row), x)),
+        _ => None,
+    });
+    got.unwrap_or_else(|| panic!("dot_row: {ty} weights cannot take {act:?} activations"))
 }
 
 /// Raw output pointer shared by row-range tasks that write disjoint elements.
@@ -236,20 +314,64 @@ fn compute_rows(
     write: &mut dyn FnMut(usize, usize, f32),
 ) {
     let n = acts.len();
-    let (q8, q8k) = (&acts.q8[..acts.q8_len()], &acts.q8k[..acts.q8k_len()]);
-    match w.ty {
-        QuantType::Q4_0 => rows_blocks(&ks.q4_0, w, q8, n, r0, r1, write),
-        QuantType::Q4_1 => rows_blocks(&ks.q4_1, w, q8, n, r0, r1, write),
-        QuantType::Q8_0 => rows_blocks(&ks.q8_0, w, q8, n, r0, r1, write),
-        QuantType::Q4_K => rows_blocks(&ks.q4_k, w, q8k, n, r0, r1, write),
-        QuantType::Q5_K => rows_blocks(&ks.q5_k, w, q8k, n, r0, r1, write),
-        QuantType::Q6_K => rows_blocks(&ks.q6_k, w, q8k, n, r0, r1, write),
-        QuantType::F32 | QuantType::F16 => {
-            for r in r0..r1 {
-                for t in 0..n {
-                    write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
+    if w.packed {
+        return rows_packed(ks, w, acts, r0, r1, write);
+    }
+    by_block_type!(ks, w.ty, k => rows_blocks(k, w, acts.blocks(), n, r0, r1, write), float => {
+        for r in r0..r1 {
+            for t in 0..n {
+                write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
+            }
+        }
+    })
+}
+
+/// Interleaved rows `r0..r1` (`r0` a multiple of 8): each group row against up to four tokens
+/// at a time.
+fn rows_packed(
+    ks: &KernelSet,
+    w: &MatRef<'_>,
+    acts: &ActBuf,
+    r0: usize,
+    r1: usize,
+    write: &mut dyn FnMut(usize, usize, f32),
+) {
+    use crate::packed::GROUP_ROWS;
+    debug_assert_eq!(r0 % GROUP_ROWS, 0);
+    let kernel = ks
+        .x8
+        .get(w.ty)
+        .expect("packed matrices have an interleaved kernel");
+    let nb = w.cols / QK;
+    let group_row_bytes = GROUP_ROWS * w.row_bytes;
+    let x: &[BlockQ8] = acts.blocks();
+    let sums = &acts.q8_sums[..x.len()];
+    let mut out = [[0.0f32; GROUP_ROWS]; 4];
+    for g in r0 / GROUP_ROWS..r1.div_ceil(GROUP_ROWS) {
+        let groups = &w.data[g * group_row_bytes..(g + 1) * group_row_bytes];
+        let mut t0 = 0;
+        while t0 < acts.len() {
+            let n = (acts.len() - t0).min(4);
+            let xt = |i: usize| {
+                let t = (t0 + i).min(acts.len() - 1);
+                (&x[t * nb..(t + 1) * nb], &sums[t * nb..(t + 1) * nb])
+            };
+            kernel(
+                groups,
+                std::array::from_fn(|i| xt(i).0),
+                std::array::from_fn(|i| xt(i).1),
+                n,
+                &mut out,
+            );
+            for (i, o) in out[..n].iter().enumerate() {
+                for (k, &v) in o.iter().enumerate() {
+                    let r = g * GROUP_ROWS + k;
+                    if r < r1 {
+                        write(t0 + i, r, v);
+                    }
                 }
             }
+            t0 += n;
         }
     }
 }
@@ -406,20 +528,11 @@ pub fn gather_matvec_by<'r>(
             *o = (k.dot)(row(first + j), x);
         }
     }
-    let (q8, q8k) = (&x.q8[..x.q8_len()], &x.q8k[..x.q8k_len()]);
-    match ty {
-        QuantType::Q4_0 => blocks(&ks.q4_0, row, q8, out),
-        QuantType::Q4_1 => blocks(&ks.q4_1, row, q8, out),
-        QuantType::Q8_0 => blocks(&ks.q8_0, row, q8, out),
-        QuantType::Q4_K => blocks(&ks.q4_k, row, q8k, out),
-        QuantType::Q5_K => blocks(&ks.q5_k, row, q8k, out),
-        QuantType::Q6_K => blocks(&ks.q6_k, row, q8k, out),
-        QuantType::F32 | QuantType::F16 => {
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = dot_row(ks, ty, row(k), x.row(0));
-            }
+    by_block_type!(ks, ty, k => blocks(k, row, x.blocks(), out), float => {
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = dot_row(ks, ty, row(k), x.row(0));
         }
-    }
+    })
 }
 
 /// Axpy-accumulate: `y += coeff[i] * w.row(rows[i])` (the down projection stored transposed, so
@@ -466,25 +579,19 @@ pub fn axpy_rows_by<'r>(
             }
         }
     }
-    match ty {
-        QuantType::Q4_0 => blocks(&ks.q4_0, row, coeff, y),
-        QuantType::Q4_1 => blocks(&ks.q4_1, row, coeff, y),
-        QuantType::Q8_0 => blocks(&ks.q8_0, row, coeff, y),
-        QuantType::Q4_K => blocks(&ks.q4_k, row, coeff, y),
-        QuantType::Q5_K => blocks(&ks.q5_k, row, coeff, y),
-        QuantType::Q6_K => blocks(&ks.q6_k, row, coeff, y),
+    by_block_type!(ks, ty, k => blocks(k, row, coeff, y), float => match ty {
         QuantType::F16 => {
             for (i, &a) in coeff.iter().enumerate() {
                 (ks.axpy_f16)(a, bytemuck::cast_slice(row(i)), y);
             }
         }
-        QuantType::F32 => {
+        _ => {
             for (i, &a) in coeff.iter().enumerate() {
                 let r: &[f32] = bytemuck::cast_slice(row(i));
                 y.iter_mut().zip(r).for_each(|(o, v)| *o += a * v);
             }
         }
-    }
+    })
 }
 
 #[cfg(test)]

@@ -57,6 +57,8 @@ pub enum QuantType {
     F16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q4_K,
     Q5_K,
@@ -68,18 +70,20 @@ pub enum QuantType {
 pub enum ActKind {
     /// Plain f32 (F32 and F16 weights).
     F32,
-    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q8_0).
+    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
     Q8,
     /// [`quant::BlockQ8K`], 256 per block (k-quants).
     Q8K,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 8] = [
+    pub const ALL: [QuantType; 10] = [
         Self::F32,
         Self::F16,
         Self::Q4_0,
         Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
         Self::Q8_0,
         Self::Q4_K,
         Self::Q5_K,
@@ -93,6 +97,8 @@ impl QuantType {
             1 => Self::F16,
             2 => Self::Q4_0,
             3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
             12 => Self::Q4_K,
             13 => Self::Q5_K,
@@ -108,6 +114,8 @@ impl QuantType {
             Self::F16 => 1,
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
@@ -119,7 +127,7 @@ impl QuantType {
     pub fn block_len(self) -> usize {
         match self {
             Self::F32 | Self::F16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => QK,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
         }
     }
@@ -132,6 +140,8 @@ impl QuantType {
             Self::F16 => 2,
             Self::Q4_0 => size_of::<quant::BlockQ4_0>(),
             Self::Q4_1 => size_of::<quant::BlockQ4_1>(),
+            Self::Q5_0 => size_of::<quant::BlockQ5_0>(),
+            Self::Q5_1 => size_of::<quant::BlockQ5_1>(),
             Self::Q8_0 => size_of::<quant::BlockQ8_0>(),
             Self::Q4_K => size_of::<quant::BlockQ4K>(),
             Self::Q5_K => size_of::<quant::BlockQ5K>(),
@@ -159,7 +169,7 @@ impl QuantType {
     pub fn act_kind(self) -> ActKind {
         match self {
             Self::F32 | Self::F16 => ActKind::F32,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => ActKind::Q8,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => ActKind::Q8,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => ActKind::Q8K,
         }
     }
@@ -185,6 +195,8 @@ impl QuantType {
                 .collect(),
             Self::Q4_0 => blocks(x, quant::BlockQ4_0::quantize),
             Self::Q4_1 => blocks(x, quant::BlockQ4_1::quantize),
+            Self::Q5_0 => blocks(x, quant::BlockQ5_0::quantize),
+            Self::Q5_1 => blocks(x, quant::BlockQ5_1::quantize),
             Self::Q8_0 => blocks(x, quant::BlockQ8_0::quantize),
             Self::Q4_K => blocks(x, quant::BlockQ4K::quantize),
             Self::Q5_K | Self::Q6_K => return None,
@@ -205,6 +217,8 @@ impl QuantType {
             Self::F16 => quant::f16::dequantize(bytemuck::cast_slice(&row[..out.len() * 2]), out),
             Self::Q4_0 => blocks::<quant::BlockQ4_0>(row, out),
             Self::Q4_1 => blocks::<quant::BlockQ4_1>(row, out),
+            Self::Q5_0 => blocks::<quant::BlockQ5_0>(row, out),
+            Self::Q5_1 => blocks::<quant::BlockQ5_1>(row, out),
             Self::Q8_0 => blocks::<quant::BlockQ8_0>(row, out),
             Self::Q4_K => blocks::<quant::BlockQ4K>(row, out),
             Self::Q5_K => blocks::<quant::BlockQ5K>(row, out),
@@ -220,6 +234,8 @@ impl fmt::Display for QuantType {
             Self::F16 => "F16",
             Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
@@ -237,7 +253,7 @@ mod tests {
         for t in QuantType::ALL {
             assert_eq!(QuantType::from_ggml_id(t.ggml_id()), Some(t));
         }
-        assert_eq!(QuantType::from_ggml_id(6), None); // Q5_0 unsupported
+        assert_eq!(QuantType::from_ggml_id(16), None); // IQ2_XXS unsupported
     }
 
     #[test]

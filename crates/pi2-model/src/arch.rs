@@ -510,6 +510,12 @@ impl TensorView {
         bytemuck::cast_slice(f.tensor_data(&f.tensors[self.index]))
     }
 
+    /// Drop this process's mapped pages of bytes `range` of the tensor (see
+    /// [`GgufFile::release`]).
+    pub fn release(&self, f: &GgufFile, range: std::ops::Range<usize>) {
+        f.release(&f.tensors[self.index], range);
+    }
+
     /// Bytes of data.
     pub fn bytes(&self, f: &GgufFile) -> u64 {
         f.tensors[self.index].size

@@ -39,7 +39,7 @@ pub enum ModelError {
         expected: Vec<u64>,
         got: Vec<u64>,
     },
-    #[error("tensor `{name}` has type {ty}, which pi2 does not support (supported: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
+    #[error("tensor `{name}` has type {ty}, which pi2 does not support (supported: {supported}); convert the model to one of those types, e.g. with llama.cpp's llama-quantize", supported = supported_types())]
     UnsupportedTensorType { name: String, ty: String },
     #[error("unsupported architecture `{0}` (pi2 supports: llama, qwen2)")]
     UnsupportedArch(String),
@@ -52,3 +52,12 @@ pub enum ModelError {
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// The tensor types pi2 loads, comma-separated, for error messages.
+fn supported_types() -> String {
+    pi2_kernels::QuantType::ALL
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

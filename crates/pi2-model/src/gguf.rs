@@ -184,6 +184,8 @@ impl TensorInfo {
 /// A parsed GGUF file: metadata, tensor directory and the mapping holding the data.
 pub struct GgufFile {
     mmap: Mmap,
+    /// The mapping is of a file (not an anonymous copy), so dropped pages come back from it.
+    file_backed: bool,
     pub version: u32,
     /// Metadata in file order.
     pub metadata: Vec<(String, Value)>,
@@ -333,7 +335,9 @@ impl GgufFile {
         // SAFETY: the mapping is read-only; pi2 never writes model files it reads, and a file
         // truncated underneath a running process is outside what any mmap reader can defend.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(mmap)
+        let mut f = Self::parse(mmap)?;
+        f.file_backed = true;
+        Ok(f)
     }
 
     fn parse(mmap: Mmap) -> Result<Self> {
@@ -467,6 +471,7 @@ impl GgufFile {
         }
         Ok(Self {
             mmap,
+            file_backed: false,
             version,
             metadata,
             meta_index,
@@ -507,6 +512,33 @@ impl GgufFile {
         // Advisory: failing only keeps the default read-ahead.
         #[cfg(unix)]
         let _ = self.mmap.advise(memmap2::Advice::Random);
+    }
+
+    /// Drop this process's resident pages of bytes `range` of tensor `t` (after copying them
+    /// elsewhere, e.g. into a row-interleaved copy): they leave the process's RSS, stay in the
+    /// page cache, and come back from the file if touched again. Only whole pages inside the
+    /// range are released; an in-memory image (`from_bytes`) is left alone, as its pages have
+    /// no file behind them.
+    pub fn release(&self, t: &TensorInfo, range: std::ops::Range<usize>) {
+        if !self.file_backed || range.end > t.size as usize || range.start >= range.end {
+            return;
+        }
+        let page = 4096;
+        let start = (self.data_offset + t.offset) as usize;
+        let first = (start + range.start).next_multiple_of(page);
+        let end = (start + range.end) / page * page;
+        if end > first {
+            // SAFETY: the mapping is a read-only map of a file, so dropping its pages loses no
+            // data: later accesses fault them back in from the file.
+            #[cfg(unix)]
+            let _ = unsafe {
+                self.mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    first,
+                    end - first,
+                )
+            };
+        }
     }
 
     /// Size of the whole file in bytes.

@@ -78,7 +78,6 @@ pub fn random_tensor(
     scale: f32,
     rng: &mut Rng,
 ) -> Vec<u8> {
-    use pi2_kernels::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
     let row_bytes = ty
         .row_bytes(cols)
         .expect("cols must be a whole number of blocks");
@@ -91,19 +90,16 @@ pub fn random_tensor(
             QuantType::F16 => {
                 (0..cols).for_each(|_| out.extend_from_slice(&f16(rng.uniform() * scale)))
             }
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => {
-                for _ in 0..cols / 32 {
-                    let x: Vec<f32> = (0..32).map(|_| rng.uniform() * scale).collect();
-                    match ty {
-                        QuantType::Q4_0 => {
-                            out.extend_from_slice(bytemuck::bytes_of(&BlockQ4_0::quantize(&x)))
-                        }
-                        QuantType::Q4_1 => {
-                            out.extend_from_slice(bytemuck::bytes_of(&BlockQ4_1::quantize(&x)))
-                        }
-                        _ => out.extend_from_slice(bytemuck::bytes_of(&BlockQ8_0::quantize(&x))),
-                    }
-                }
+            QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q5_0
+            | QuantType::Q5_1
+            | QuantType::Q8_0 => {
+                let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * scale).collect();
+                out.extend(
+                    ty.quantize_row(&x)
+                        .expect("32-element formats have a quantizer"),
+                );
             }
             QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => {
                 // Random quants and sub-block scales, super-scales chosen so values are ~scale.

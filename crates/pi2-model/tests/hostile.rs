@@ -149,7 +149,7 @@ fn unknown_and_unsupported_types() {
     let err = load(&b).unwrap_err();
     assert!(err.to_string().contains("unknown type id 99"), "{err}");
 
-    // Q5_0 (a real GGML type pi2 does not compute with) on a tensor the engine needs.
+    // Q8_1 (a real GGML type pi2 does not compute with) on a tensor the engine needs.
     let mut w = build(&SynthSpec {
         n_embd: 64,
         n_ff: 128,
@@ -168,7 +168,7 @@ fn unknown_and_unsupported_types() {
         let data = f.tensor_data(t).to_vec();
         if t.name == "output.weight" {
             let blocks = t.n_elements() as usize / 32;
-            replaced.tensor(&t.name, &t.dims, 6, vec![0; blocks * 22]);
+            replaced.tensor(&t.name, &t.dims, 9, vec![0; blocks * 36]);
         } else {
             replaced.tensor(&t.name, &t.dims, t.ggml_type, data);
         }
@@ -180,7 +180,7 @@ fn unknown_and_unsupported_types() {
         "{err}"
     );
     assert!(
-        err.to_string().contains("Q5_0") && err.to_string().contains("output.weight"),
+        err.to_string().contains("Q8_1") && err.to_string().contains("output.weight"),
         "{err}"
     );
 }

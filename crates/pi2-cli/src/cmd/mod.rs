@@ -83,6 +83,7 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
         n_ctx: a.ctx_size,
         tier,
         cpus,
+        repack: !a.no_repack,
         ..EngineConfig::default()
     })
 }

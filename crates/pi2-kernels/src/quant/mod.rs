@@ -9,6 +9,8 @@ pub mod f32;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
 pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
@@ -17,24 +19,40 @@ pub mod q8_act;
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q4_k::BlockQ4K;
+pub use q5_0::BlockQ5_0;
+pub use q5_1::BlockQ5_1;
 pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
 pub use q8_0::BlockQ8_0;
 pub use q8_act::{BlockQ8, BlockQ8K};
 
-/// Elements per block of the 32-wide formats (Q4_0, Q4_1, Q8_0).
+/// Elements per block of the 32-wide formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub const QK: usize = 32;
 /// Elements per super-block of the k-quant formats (Q4_K, Q5_K, Q6_K).
 pub const QK_K: usize = 256;
 /// Bytes of the packed 6-bit scales/mins of Q4_K and Q5_K.
 pub const K_SCALE_SIZE: usize = 12;
 
+/// A quantized activation block type ([`BlockQ8`], [`BlockQ8K`]).
+pub trait ActBlock: bytemuck::Pod + Sync {
+    /// The activation format it belongs to.
+    const KIND: crate::ActKind;
+}
+
+impl ActBlock for BlockQ8 {
+    const KIND: crate::ActKind = crate::ActKind::Q8;
+}
+
+impl ActBlock for BlockQ8K {
+    const KIND: crate::ActKind = crate::ActKind::Q8K;
+}
+
 /// A weight block type: how to expand it and which activation block its dot product consumes.
 pub trait QuantBlock: bytemuck::Pod + Sync {
     /// Elements per block.
     const LEN: usize;
     /// The quantized activation block the integer dot product pairs with.
-    type Act: bytemuck::Pod + Sync;
+    type Act: ActBlock;
     /// Expand one block into `Self::LEN` floats.
     fn dequantize(&self, out: &mut [f32]);
     /// Scalar reference dot product of a row of blocks with the matching activation blocks.

@@ -3,22 +3,42 @@
 //! sign flip cannot overflow. The 4-row kernels keep one accumulator chain per row so loads of
 //! four weight streams overlap, and load each activation block once.
 
+use super::avx2_x8::{rows8, Flavour};
 use super::{KernelSet, RowKernels};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
 
-pub(super) fn kernel_set() -> KernelSet {
+/// The AVX2 set; `tier` `AvxVnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
+pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
     KernelSet {
-        tier: super::Tier::Avx2,
+        tier,
         f32: |w, x| unsafe { dot_f32(w, x) },
         f16: |w, x| unsafe { dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { axpy_f16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(),
         q4_1: tiles::<BlockQ4_1>(),
+        q5_0: tiles::<BlockQ5_0>(),
+        q5_1: tiles::<BlockQ5_1>(),
         q8_0: tiles::<BlockQ8_0>(),
         q4_k: super::avx2_k::rows(),
         q5_k: super::avx2_k::rows(),
         q6_k: super::avx2_k::rows(),
+        x8: x8_kernels(if tier == super::Tier::AvxVnni {
+            Flavour::AvxVnni
+        } else {
+            Flavour::Avx2
+        }),
+    }
+}
+
+/// The interleaved-group kernels with `flavour`'s byte products.
+pub(super) fn x8_kernels(flavour: Flavour) -> super::X8Kernels {
+    super::X8Kernels {
+        q4_0: rows8::<BlockQ4_0>(flavour),
+        q4_1: rows8::<BlockQ4_1>(flavour),
+        q5_0: rows8::<BlockQ5_0>(flavour),
+        q5_1: rows8::<BlockQ5_1>(flavour),
+        q8_0: rows8::<BlockQ8_0>(flavour),
     }
 }
 
@@ -130,6 +150,81 @@ impl Block32 for BlockQ4_1 {
     #[inline(always)]
     unsafe fn values(&self) -> (__m256i, f32, f32) {
         (nibbles(&self.qs), f16_scalar(self.d), f16_scalar(self.m))
+    }
+}
+
+/// 0x10 in byte `k` where bit `k` of the little-endian `qh` is set: the fifth bits of a Q5
+/// block, element order (matching [`nibbles`]).
+#[inline(always)]
+pub(super) unsafe fn fifth_bits(qh: [u8; 4]) -> __m256i {
+    let v = _mm256_set1_epi32(u32::from_le_bytes(qh) as i32);
+    // Byte k takes byte k / 8 of qh (every 32-bit lane holds all four, so the in-lane shuffle
+    // of the high half finds bytes 2 and 3 too), then tests bit k % 8.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The 32 five-bit values of a Q5 block as bytes, element order.
+#[inline(always)]
+unsafe fn fives(qh: [u8; 4], qs: &[u8; 16]) -> __m256i {
+    _mm256_or_si256(nibbles(qs), fifth_bits(qh))
+}
+
+impl Block32 for BlockQ5_0 {
+    type Shared = __m256i;
+    /// sum(y) per 32-bit lane, for the -16 offset: (q - 16) . y = q . y - 16 sum(y).
+    #[inline(always)]
+    unsafe fn shared(y: __m256i) -> __m256i {
+        sum_pairs(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y))
+    }
+    #[inline(always)]
+    unsafe fn idot(&self, y: __m256i, sum_y: __m256i) -> __m256i {
+        let q = sum_pairs(_mm256_maddubs_epi16(fives(self.qh, &self.qs), y));
+        _mm256_sub_epi32(q, _mm256_slli_epi32(sum_y, 4))
+    }
+    #[inline(always)]
+    unsafe fn scale(&self) -> f32 {
+        f16_scalar(self.d)
+    }
+    #[inline(always)]
+    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        let q = _mm256_sub_epi8(fives(self.qh, &self.qs), _mm256_set1_epi8(16));
+        (q, f16_scalar(self.d), 0.0)
+    }
+}
+
+impl Block32 for BlockQ5_1 {
+    type Shared = ();
+    #[inline(always)]
+    unsafe fn shared(_: __m256i) {}
+    #[inline(always)]
+    unsafe fn idot(&self, y: __m256i, _: ()) -> __m256i {
+        sum_pairs(_mm256_maddubs_epi16(fives(self.qh, &self.qs), y))
+    }
+    #[inline(always)]
+    unsafe fn scale(&self) -> f32 {
+        f16_scalar(self.d)
+    }
+    #[inline(always)]
+    unsafe fn min_term(&self, x: &BlockQ8) -> f32 {
+        f16_scalar(self.m) * x.s
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        (
+            fives(self.qh, &self.qs),
+            f16_scalar(self.d),
+            f16_scalar(self.m),
+        )
     }
 }
 

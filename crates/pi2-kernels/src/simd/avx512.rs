@@ -4,23 +4,33 @@
 //! multiply-adds further; the development machine lacks it, so that path is not written untested.
 
 use super::avx2::{self, Block32, PREFETCH};
+use super::avx2_x8::Flavour;
 use super::{KernelSet, RowKernels, Tier};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
 
-pub(super) fn kernel_set() -> KernelSet {
+/// The AVX-512 set; `tier` `Avx512Vnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
+pub(super) fn kernel_set(tier: Tier) -> KernelSet {
     KernelSet {
-        tier: Tier::Avx512,
+        tier,
         f32: |w, x| unsafe { avx2::dot_f32(w, x) },
         f16: |w, x| unsafe { avx2::dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { avx2::axpy_f16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(),
         q4_1: tiles::<BlockQ4_1>(),
+        q5_0: tiles::<BlockQ5_0>(),
+        q5_1: tiles::<BlockQ5_1>(),
         q8_0: tiles::<BlockQ8_0>(),
         // k-quants: the AVX2 kernels (a 256-element block is 8 AVX2 steps; not yet widened).
         q4_k: super::avx2_k::rows(),
         q5_k: super::avx2_k::rows(),
         q6_k: super::avx2_k::rows(),
+        // The interleaved kernels are 256-bit: eight rows of 32-bit lanes.
+        x8: avx2::x8_kernels(if tier == Tier::Avx512Vnni {
+            Flavour::Avx512Vnni
+        } else {
+            Flavour::Avx2
+        }),
     }
 }
 
@@ -89,6 +99,40 @@ impl Pair for BlockQ4_1 {
     #[inline(always)]
     unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, _: __m512i) -> __m512i {
         sum_pairs(_mm512_maddubs_epi16(nibble_pair(&wi.qs, &wj.qs), y))
+    }
+}
+
+/// The fifth bits of a Q5 block pair (0x10 where set) in the pair layout.
+#[inline(always)]
+unsafe fn fifth_pair(qhi: [u8; 4], qhj: [u8; 4]) -> __m512i {
+    let (a, b) = (avx2::fifth_bits(qhi), avx2::fifth_bits(qhj));
+    let lo = _mm256_permute2x128_si256(a, b, 0x20);
+    let hi = _mm256_permute2x128_si256(a, b, 0x31);
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+impl Pair for BlockQ5_0 {
+    #[inline(always)]
+    unsafe fn shared2(y: __m512i) -> __m512i {
+        sum_pairs(_mm512_maddubs_epi16(_mm512_set1_epi8(1), y))
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, sum_y: __m512i) -> __m512i {
+        let q = _mm512_or_si512(nibble_pair(&wi.qs, &wj.qs), fifth_pair(wi.qh, wj.qh));
+        let q = sum_pairs(_mm512_maddubs_epi16(q, y));
+        _mm512_sub_epi32(q, _mm512_slli_epi32(sum_y, 4))
+    }
+}
+
+impl Pair for BlockQ5_1 {
+    #[inline(always)]
+    unsafe fn shared2(_: __m512i) -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, _: __m512i) -> __m512i {
+        let q = _mm512_or_si512(nibble_pair(&wi.qs, &wj.qs), fifth_pair(wi.qh, wj.qh));
+        sum_pairs(_mm512_maddubs_epi16(q, y))
     }
 }
 

@@ -1,15 +1,20 @@
 //! Run-time kernel selection: a [`KernelSet`] is a table of row dot products for one instruction
 //! set tier, chosen once from the detected CPU features (or forced lower by the caller).
 
+use crate::packed::{self, Rows8Fn};
 use crate::quant::{
-    self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0, QuantBlock,
+    self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    QuantBlock,
 };
+use crate::QuantType;
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+mod avx2_x8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
@@ -24,8 +29,12 @@ pub enum Tier {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX2 + AVX-VNNI (`vpdpbusd` on 256 bits, VEX: Alder Lake, Zen 5).
+    AvxVnni,
     /// x86-64 AVX-512 F/BW/VL (plus the AVX2 set).
     Avx512,
+    /// x86-64 AVX-512 F/BW/VL + AVX512-VNNI (Ice Lake, Sapphire Rapids, Zen 4).
+    Avx512Vnni,
     /// aarch64 baseline NEON (ARMv8.0, e.g. Cortex-A53).
     Neon,
     /// aarch64 NEON + dotprod (ARMv8.2 `sdot`, e.g. Cortex-A55/A76 and later).
@@ -33,10 +42,12 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 5] = [
+    pub const ALL: [Tier; 7] = [
         Tier::Scalar,
         Tier::Avx2,
+        Tier::AvxVnni,
         Tier::Avx512,
+        Tier::Avx512Vnni,
         Tier::Neon,
         Tier::Dotprod,
     ];
@@ -52,11 +63,17 @@ impl Tier {
                     && is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
+            Tier::AvxVnni => Tier::Avx2.is_supported() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
             Tier::Avx512 => {
                 Tier::Avx2.is_supported()
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512Vnni => {
+                Tier::Avx512.is_supported() && is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => true,
@@ -81,7 +98,9 @@ impl Tier {
         match self {
             Tier::Scalar => "scalar",
             Tier::Avx2 => "avx2",
+            Tier::AvxVnni => "avxvnni",
             Tier::Avx512 => "avx512",
+            Tier::Avx512Vnni => "avx512vnni",
             Tier::Neon => "neon",
             Tier::Dotprod => "dotprod",
         }
@@ -155,10 +174,49 @@ pub struct KernelSet {
     pub axpy_f16: fn(f32, &[u16], &mut [f32]),
     pub q4_0: RowKernels<BlockQ4_0>,
     pub q4_1: RowKernels<BlockQ4_1>,
+    pub q5_0: RowKernels<BlockQ5_0>,
+    pub q5_1: RowKernels<BlockQ5_1>,
     pub q8_0: RowKernels<BlockQ8_0>,
     pub q4_k: RowKernels<BlockQ4K>,
     pub q5_k: RowKernels<BlockQ5K>,
     pub q6_k: RowKernels<BlockQ6K>,
+    /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
+    pub x8: X8Kernels,
+}
+
+/// The interleaved-group kernels of one tier, one per packable format.
+#[derive(Clone, Copy, Debug)]
+pub struct X8Kernels {
+    pub q4_0: Rows8Fn,
+    pub q4_1: Rows8Fn,
+    pub q5_0: Rows8Fn,
+    pub q5_1: Rows8Fn,
+    pub q8_0: Rows8Fn,
+}
+
+impl X8Kernels {
+    /// The scalar reference kernels.
+    pub fn reference() -> Self {
+        Self {
+            q4_0: packed::rows8_ref_fn(QuantType::Q4_0),
+            q4_1: packed::rows8_ref_fn(QuantType::Q4_1),
+            q5_0: packed::rows8_ref_fn(QuantType::Q5_0),
+            q5_1: packed::rows8_ref_fn(QuantType::Q5_1),
+            q8_0: packed::rows8_ref_fn(QuantType::Q8_0),
+        }
+    }
+
+    /// The kernel for `ty`, or `None` if `ty` has no interleaved form.
+    pub fn get(&self, ty: QuantType) -> Option<Rows8Fn> {
+        Some(match ty {
+            QuantType::Q4_0 => self.q4_0,
+            QuantType::Q4_1 => self.q4_1,
+            QuantType::Q5_0 => self.q5_0,
+            QuantType::Q5_1 => self.q5_1,
+            QuantType::Q8_0 => self.q8_0,
+            _ => return None,
+        })
+    }
 }
 
 static BEST: OnceLock<KernelSet> = OnceLock::new();
@@ -173,10 +231,13 @@ impl KernelSet {
             axpy_f16: quant::f16::axpy_ref,
             q4_0: RowKernels::reference(),
             q4_1: RowKernels::reference(),
+            q5_0: RowKernels::reference(),
+            q5_1: RowKernels::reference(),
             q8_0: RowKernels::reference(),
             q4_k: RowKernels::reference(),
             q5_k: RowKernels::reference(),
             q6_k: RowKernels::reference(),
+            x8: X8Kernels::reference(),
         }
     }
 
@@ -188,9 +249,13 @@ impl KernelSet {
         Some(match tier {
             Tier::Scalar => Self::scalar(),
             #[cfg(target_arch = "x86_64")]
-            Tier::Avx2 => avx2::kernel_set(),
+            Tier::Avx2 => avx2::kernel_set(Tier::Avx2),
             #[cfg(target_arch = "x86_64")]
-            Tier::Avx512 => avx512::kernel_set(),
+            Tier::AvxVnni => avx2::kernel_set(Tier::AvxVnni),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => avx512::kernel_set(Tier::Avx512),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512Vnni => avx512::kernel_set(Tier::Avx512Vnni),
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => neon::kernel_set(false),
             #[cfg(target_arch = "aarch64")]
@@ -255,8 +320,14 @@ mod tests {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
+        if Tier::Avx512.is_supported() && std::is_x86_feature_detected!("avx512vnni") {
+            assert_eq!(best.tier, Tier::Avx512Vnni);
+        } else if std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+        {
             assert_eq!(best.tier, Tier::Avx512);
+        } else if Tier::Avx2.is_supported() && std::is_x86_feature_detected!("avxvnni") {
+            assert_eq!(best.tier, Tier::AvxVnni);
         } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             assert_eq!(best.tier, Tier::Avx2);
         }

@@ -3,7 +3,7 @@
 //! Both share one generic body; the const `DOT` picks the integer product.
 
 use super::{KernelSet, RowKernels, Tier};
-use crate::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ8, BlockQ8_0};
+use crate::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::aarch64::*;
 
 pub(super) fn kernel_set(dot: bool) -> KernelSet {
@@ -15,10 +15,13 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         axpy_f16: quant::f16::axpy_ref,
         q4_0: tiles::<BlockQ4_0>(dot),
         q4_1: tiles::<BlockQ4_1>(dot),
+        q5_0: tiles::<BlockQ5_0>(dot),
+        q5_1: tiles::<BlockQ5_1>(dot),
         q8_0: tiles::<BlockQ8_0>(dot),
         q4_k: super::neon_k::rows(dot),
         q5_k: super::neon_k::rows(dot),
         q6_k: super::neon_k::rows(dot),
+        x8: super::X8Kernels::reference(),
     }
 }
 
@@ -102,6 +105,64 @@ impl Block32 for BlockQ4_1 {
             vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))),
             vreinterpretq_s8_u8(vshrq_n_u8(q, 4)),
         )
+    }
+    fn scale(&self) -> f32 {
+        quant::f16_to_f32(self.d)
+    }
+    fn min_term(&self, x: &BlockQ8) -> f32 {
+        quant::f16_to_f32(self.m) * x.s
+    }
+    fn offset(&self) -> f32 {
+        quant::f16_to_f32(self.m)
+    }
+}
+
+/// The fifth bits of a Q5 block as 0x10 per element: elements 0..16, then 16..32.
+#[inline(always)]
+unsafe fn fifth_bits(qh: [u8; 4]) -> (uint8x16_t, uint8x16_t) {
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let bit = vld1q_u8(BIT.as_ptr());
+    let half = |b0: u8, b1: u8| {
+        let bytes = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+        vandq_u8(vtstq_u8(bytes, bit), vdupq_n_u8(0x10))
+    };
+    (half(qh[0], qh[1]), half(qh[2], qh[3]))
+}
+
+/// The 32 five-bit values of a Q5 block as two halves of unsigned bytes.
+#[inline(always)]
+unsafe fn fives(qh: [u8; 4], qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
+    let q = vld1q_u8(qs.as_ptr());
+    let (h0, h1) = fifth_bits(qh);
+    (
+        vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), h0),
+        vorrq_u8(vshrq_n_u8(q, 4), h1),
+    )
+}
+
+impl Block32 for BlockQ5_0 {
+    #[inline(always)]
+    unsafe fn halves(&self) -> (int8x16_t, int8x16_t) {
+        let (a, b) = fives(self.qh, &self.qs);
+        let sixteen = vdupq_n_s8(16);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(a), sixteen),
+            vsubq_s8(vreinterpretq_s8_u8(b), sixteen),
+        )
+    }
+    fn scale(&self) -> f32 {
+        quant::f16_to_f32(self.d)
+    }
+    fn min_term(&self, _: &BlockQ8) -> f32 {
+        0.0
+    }
+}
+
+impl Block32 for BlockQ5_1 {
+    #[inline(always)]
+    unsafe fn halves(&self) -> (int8x16_t, int8x16_t) {
+        let (a, b) = fives(self.qh, &self.qs);
+        (vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(b))
     }
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
