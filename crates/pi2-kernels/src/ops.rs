@@ -100,9 +100,12 @@ impl<'a> MatRef<'a> {
     /// View an interleaved copy made by [`crate::PackedMat::pack`].
     pub(crate) fn packed(ty: QuantType, rows: usize, cols: usize, data: &'a [u8]) -> Self {
         let row_bytes = ty.row_bytes(cols).expect("packed from a valid matrix");
+        let group = crate::packed::group_layout(ty)
+            .expect("packable type")
+            .bytes;
         debug_assert_eq!(
             data.len(),
-            rows.div_ceil(crate::packed::GROUP_ROWS) * crate::packed::GROUP_ROWS * row_bytes
+            rows.div_ceil(crate::packed::GROUP_ROWS) * cols / ty.block_len() * group
         );
         Self {
             ty,
@@ -338,31 +341,40 @@ fn rows_packed(
 ) {
     use crate::packed::GROUP_ROWS;
     debug_assert_eq!(r0 % GROUP_ROWS, 0);
-    let kernel = ks
-        .x8
-        .get(w.ty)
-        .expect("packed matrices have an interleaved kernel");
-    let nb = w.cols / QK;
-    let group_row_bytes = GROUP_ROWS * w.row_bytes;
-    let x: &[BlockQ8] = acts.blocks();
-    let sums = &acts.q8_sums[..x.len()];
+    let nb = w.cols / w.ty.block_len();
+    let layout = crate::packed::group_layout(w.ty).expect("packed matrices have a group layout");
+    let group_row_bytes = nb * layout.bytes;
+    let n_tok = acts.len();
     let mut out = [[0.0f32; GROUP_ROWS]; 4];
-    for g in r0 / GROUP_ROWS..r1.div_ceil(GROUP_ROWS) {
+    // One group row against tokens `t0..t0 + n` (at most four; missing ones repeat the last).
+    let run = |g: usize, t0: usize, n: usize, out: &mut [[f32; GROUP_ROWS]; 4]| {
         let groups = &w.data[g * group_row_bytes..(g + 1) * group_row_bytes];
-        let mut t0 = 0;
-        while t0 < acts.len() {
-            let n = (acts.len() - t0).min(4);
-            let xt = |i: usize| {
-                let t = (t0 + i).min(acts.len() - 1);
-                (&x[t * nb..(t + 1) * nb], &sums[t * nb..(t + 1) * nb])
-            };
-            kernel(
+        let tok = |i: usize| (t0 + i).min(n_tok - 1);
+        if let Some(k) = ks.x8.get_k(w.ty) {
+            let x: &[BlockQ8K] = acts.blocks();
+            k(
                 groups,
-                std::array::from_fn(|i| xt(i).0),
-                std::array::from_fn(|i| xt(i).1),
+                std::array::from_fn(|i| &x[tok(i) * nb..(tok(i) + 1) * nb]),
                 n,
-                &mut out,
+                out,
             );
+        } else {
+            let k = ks
+                .x8
+                .get(w.ty)
+                .expect("packed matrices have an interleaved kernel");
+            let x: &[BlockQ8] = acts.blocks();
+            let sums = &acts.q8_sums[..x.len()];
+            let xs = std::array::from_fn(|i| &x[tok(i) * nb..(tok(i) + 1) * nb]);
+            let ss = std::array::from_fn(|i| &sums[tok(i) * nb..(tok(i) + 1) * nb]);
+            k(groups, xs, ss, n, out);
+        }
+    };
+    for g in r0 / GROUP_ROWS..r1.div_ceil(GROUP_ROWS) {
+        let mut t0 = 0;
+        while t0 < n_tok {
+            let n = (n_tok - t0).min(4);
+            run(g, t0, n, &mut out);
             for (i, o) in out[..n].iter().enumerate() {
                 for (k, &v) in o.iter().enumerate() {
                     let r = g * GROUP_ROWS + k;

@@ -239,21 +239,24 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
     /// Row-interleaved copies (`PackedMat`): matmul on every tier equals the scalar reference on
     /// the original rows, for row counts that leave a partial last group and 1-6 tokens (the
     /// 4-token kernel plus a remainder).
     #[test]
     fn packed_matmul_matches_row_reference(
-        ty_i in 0usize..5,
+        ty_i in 0usize..8,
         rows in 1usize..21,
-        blocks in 1usize..6,
+        blocks in 1usize..5,
         n in 1usize..7,
         seed in proptest::collection::vec(any::<u8>(), 1..64),
         x in proptest::collection::vec(-8.0f32..8.0, 1..200),
     ) {
-        let ty = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0][ty_i];
+        let ty = [
+            QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0,
+            QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K,
+        ][ty_i];
         let cols = ty.block_len() * blocks;
         let mut bytes = Vec::new();
         for r in 0..rows {

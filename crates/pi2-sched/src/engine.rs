@@ -252,7 +252,8 @@ impl<'m> Engine<'m> {
     /// memory. Called by the first [`Engine::forward`]; call it earlier to keep the copying
     /// out of the first token's time. Offloaded models keep their tensors in the mapping.
     pub fn prepare(&mut self) {
-        if !self.repack || self.packed.is_some() || self.offload.is_some() {
+        // Only where the tier has SIMD kernels for the interleaved layout.
+        if !self.repack || !self.ks.x8.fast || self.packed.is_some() || self.offload.is_some() {
             return;
         }
         let m = self.model;

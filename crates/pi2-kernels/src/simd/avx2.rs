@@ -39,6 +39,10 @@ pub(super) fn x8_kernels(flavour: Flavour) -> super::X8Kernels {
         q5_0: rows8::<BlockQ5_0>(flavour),
         q5_1: rows8::<BlockQ5_1>(flavour),
         q8_0: rows8::<BlockQ8_0>(flavour),
+        q4_k: super::avx2_x8k::rows8k::<12>(flavour),
+        q5_k: super::avx2_x8k::rows8k::<13>(flavour),
+        q6_k: super::avx2_x8k::rows8k::<14>(flavour),
+        fast: true,
     }
 }
 

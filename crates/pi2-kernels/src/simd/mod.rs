@@ -1,7 +1,7 @@
 //! Run-time kernel selection: a [`KernelSet`] is a table of row dot products for one instruction
 //! set tier, chosen once from the detected CPU features (or forced lower by the caller).
 
-use crate::packed::{self, Rows8Fn};
+use crate::packed::{self, Rows8Fn, Rows8KFn};
 use crate::quant::{
     self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
     QuantBlock,
@@ -16,11 +16,17 @@ mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx2_x8;
 #[cfg(target_arch = "x86_64")]
+mod avx2_x8k;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
 mod neon_k;
+#[cfg(target_arch = "aarch64")]
+mod neon_x8;
+#[cfg(target_arch = "aarch64")]
+mod neon_x8k;
 
 /// An instruction-set tier, lowest first within each architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -192,6 +198,12 @@ pub struct X8Kernels {
     pub q5_0: Rows8Fn,
     pub q5_1: Rows8Fn,
     pub q8_0: Rows8Fn,
+    pub q4_k: Rows8KFn,
+    pub q5_k: Rows8KFn,
+    pub q6_k: Rows8KFn,
+    /// SIMD kernels (the reference unpacks every call: correct, for tests, far too slow to
+    /// be worth a copy).
+    pub fast: bool,
 }
 
 impl X8Kernels {
@@ -203,10 +215,24 @@ impl X8Kernels {
             q5_0: packed::rows8_ref_fn(QuantType::Q5_0),
             q5_1: packed::rows8_ref_fn(QuantType::Q5_1),
             q8_0: packed::rows8_ref_fn(QuantType::Q8_0),
+            q4_k: packed::rows8k_ref_fn(QuantType::Q4_K),
+            q5_k: packed::rows8k_ref_fn(QuantType::Q5_K),
+            q6_k: packed::rows8k_ref_fn(QuantType::Q6_K),
+            fast: false,
         }
     }
 
-    /// The kernel for `ty`, or `None` if `ty` has no interleaved form.
+    /// The k-quant kernel for `ty`, or `None` if `ty` is not a k-quant.
+    pub fn get_k(&self, ty: QuantType) -> Option<Rows8KFn> {
+        Some(match ty {
+            QuantType::Q4_K => self.q4_k,
+            QuantType::Q5_K => self.q5_k,
+            QuantType::Q6_K => self.q6_k,
+            _ => return None,
+        })
+    }
+
+    /// The kernel for `ty`, or `None` if `ty` has no 32-element interleaved form.
     pub fn get(&self, ty: QuantType) -> Option<Rows8Fn> {
         Some(match ty {
             QuantType::Q4_0 => self.q4_0,

@@ -21,7 +21,7 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         q4_k: super::neon_k::rows(dot),
         q5_k: super::neon_k::rows(dot),
         q6_k: super::neon_k::rows(dot),
-        x8: super::X8Kernels::reference(),
+        x8: super::neon_x8::x8_kernels(dot),
     }
 }
 

@@ -23,20 +23,37 @@
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0, QK};
 use crate::{MatRef, QuantType};
 
+mod kquant;
+pub use kquant::Rows8KFn;
+pub(crate) use kquant::{bsum32_pairs, rows8k_ref_fn};
+
 /// Rows per group.
 pub const GROUP_ROWS: usize = 8;
 
-/// Byte offsets inside one group of a packable type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Byte offsets inside one group of a packable type (`None`: the type has no such field).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GroupLayout {
+    /// f16 minimums `m[8]` (Q4_1, Q5_1).
     pub min: Option<usize>,
+    /// f16 super-minimums `dmin[8]` (Q4_K, Q5_K).
+    pub dmin: Option<usize>,
+    /// Sub-block scale pairs (k-quants, see `kquant`).
+    pub sc: Option<usize>,
+    /// Sub-block minimum pairs (Q4_K, Q5_K).
+    pub mn: Option<usize>,
+    /// High quant bits.
     pub qh: Option<usize>,
+    /// Low quant bits (or the whole quants of Q8_0).
     pub qs: usize,
+    /// The whole group.
     pub bytes: usize,
 }
 
 /// The group layout of `ty`, or `None` if `ty` has no interleaved form.
 pub(crate) fn group_layout(ty: QuantType) -> Option<GroupLayout> {
+    if let Some(l) = kquant::layout(ty) {
+        return Some(l);
+    }
     let (min, qh) = match ty {
         QuantType::Q4_0 | QuantType::Q8_0 => (false, false),
         QuantType::Q4_1 => (true, false),
@@ -45,14 +62,12 @@ pub(crate) fn group_layout(ty: QuantType) -> Option<GroupLayout> {
         _ => return None,
     };
     // d[8] (16 bytes), then m[8] (16), then qh (32), then the quants.
-    let min_at = min.then_some(16);
-    let qh_at = qh.then_some(16 + 16 * min as usize);
-    let qs_at = 16 + 16 * min as usize + 32 * qh as usize;
     let layout = GroupLayout {
-        min: min_at,
-        qh: qh_at,
-        qs: qs_at,
+        min: min.then_some(16),
+        qh: qh.then_some(16 + 16 * min as usize),
+        qs: 16 + 16 * min as usize + 32 * qh as usize,
         bytes: GROUP_ROWS * ty.block_bytes(),
+        ..GroupLayout::default()
     };
     debug_assert_eq!(
         layout.qs + if ty == QuantType::Q8_0 { 256 } else { 128 },
@@ -80,8 +95,8 @@ pub struct PackedMat {
 }
 
 impl PackedMat {
-    /// Interleave `m`'s rows, or `None` if its type has no interleaved form (F32, F16,
-    /// k-quants) or it is already interleaved.
+    /// Interleave `m`'s rows, or `None` if its type has no interleaved form (F32, F16) or it
+    /// is already interleaved.
     pub fn pack(m: &MatRef<'_>) -> Option<PackedMat> {
         Self::pack_with(m, |_| {})
     }
@@ -93,7 +108,7 @@ impl PackedMat {
         if m.is_packed() {
             return None;
         }
-        let nb = m.cols / QK;
+        let nb = m.cols / m.ty.block_len();
         let groups = m.rows.div_ceil(GROUP_ROWS);
         let mut data = vec![0u8; groups * nb * layout.bytes];
         let bb = m.ty.block_bytes();
@@ -130,6 +145,9 @@ impl PackedMat {
 
 /// Writes row `r`'s block (raw bytes of `ty`) into its lanes of `grp`.
 fn put_block(ty: QuantType, layout: &GroupLayout, blk: &[u8], r: usize, grp: &mut [u8]) {
+    if kquant::layout(ty).is_some() {
+        return kquant::put_block(ty, layout, blk, r, grp);
+    }
     let (d, m, qh, qs): (u16, u16, Option<u32>, Vec<u8>) = match ty {
         QuantType::Q4_0 => {
             let b: BlockQ4_0 = bytemuck::pod_read_unaligned(blk);
@@ -175,6 +193,9 @@ fn put_block(ty: QuantType, layout: &GroupLayout, blk: &[u8], r: usize, grp: &mu
 /// Row `r`'s block back out of a group (raw bytes of `ty`): the inverse of `put_block`.
 pub(crate) fn take_block(ty: QuantType, grp: &[u8], r: usize) -> Vec<u8> {
     let layout = group_layout(ty).expect("packable type");
+    if kquant::layout(ty).is_some() {
+        return kquant::take_block(ty, &layout, grp, r);
+    }
     let d = u16::from_le_bytes([grp[2 * r], grp[2 * r + 1]]);
     let m = layout
         .min
@@ -225,15 +246,26 @@ pub(crate) fn rows8_ref(
 ) {
     let layout = group_layout(ty).expect("packable type");
     for r in 0..GROUP_ROWS {
-        let row: Vec<u8> = groups
-            .chunks_exact(layout.bytes)
-            .flat_map(|grp| take_block(ty, grp, r))
-            .collect();
+        let row = aligned(
+            groups
+                .chunks_exact(layout.bytes)
+                .flat_map(|g| take_block(ty, g, r)),
+        );
+        let row = &bytemuck::cast_slice(&row.0)[..row.1];
         for (t, xt) in x.iter().enumerate() {
             let act = crate::ActRow::Q8(xt);
-            out[t][r] = crate::dot_row(&crate::KernelSet::scalar(), ty, &row, act);
+            out[t][r] = crate::dot_row(&crate::KernelSet::scalar(), ty, row, act);
         }
     }
+}
+
+/// Bytes copied into 8-aligned storage (block views need their fields aligned): the words and
+/// the byte length.
+pub(crate) fn aligned(bytes: impl Iterator<Item = u8>) -> (Vec<u64>, usize) {
+    let bytes: Vec<u8> = bytes.collect();
+    let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
+    (words, bytes.len())
 }
 
 /// An interleaved kernel: one group row (`groups`, every block column) against up to four
@@ -304,8 +336,11 @@ mod tests {
 
     #[test]
     fn unpackable_types_are_refused() {
-        let bytes = vec![0u8; 4 * 256 / 2 + 4 * 16];
-        let m = MatRef::new(QuantType::Q4_K, 1, 256, &bytes[..144]).unwrap();
+        let bytes = vec![0u8; 64];
+        let m = MatRef::new(QuantType::F16, 2, 16, &bytes).unwrap();
         assert!(PackedMat::pack(&m).is_none());
+        let q = matrix(QuantType::Q8_0, 8, 32);
+        let p = PackedMat::pack(&MatRef::new(QuantType::Q8_0, 8, 32, &q).unwrap()).unwrap();
+        assert!(PackedMat::pack(&p.mat()).is_none(), "already interleaved");
     }
 }
