@@ -4,11 +4,15 @@
 llama.cpp comes from PyPI (`llama-cpp-python`, built from source with CPU flags read from
 /proc/cpuinfo: a native build crashes in ggml's AMX code here). Nothing of llama.cpp is vendored.
 
-    python3 bench/compare_llama_cpp.py [--model M] [--rounds 5] [--reps 3] [--threads 1,2]
+    python3 bench/compare_llama_cpp.py [--model PATH|NAME] [--rounds 3] [--reps 3] [--threads 1,2]
+        [--n-prompt 128] [--n-gen 128] [--load]
 
 Each round runs `pi2 bench -o json` and the same tests through llama.cpp (one process each),
-alternating, so slow phases of a noisy machine hit both. Prints a markdown table of mean t/s
-and the pi2/llama.cpp ratio per test.
+alternating, so slow phases of a noisy machine hit both. Prints a markdown table of the median
+over rounds of each round's mean t/s, the pi2/llama.cpp ratio of those medians, and every
+round's value. `--load` keeps a `nice -n 19` busy loop on CPU 0 running throughout (a shared
+machine's background work). llama.cpp runs with its defaults (repacked weights where it has
+them), one `Llama.eval` call per generated token.
 """
 import argparse, json, os, statistics, subprocess, sys, venv
 from pathlib import Path
@@ -71,41 +75,73 @@ def ensure_llama_cpp():
     env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
     subprocess.run([py, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps", "--no-binary",
                     "llama-cpp-python", LLAMA_CPP_PYTHON], env=env, check=True)
+    # Its runtime dependencies (wheels), installed after so the source build stays pinned.
+    subprocess.run([py, "-m", "pip", "install", "-q", "numpy", "typing-extensions", "diskcache", "jinja2"],
+                   check=True)
     stamp.write_text(args)
     return py
 
+def model_path(spec):
+    """A path, or a catalogue name resolved (and fetched) by `pi2 fetch-model`."""
+    if Path(spec).exists():
+        return spec
+    pi2 = ROOT / "target" / "release" / "pi2"
+    out = subprocess.run([str(pi2), "fetch-model", spec], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def background_load():
+    """A busy loop at nice 19 pinned to CPU 0: the 'anything else running' of a shared machine."""
+    return subprocess.Popen(["taskset", "-c", "0", "nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--model", default="smollm2-135m", help="a GGUF path or a catalogue name")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--n-prompt", type=int, default=64)
+    ap.add_argument("--n-prompt", type=int, default=128)
     ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--load", action="store_true",
+                    help="run everything beside a nice -n 19 busy loop on CPU 0")
     ap.add_argument("--pi2", default=str(ROOT / "target" / "release" / "pi2"))
+    ap.add_argument("--pi2-args", default="", help="extra arguments for pi2 bench (space-separated)")
     a = ap.parse_args()
     py = ensure_llama_cpp()
     if not Path(a.pi2).exists():
         subprocess.run(["cargo", "build", "--release", "-p", "pi2-cli"], cwd=ROOT, check=True)
-    samples = {}  # (engine, threads, test) -> [t/s]
-    for r in range(a.rounds):
-        for t in a.threads.split(","):
-            out = subprocess.run([a.pi2, "bench", "-m", a.model, "-t", t, "-p", str(a.n_prompt), "-n", str(a.n_gen),
-                                  "-r", str(a.reps), "-o", "json"], capture_output=True, text=True, check=True).stdout
-            for row in json.loads(out):
-                samples.setdefault(("pi2", int(t), row["test"]), []).extend(row["samples_ts"])
-            out = subprocess.run([py, "-c", LLAMA_RUNNER, a.model, t, str(a.n_prompt), str(a.n_gen), str(a.reps)],
-                                 capture_output=True, text=True, check=True).stdout
-            for test, v in json.loads(out.strip().splitlines()[-1]).items():
-                samples.setdefault(("llama.cpp", int(t), test), []).extend(v)
-        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
-    print(f"| threads | test | pi2 t/s | llama.cpp t/s | ratio |")
-    print(f"| ---: | ---: | ---: | ---: | ---: |")
+    model = model_path(a.model)
+    load = background_load() if a.load else None
+    rounds = {}  # (engine, threads, test) -> [mean t/s of each round]
+    try:
+        for r in range(a.rounds):
+            for t in a.threads.split(","):
+                out = subprocess.run([a.pi2, "bench", "-m", model, "-t", t, "-p", str(a.n_prompt), "-n", str(a.n_gen),
+                                      "-r", str(a.reps), "-o", "json", *a.pi2_args.split()],
+                                     capture_output=True, text=True, check=True).stdout
+                for row in json.loads(out):
+                    if row.get("ffn", "dense") != "dense" and "ffn" in row:
+                        continue
+                    rounds.setdefault(("pi2", int(t), row["test"]), []).append(statistics.mean(row["samples_ts"]))
+                out = subprocess.run([py, "-c", LLAMA_RUNNER, model, t, str(a.n_prompt), str(a.n_gen), str(a.reps)],
+                                     capture_output=True, text=True, check=True).stdout
+                for test, v in json.loads(out.strip().splitlines()[-1]).items():
+                    rounds.setdefault(("llama.cpp", int(t), test), []).append(statistics.mean(v))
+            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+    finally:
+        if load:
+            load.kill()
+    print(f"{Path(model).name}, {a.rounds} interleaved rounds of {a.reps} repetitions"
+          f"{', beside a nice -n 19 busy loop on CPU 0' if a.load else ''}; median of the round means")
+    print("| threads | test | pi2 t/s | llama.cpp t/s | ratio | pi2 rounds | llama.cpp rounds |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for t in a.threads.split(","):
         for test in (f"pp{a.n_prompt}", f"tg{a.n_gen}"):
-            p, l = samples[("pi2", int(t), test)], samples[("llama.cpp", int(t), test)]
-            mp, ml = statistics.mean(p), statistics.mean(l)
-            print(f"| {t} | {test} | {mp:.1f} ± {statistics.stdev(p):.1f} | {ml:.1f} ± {statistics.stdev(l):.1f} | {mp / ml:.2f}x |")
+            p, l = rounds[("pi2", int(t), test)], rounds[("llama.cpp", int(t), test)]
+            mp, ml = statistics.median(p), statistics.median(l)
+            fmt = lambda xs: " ".join(f"{x:.1f}" for x in xs)
+            print(f"| {t} | {test} | {mp:.1f} | {ml:.1f} | {mp / ml:.2f}x | {fmt(p)} | {fmt(l)} |")
 
 if __name__ == "__main__":
     main()

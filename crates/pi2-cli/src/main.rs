@@ -1,6 +1,7 @@
 //! `pi2`: run, chat with, tokenize, measure and inspect GGUF models. Errors end the process with
 //! one line on stderr and a non-zero exit code.
 
+mod catalog;
 mod cmd;
 mod fetch;
 mod rss;
@@ -24,7 +25,8 @@ struct Cli {
 /// Options shared by every command that loads a model.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched on first use)
+    /// GGUF model file, or a catalogue name fetched on first use (`pi2 fetch-model --list`);
+    /// default: smollm2-135m
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Compute threads (default: all cores); `pi2 bench` takes a comma-separated list
@@ -98,7 +100,8 @@ enum Command {
     /// Write a full-size stand-in model (Llama-2, Mistral, Mixtral shapes; ReLU-family or SiLU
     /// FFN) with random weights that fire at planted rates, for speed and memory measurements
     Synth(cmd::synth::SynthArgs),
-    /// Download the default model into the models folder and verify it
+    /// Download catalogue models (default: smollm2-135m) into the models folder and verify
+    /// them; --list shows the catalogue
     FetchModel(cmd::FetchArgs),
 }
 

@@ -1,5 +1,6 @@
-//! The tokenizer of the real test model against llama.cpp's outputs (`testdata/golden/tokenize.json`).
-//! Needs the model: `cargo xtask fetch-model`.
+//! The tokenizers of the real test models against llama.cpp's outputs (`tokenize.json` under
+//! `testdata/golden/`: SmolLM2-135M, and Qwen2.5-Coder-0.5B in its own folder). Needs the
+//! models: `cargo xtask fetch-model`.
 
 use pi2_model::Model;
 use serde_json::Value;
@@ -9,8 +10,14 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn model() -> Model {
-    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+const SMOLLM2: (&str, &str) = ("models/SmolLM2-135M-Instruct.Q4_1.gguf", "testdata/golden");
+const QWEN: (&str, &str) = (
+    "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+    "testdata/golden/qwen2.5-coder-0.5b",
+);
+
+fn model(file: &str) -> Model {
+    let path = root().join(file);
     assert!(
         path.exists(),
         "test model missing at {}: run `cargo xtask fetch-model` first",
@@ -29,9 +36,15 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn tokenize_matches_llama_cpp() {
-    let m = model();
+    for (file, dir) in [SMOLLM2, QWEN] {
+        tokenize_matches(file, dir);
+    }
+}
+
+fn tokenize_matches(file: &str, dir: &str) {
+    let m = model(file);
     let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("testdata/golden/tokenize.json")).unwrap(),
+        &std::fs::read_to_string(root().join(dir).join("tokenize.json")).unwrap(),
     )
     .unwrap();
     let cases = golden["cases"].as_array().unwrap();
@@ -43,7 +56,7 @@ fn tokenize_matches_llama_cpp() {
         let got = m.tokenizer.encode(text, false, true);
         if got != want {
             failures.push(format!(
-                "parse_special {text:?}: got {got:?}, want {want:?}"
+                "{file} parse_special {text:?}: got {got:?}, want {want:?}"
             ));
         }
         let want_plain = ids(&c["ids_no_parse_special"]);
@@ -88,7 +101,7 @@ fn tokenize_matches_llama_cpp() {
 
 #[test]
 fn end_of_generation_tokens() {
-    let m = model();
+    let m = model(SMOLLM2.0);
     // llama.cpp: eog = [0 <|endoftext|>, 2 <|im_end|>, 4 <reponame>] (tokenize.json meta).
     let mut eog = m.tokenizer.eog.clone();
     eog.sort();

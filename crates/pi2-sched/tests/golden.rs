@@ -1,5 +1,6 @@
-//! The dense engine on the real model against llama.cpp (`testdata/golden/`, see its README for
-//! why the comparison is robust rather than bit-exact). Needs `cargo xtask fetch-model`.
+//! The dense engine on the real models against llama.cpp (`testdata/golden/`, see its README
+//! for why the comparison is robust rather than bit-exact): SmolLM2-135M and
+//! Qwen2.5-Coder-0.5B. Needs `cargo xtask fetch-model`.
 
 use pi2_model::Model;
 use pi2_sched::{Engine, EngineConfig, Logits};
@@ -10,21 +11,64 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn model() -> Model {
-    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "test model missing at {}: run `cargo xtask fetch-model` first",
-        path.display()
-    );
-    Model::load(&path).expect("load test model")
+/// A real model and its llama.cpp reference data.
+struct Reference {
+    model: &'static str,
+    dir: &'static str,
+    /// Full logit vectors: `f32` files, or `f16` ones (larger vocabularies).
+    logits: &'static str,
+    /// Perplexity chunks checked (c = 512).
+    ppl_chunks: usize,
 }
 
-fn golden(name: &str) -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(root().join("testdata/golden").join(name)).unwrap(),
-    )
-    .unwrap()
+const SMOLLM2: Reference = Reference {
+    model: "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    dir: "testdata/golden",
+    logits: "f32",
+    ppl_chunks: 4,
+};
+
+const QWEN: Reference = Reference {
+    model: "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+    dir: "testdata/golden/qwen2.5-coder-0.5b",
+    logits: "f16",
+    ppl_chunks: 8,
+};
+
+const REFERENCES: [Reference; 2] = [SMOLLM2, QWEN];
+
+impl Reference {
+    fn model(&self) -> Model {
+        let path = root().join(self.model);
+        assert!(
+            path.exists(),
+            "test model missing at {}: run `cargo xtask fetch-model` first",
+            path.display()
+        );
+        Model::load(&path).expect("load test model")
+    }
+
+    fn golden(&self, name: &str) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(root().join(self.dir).join(name)).unwrap())
+            .unwrap()
+    }
+
+    fn full_logits(&self, name: &str) -> Vec<f32> {
+        let file = root()
+            .join(self.dir)
+            .join(format!("logits_{0}/logits_last_{name}.{0}", self.logits));
+        let bytes = std::fs::read(&file).unwrap();
+        match self.logits {
+            "f16" => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+        }
+    }
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -54,21 +98,20 @@ fn engine(m: &Model) -> Engine<'_> {
 
 #[test]
 fn last_logits_match_llama_cpp() {
-    let m = model();
-    let g = golden("logits.json");
+    for r in REFERENCES {
+        last_logits(&r);
+    }
+}
+
+fn last_logits(r: &Reference) {
+    let m = r.model();
+    let g = r.golden("logits.json");
     for c in g["cases"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
         let prompt = ids(&c["prompt_ids"]);
         let mut e = engine(&m);
         let got = e.forward(&prompt, Logits::Last).unwrap().to_vec();
-        let bytes = std::fs::read(
-            root().join(format!("testdata/golden/logits_f32/logits_last_{name}.f32")),
-        )
-        .unwrap();
-        let want: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let want = r.full_logits(name);
         assert_eq!(want.len(), got.len());
         let dot: f64 = got
             .iter()
@@ -113,10 +156,30 @@ fn last_logits_match_llama_cpp() {
 
 #[test]
 fn greedy_matches_llama_cpp() {
-    let m = model();
-    let g = golden("greedy.json");
+    for r in REFERENCES {
+        greedy(&r);
+    }
+}
+
+fn greedy(r: &Reference) {
+    let m = r.model();
+    let g = r.golden("greedy.json");
     for c in g["cases"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
+        // Chat cases that name their messages: pi2's template rendering gives the same text.
+        if let Some(msgs) = c.get("messages").and_then(Value::as_array) {
+            let msgs: Vec<pi2_model::Message> = msgs
+                .iter()
+                .map(|mm| {
+                    pi2_model::Message::new(
+                        mm["role"].as_str().unwrap(),
+                        mm["content"].as_str().unwrap(),
+                    )
+                })
+                .collect();
+            let text = m.chat_template().unwrap().render(&msgs, true).unwrap();
+            assert_eq!(text, c["text"].as_str().unwrap(), "{name}: rendered chat");
+        }
         let prompt = ids(&c["prompt_ids"]);
         let generated = ids(&c["generated_ids"]);
         let steps = c["steps"].as_array().unwrap();
@@ -173,12 +236,18 @@ fn greedy_matches_llama_cpp() {
 }
 
 /// llama-perplexity's running value after the first chunks of Genesis (c = 512), within 1%.
-/// The full run (98 chunks, final 13.5221) is `pi2 perplexity`; CI checks a prefix to stay fast.
+/// The full run (SmolLM2: 98 chunks, final 13.5221) is `pi2 perplexity`; CI checks a prefix.
 #[test]
 fn perplexity_prefix_matches_llama_cpp() {
-    const CHUNKS: usize = 4;
-    let m = model();
-    let g = golden("perplexity.json");
+    for r in REFERENCES {
+        perplexity_prefix(&r);
+    }
+}
+
+fn perplexity_prefix(r: &Reference) {
+    let chunks = r.ppl_chunks;
+    let m = r.model();
+    let g = r.golden("perplexity.json");
     let corpus = &g["corpora"][0];
     let text = std::fs::read_to_string(root().join("testdata/corpus/kjv_genesis.txt")).unwrap();
     let tokens = m.tokenizer.encode(&text, true, false);
@@ -191,7 +260,7 @@ fn perplexity_prefix_matches_llama_cpp() {
     let cfg = pi2_sched::PerplexityConfig {
         n_ctx: 512,
         n_batch: 512,
-        max_chunks: Some(CHUNKS),
+        max_chunks: Some(chunks),
         bos: None,
     };
     let steps = pi2_sched::perplexity(&mut e, &tokens, &cfg, |_| {}).unwrap();
@@ -202,12 +271,13 @@ fn perplexity_prefix_matches_llama_cpp() {
     }
     // The running estimate over all tokens scored so far (1020 after 4 chunks); one early chunk
     // of 255 tokens moves by ~0.5% with the kernel tier's rounding alone.
-    assert_eq!(steps.len(), CHUNKS);
+    assert_eq!(steps.len(), chunks);
     let last = steps.last().unwrap();
-    let want = running[CHUNKS - 1].as_f64().unwrap();
+    let want = running[chunks - 1].as_f64().unwrap();
     assert!(
         (last.ppl - want).abs() <= 0.01 * want,
-        "running PPL after {CHUNKS} chunks: {} vs llama.cpp {want}",
+        "{}: running PPL after {chunks} chunks: {} vs llama.cpp {want}",
+        r.model,
         last.ppl
     );
 }
@@ -216,8 +286,8 @@ fn perplexity_prefix_matches_llama_cpp() {
 /// for the aarch64 kernels (CI runs it for `aarch64-unknown-linux-musl`).
 #[test]
 fn short_greedy_matches_llama_cpp() {
-    let m = model();
-    let g = golden("greedy.json");
+    let m = SMOLLM2.model();
+    let g = SMOLLM2.golden("greedy.json");
     let c = &g["cases"][0];
     let prompt = ids(&c["prompt_ids"]);
     let generated = ids(&c["generated_ids"]);

@@ -13,7 +13,7 @@ pub mod sparse_args;
 pub mod synth;
 pub mod tokenize;
 
-use crate::{fetch, ModelArgs, SampleArgs};
+use crate::{catalog, fetch, ModelArgs, SampleArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_kernels::Tier;
@@ -23,7 +23,13 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct FetchArgs {
-    /// Folder to put the model in (default: $PI2_MODELS_DIR or ./models)
+    /// Catalogue names to fetch (default: the default model); see --list
+    pub names: Vec<String>,
+    /// List the catalogue: name, size, source, licence, SHA-256 and whether it is present
+    #[arg(long)]
+    pub list: bool,
+    /// Folder to put the models in (default: $PI2_MODELS_DIR, else $XDG_CACHE_HOME/pi2/models,
+    /// else ~/.cache/pi2/models)
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Replace a file of the same name whose checksum differs
@@ -32,17 +38,56 @@ pub struct FetchArgs {
 }
 
 pub fn fetch(a: FetchArgs) -> Result<()> {
-    let path = fetch::fetch_default(&a.dir.unwrap_or_else(fetch::models_dir), a.force)?;
-    println!("{}", path.display());
+    let dir = match a.dir {
+        Some(d) => d,
+        None => fetch::models_dir()?,
+    };
+    if a.list {
+        for m in catalog::MODELS {
+            let path = dir.join(m.file);
+            let here = if path.exists() {
+                "present"
+            } else {
+                "not fetched"
+            };
+            let default = if m.name == catalog::DEFAULT {
+                " (default)"
+            } else {
+                ""
+            };
+            println!("{}{default}", m.name);
+            println!(
+                "  file     {} ({:.1} MiB, {here})",
+                path.display(),
+                m.size as f64 / (1 << 20) as f64
+            );
+            println!("  source   {}", m.source);
+            println!("  licence  {}", m.licence);
+            println!("  sha256   {}", m.sha256);
+        }
+        return Ok(());
+    }
+    let names = if a.names.is_empty() {
+        vec![catalog::DEFAULT.to_string()]
+    } else {
+        a.names
+    };
+    for name in &names {
+        let m = catalog::find(name).with_context(|| {
+            format!(
+                "`{name}` is not in the catalogue (known: {})",
+                catalog::names()
+            )
+        })?;
+        println!("{}", fetch::fetch(m, &dir, a.force)?.display());
+    }
     Ok(())
 }
 
-/// The model path from `-m`, or the default model (fetched if missing).
+/// The model path from `-m` (a file, or a catalogue name fetched on first use), or the
+/// default model.
 pub fn model_path(a: &ModelArgs) -> Result<PathBuf> {
-    match &a.model {
-        Some(p) => Ok(p.clone()),
-        None => fetch::default_model(),
-    }
+    fetch::resolve(a.model.as_deref())
 }
 
 pub fn load_model(a: &ModelArgs) -> Result<Model> {

@@ -229,10 +229,7 @@ pub fn model_digest(model: &Model, path: &Path) -> Result<String> {
 }
 
 pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
-    let path = match &a.model {
-        Some(p) => p.clone(),
-        None => crate::fetch::default_model()?,
-    };
+    let path = crate::fetch::resolve(a.model.as_deref())?;
     let out = match &a.output {
         Some(o) => {
             if o.exists() && !a.force {

@@ -61,10 +61,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     if a.output.exists() && !a.force {
         bail!("{} exists; pass --force to replace it", a.output.display());
     }
-    let tok_path = match &a.tokenizer {
-        Some(p) => p.clone(),
-        None => crate::fetch::default_model()?,
-    };
+    let tok_path = crate::fetch::resolve(a.tokenizer.as_deref())?;
     let tok = GgufFile::open(&tok_path)
         .with_context(|| format!("cannot read the tokenizer source {}", tok_path.display()))?;
     let model = StandIn::new(spec, &tok)?;

@@ -3,31 +3,32 @@
 //! sign flip cannot overflow. The 4-row kernels keep one accumulator chain per row so loads of
 //! four weight streams overlap, and load each activation block once.
 
-use super::avx2_x8::{rows8, Flavour};
+use super::avx2_x8::{rows8, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs};
 use super::{KernelSet, RowKernels};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
 
 /// The AVX2 set; `tier` `AvxVnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
 pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
+    let flavour = if tier == super::Tier::AvxVnni {
+        Flavour::AvxVnni
+    } else {
+        Flavour::Avx2
+    };
     KernelSet {
         tier,
         f32: |w, x| unsafe { dot_f32(w, x) },
         f16: |w, x| unsafe { dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { axpy_f16(a, x, y) },
-        q4_0: tiles::<BlockQ4_0>(),
-        q4_1: tiles::<BlockQ4_1>(),
-        q5_0: tiles::<BlockQ5_0>(),
-        q5_1: tiles::<BlockQ5_1>(),
-        q8_0: tiles::<BlockQ8_0>(),
+        q4_0: tiles::<BlockQ4_0>(flavour),
+        q4_1: tiles::<BlockQ4_1>(flavour),
+        q5_0: tiles::<BlockQ5_0>(flavour),
+        q5_1: tiles::<BlockQ5_1>(flavour),
+        q8_0: tiles::<BlockQ8_0>(flavour),
         q4_k: super::avx2_k::rows(),
         q5_k: super::avx2_k::rows(),
         q6_k: super::avx2_k::rows(),
-        x8: x8_kernels(if tier == super::Tier::AvxVnni {
-            Flavour::AvxVnni
-        } else {
-            Flavour::Avx2
-        }),
+        x8: x8_kernels(flavour),
     }
 }
 
@@ -46,13 +47,31 @@ pub(super) fn x8_kernels(flavour: Flavour) -> super::X8Kernels {
     }
 }
 
-/// The row kernels of a 32-element block type, all from the one `tile` body.
-pub(super) fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B> {
-    RowKernels {
-        dot: |w, x| unsafe { tile::<B, 1, 1>([w], [x])[0][0] },
-        dot4: |w, x| unsafe { tile::<B, 4, 1>(w, [x]).map(|r| r[0]) },
-        dot4x2: |w, x| unsafe { tile::<B, 4, 2>(w, x) },
-        axpy: |w, a, y| unsafe { axpy::<B>(w, a, y) },
+/// The row kernels of a 32-element block type, all from the one `tile` body, with
+/// `flavour`'s byte products.
+pub(super) fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(
+    flavour: Flavour,
+) -> RowKernels<B> {
+    let axpy = |w: &[B], a, y: &mut [f32]| unsafe { axpy::<B>(w, a, y) };
+    match flavour {
+        Flavour::Avx2 => RowKernels {
+            dot: |w, x| unsafe { tile_avx2::<B, 1, 1>([w], [x])[0][0] },
+            dot4: |w, x| unsafe { tile_avx2::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+            dot4x2: |w, x| unsafe { tile_avx2::<B, 4, 2>(w, x) },
+            axpy,
+        },
+        Flavour::AvxVnni => RowKernels {
+            dot: |w, x| unsafe { tile_avxvnni::<B, 1, 1>([w], [x])[0][0] },
+            dot4: |w, x| unsafe { tile_avxvnni::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+            dot4x2: |w, x| unsafe { tile_avxvnni::<B, 4, 2>(w, x) },
+            axpy,
+        },
+        Flavour::Avx512Vnni => RowKernels {
+            dot: |w, x| unsafe { tile_avx512vnni::<B, 1, 1>([w], [x])[0][0] },
+            dot4: |w, x| unsafe { tile_avx512vnni::<B, 4, 1>(w, [x]).map(|r| r[0]) },
+            dot4x2: |w, x| unsafe { tile_avx512vnni::<B, 4, 2>(w, x) },
+            axpy,
+        },
     }
 }
 
@@ -80,12 +99,6 @@ pub(super) unsafe fn f16_scalar(bits: u16) -> f32 {
     _mm_cvtss_f32(v)
 }
 
-/// i16 pairs -> i32 lanes.
-#[inline(always)]
-unsafe fn sum_pairs(p16: __m256i) -> __m256i {
-    _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
-}
-
 /// The 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..16) then high (16..32).
 #[inline(always)]
 unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
@@ -98,9 +111,9 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 pub(super) trait Block32: Copy {
     /// Per-activation-block work shared by every row (e.g. the sum of the activations).
     type Shared: Copy;
-    unsafe fn shared(y: __m256i) -> Self::Shared;
+    unsafe fn shared<D: ByteDot>(y: __m256i) -> Self::Shared;
     /// Exact integer dot product with the activation block, as 8 i32 lanes.
-    unsafe fn idot(&self, y: __m256i, shared: Self::Shared) -> __m256i;
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, shared: Self::Shared) -> __m256i;
     unsafe fn scale(&self) -> f32;
     /// The min term (Q4_1: `m * s_x`), 0 for symmetric formats.
     unsafe fn min_term(&self, x: &BlockQ8) -> f32;
@@ -112,12 +125,12 @@ impl Block32 for BlockQ4_0 {
     type Shared = __m256i;
     /// sum(y) per 32-bit lane, for the -8 offset: (q - 8) . y = q . y - 8 sum(y).
     #[inline(always)]
-    unsafe fn shared(y: __m256i) -> __m256i {
-        sum_pairs(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y))
+    unsafe fn shared<D: ByteDot>(y: __m256i) -> __m256i {
+        D::udot(_mm256_setzero_si256(), _mm256_set1_epi8(1), y)
     }
     #[inline(always)]
-    unsafe fn idot(&self, y: __m256i, sum_y: __m256i) -> __m256i {
-        let q = sum_pairs(_mm256_maddubs_epi16(nibbles(&self.qs), y));
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, sum_y: __m256i) -> __m256i {
+        let q = D::udot(_mm256_setzero_si256(), nibbles(&self.qs), y);
         _mm256_sub_epi32(q, _mm256_slli_epi32(sum_y, 3))
     }
     #[inline(always)]
@@ -138,10 +151,10 @@ impl Block32 for BlockQ4_0 {
 impl Block32 for BlockQ4_1 {
     type Shared = ();
     #[inline(always)]
-    unsafe fn shared(_: __m256i) {}
+    unsafe fn shared<D: ByteDot>(_: __m256i) {}
     #[inline(always)]
-    unsafe fn idot(&self, y: __m256i, _: ()) -> __m256i {
-        sum_pairs(_mm256_maddubs_epi16(nibbles(&self.qs), y))
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
+        D::udot(_mm256_setzero_si256(), nibbles(&self.qs), y)
     }
     #[inline(always)]
     unsafe fn scale(&self) -> f32 {
@@ -183,12 +196,12 @@ impl Block32 for BlockQ5_0 {
     type Shared = __m256i;
     /// sum(y) per 32-bit lane, for the -16 offset: (q - 16) . y = q . y - 16 sum(y).
     #[inline(always)]
-    unsafe fn shared(y: __m256i) -> __m256i {
-        sum_pairs(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y))
+    unsafe fn shared<D: ByteDot>(y: __m256i) -> __m256i {
+        D::udot(_mm256_setzero_si256(), _mm256_set1_epi8(1), y)
     }
     #[inline(always)]
-    unsafe fn idot(&self, y: __m256i, sum_y: __m256i) -> __m256i {
-        let q = sum_pairs(_mm256_maddubs_epi16(fives(self.qh, &self.qs), y));
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, sum_y: __m256i) -> __m256i {
+        let q = D::udot(_mm256_setzero_si256(), fives(self.qh, &self.qs), y);
         _mm256_sub_epi32(q, _mm256_slli_epi32(sum_y, 4))
     }
     #[inline(always)]
@@ -209,10 +222,10 @@ impl Block32 for BlockQ5_0 {
 impl Block32 for BlockQ5_1 {
     type Shared = ();
     #[inline(always)]
-    unsafe fn shared(_: __m256i) {}
+    unsafe fn shared<D: ByteDot>(_: __m256i) {}
     #[inline(always)]
-    unsafe fn idot(&self, y: __m256i, _: ()) -> __m256i {
-        sum_pairs(_mm256_maddubs_epi16(fives(self.qh, &self.qs), y))
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
+        D::udot(_mm256_setzero_si256(), fives(self.qh, &self.qs), y)
     }
     #[inline(always)]
     unsafe fn scale(&self) -> f32 {
@@ -235,14 +248,15 @@ impl Block32 for BlockQ5_1 {
 impl Block32 for BlockQ8_0 {
     type Shared = ();
     #[inline(always)]
-    unsafe fn shared(_: __m256i) {}
+    unsafe fn shared<D: ByteDot>(_: __m256i) {}
     #[inline(always)]
-    unsafe fn idot(&self, y: __m256i, _: ()) -> __m256i {
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
         let w = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
-        sum_pairs(_mm256_maddubs_epi16(
+        D::udot(
+            _mm256_setzero_si256(),
             _mm256_sign_epi8(w, w),
             _mm256_sign_epi8(y, w),
-        ))
+        )
     }
     #[inline(always)]
     unsafe fn scale(&self) -> f32 {
@@ -286,13 +300,44 @@ unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
 /// Prefetch distance for weight streams (bytes).
 pub(super) const PREFETCH: usize = 2048;
 
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<B: Block32, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    tile::<B, Maddubs, R, T>(w, x)
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C and AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_avxvnni<B: Block32, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    tile::<B, AvxVnni, R, T>(w, x)
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C, AVX-512 F/VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn tile_avx512vnni<B: Block32, const R: usize, const T: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8]; T],
+) -> [[f32; T]; R] {
+    tile::<B, Avx512Vnni, R, T>(w, x)
+}
+
 /// `R` rows of blocks against `T` activation rows: each weight block is unpacked once per tile
 /// and each activation block loaded once, with `R x T` independent accumulators.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C. Only the common prefix of all rows is read.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<B: Block32, const R: usize, const T: usize>(
+/// Called from an entry point that enables AVX2, FMA, F16C and what `D` needs. Only the common
+/// prefix of all rows is read.
+#[inline(always)]
+unsafe fn tile<B: Block32, D: ByteDot, const R: usize, const T: usize>(
     w: [&[B]; R],
     x: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
@@ -306,10 +351,10 @@ unsafe fn tile<B: Block32, const R: usize, const T: usize>(
     let mut mins = [[0.0f32; T]; R];
     for i in 0..n {
         let mut y = [_mm256_setzero_si256(); T];
-        let mut shared = [B::shared(_mm256_setzero_si256()); T];
+        let mut shared = [B::shared::<D>(_mm256_setzero_si256()); T];
         for t in 0..T {
             y[t] = _mm256_loadu_si256(x[t].get_unchecked(i).qs.as_ptr() as *const __m256i);
-            shared[t] = B::shared(y[t]);
+            shared[t] = B::shared::<D>(y[t]);
         }
         for r in 0..R {
             let wb = w[r].get_unchecked(i);
@@ -320,8 +365,11 @@ unsafe fn tile<B: Block32, const R: usize, const T: usize>(
             for t in 0..T {
                 let xb = x[t].get_unchecked(i);
                 let d = _mm256_set1_ps(ws * xb.d);
-                acc[r][t] =
-                    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(wb.idot(y[t], shared[t])), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(
+                    d,
+                    _mm256_cvtepi32_ps(wb.idot::<D>(y[t], shared[t])),
+                    acc[r][t],
+                );
                 mins[r][t] += wb.min_term(xb);
             }
         }

@@ -1,46 +1,48 @@
 //! AVX-512 (F + BW + VL) kernels: two 32-element blocks per 512-bit register, so each
 //! `maddubs`/`madd`/convert/FMA covers twice the weights of the AVX2 path. An odd last block goes
-//! through the AVX2 block code (AVX-512 CPUs have AVX2). VNNI (`vpdpbusd`) would fuse the
-//! multiply-adds further; the development machine lacks it, so that path is not written untested.
+//! through the AVX2 block code (AVX-512 CPUs have AVX2). The VNNI tier swaps `vpdpbusd` into the
+//! 256-bit kernels it shares with AVX2 (see `avx2_x8.rs`).
 
 use super::avx2::{self, Block32, PREFETCH};
-use super::avx2_x8::Flavour;
+use super::avx2_x8::{Flavour, Maddubs};
 use super::{KernelSet, RowKernels, Tier};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
 
 /// The AVX-512 set; `tier` `Avx512Vnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
 pub(super) fn kernel_set(tier: Tier) -> KernelSet {
+    let flavour = if tier == Tier::Avx512Vnni {
+        Flavour::Avx512Vnni
+    } else {
+        Flavour::Avx2
+    };
     KernelSet {
         tier,
         f32: |w, x| unsafe { avx2::dot_f32(w, x) },
         f16: |w, x| unsafe { avx2::dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { avx2::axpy_f16(a, x, y) },
-        q4_0: tiles::<BlockQ4_0>(),
-        q4_1: tiles::<BlockQ4_1>(),
-        q5_0: tiles::<BlockQ5_0>(),
-        q5_1: tiles::<BlockQ5_1>(),
-        q8_0: tiles::<BlockQ8_0>(),
+        q4_0: tiles::<BlockQ4_0>(flavour),
+        q4_1: tiles::<BlockQ4_1>(flavour),
+        q5_0: tiles::<BlockQ5_0>(flavour),
+        q5_1: tiles::<BlockQ5_1>(flavour),
+        q8_0: tiles::<BlockQ8_0>(flavour),
         // k-quants: the AVX2 kernels (a 256-element block is 8 AVX2 steps; not yet widened).
         q4_k: super::avx2_k::rows(),
         q5_k: super::avx2_k::rows(),
         q6_k: super::avx2_k::rows(),
         // The interleaved kernels are 256-bit: eight rows of 32-bit lanes.
-        x8: avx2::x8_kernels(if tier == Tier::Avx512Vnni {
-            Flavour::Avx512Vnni
-        } else {
-            Flavour::Avx2
-        }),
+        x8: avx2::x8_kernels(flavour),
     }
 }
 
-/// One token (decode matvec) keeps the AVX2 kernels: measured faster out of cache on this tier's
-/// development CPU (Q4_1 matvec 4.41 vs 3.62 GiB/s), the wider registers only pay off when each
-/// unpacked weight pair serves two tokens (GEMM 21.5 vs 17.2 M outputs/s).
-fn tiles<B: Pair + crate::quant::QuantBlock<Act = BlockQ8>>() -> RowKernels<B> {
+/// One token (decode matvec) keeps the 256-bit kernels (with `vpdpbusd` on the VNNI tier):
+/// measured faster out of cache on this tier's development CPU (Q4_1 matvec 4.41 vs 3.62
+/// GiB/s); the wider registers only pay off when each unpacked weight pair serves two tokens
+/// (GEMM 21.5 vs 17.2 M outputs/s). The 512-bit two-token tile keeps `maddubs`.
+fn tiles<B: Pair + crate::quant::QuantBlock<Act = BlockQ8>>(flavour: Flavour) -> RowKernels<B> {
     RowKernels {
         dot4x2: |w, x| unsafe { tile::<B, 4, 2>(w, x) },
-        ..avx2::tiles::<B>()
+        ..avx2::tiles::<B>(flavour)
     }
 }
 
@@ -210,10 +212,10 @@ unsafe fn tile<B: Pair, const R: usize, const T: usize>(
         for t in 0..T {
             let xb = x[t].get_unchecked(i);
             let yv = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-            let sh = B::shared(yv);
+            let sh = B::shared::<Maddubs>(yv);
             for r in 0..R {
                 let wb = w[r].get_unchecked(i);
-                let p = _mm256_cvtepi32_ps(wb.idot(yv, sh));
+                let p = _mm256_cvtepi32_ps(wb.idot::<Maddubs>(yv, sh));
                 out[r][t] += avx2::hsum_ps(p) * wb.scale() * xb.d + wb.min_term(xb);
             }
         }
