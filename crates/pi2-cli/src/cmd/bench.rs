@@ -5,8 +5,8 @@ use super::{engine_config, load_model};
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
+use pi2_engine::{Engine, Logits};
 use pi2_model::Model;
-use pi2_sched::{Engine, Logits};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -229,7 +229,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .collect();
     }
     // Modes: dense, sparse in memory, then sparse under each budget (index into `budgets`).
-    let mut modes: Vec<(Option<&pi2_sched::SparseFfn<'_>>, Option<usize>)> = vec![(None, None)];
+    let mut modes: Vec<(Option<&pi2_engine::SparseFfn<'_>>, Option<usize>)> = vec![(None, None)];
     if let Some(sp) = &sparse {
         modes.push((Some(sp), None));
         modes.extend((0..budgets.len()).map(|j| (Some(sp), Some(j))));
@@ -326,7 +326,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 None => {
                     let (args, least) = ladder.get(j).map_or((&a.offload, false), |l| (&l.0, l.1));
                     let b = if least {
-                        pi2_sched::min_budget(
+                        pi2_engine::min_budget(
                             &model,
                             sp,
                             e.kv_bytes_full() as u64,

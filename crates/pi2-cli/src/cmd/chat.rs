@@ -5,8 +5,8 @@ use super::{engine, load_model, sampler};
 use crate::{utf8::Utf8Stream, ModelArgs, SampleArgs};
 use anyhow::Result;
 use clap::Args;
+use pi2_engine::{generate, GenerateConfig, StopReason};
 use pi2_model::Message;
-use pi2_sched::{generate, GenerateConfig, StopReason};
 use std::io::{BufRead, Write};
 
 #[derive(Args)]

@@ -21,7 +21,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let path = model_path(&a.model)?;
     let m = Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))?;
     let c = &m.config;
-    let topo = pi2_sched::topology::Topology::detect();
+    let topo = pi2_engine::topology::Topology::detect();
     let n_ctx = if a.model.ctx_size == 0 {
         c.n_ctx_train
     } else {

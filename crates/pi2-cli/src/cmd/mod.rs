@@ -16,9 +16,9 @@ pub mod tokenize;
 use crate::{catalog, fetch, ModelArgs, SampleArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pi2_engine::{Engine, EngineConfig, Sampler, SamplerConfig};
 use pi2_kernels::Tier;
 use pi2_model::Model;
-use pi2_sched::{Engine, EngineConfig, Sampler, SamplerConfig};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -114,7 +114,7 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
     };
     let cpus = match &a.cores {
         None => Vec::new(),
-        Some(spec) => pi2_sched::topology::Topology::detect().select(spec)?,
+        Some(spec) => pi2_engine::topology::Topology::detect().select(spec)?,
     };
     let threads = match a.threads[..] {
         [] if !cpus.is_empty() => cpus.len(),

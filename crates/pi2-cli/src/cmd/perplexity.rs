@@ -4,7 +4,7 @@ use super::{engine, load_model};
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pi2_sched::perplexity::{n_chunks, perplexity, PerplexityConfig};
+use pi2_engine::perplexity::{n_chunks, perplexity, PerplexityConfig};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;

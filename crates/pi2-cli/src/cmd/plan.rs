@@ -6,6 +6,8 @@ use super::sparse_args::{frequencies, parse_size};
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use pi2_engine::topology::Topology;
+use pi2_engine::{Engine, EngineConfig, Logits, SparseFfn};
 use pi2_model::Model;
 use pi2_planner::cost::Mode;
 use pi2_planner::hw::{CoreSpec, HardwareProfile, HwOptions};
@@ -14,8 +16,6 @@ use pi2_planner::model::{
 };
 use pi2_planner::plan::{PlanDevice, PlanModel, Solution, PLAN_VERSION};
 use pi2_planner::{Constraints, CostModel, Knobs, Objective, PlanFile, Space};
-use pi2_sched::topology::Topology;
-use pi2_sched::{Engine, EngineConfig, Logits, SparseFfn};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -269,7 +269,7 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         },
         read_time: Duration::from_millis(a.read_ms),
         uring,
-        pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
+        pin: Some(|cpu| pi2_engine::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
         progress: &progress,
     })?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -325,7 +325,7 @@ struct EngineResidency<'a> {
 
 impl Residency for EngineResidency<'_> {
     fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String> {
-        let r = pi2_sched::regions(
+        let r = pi2_engine::regions(
             self.model,
             self.sparse,
             self.kv,
@@ -347,7 +347,7 @@ impl Residency for EngineResidency<'_> {
         })
     }
     fn min_budget(&self) -> u64 {
-        pi2_sched::min_budget(self.model, self.sparse, self.kv, self.scratch).unwrap_or(u64::MAX)
+        pi2_engine::min_budget(self.model, self.sparse, self.kv, self.scratch).unwrap_or(u64::MAX)
     }
     fn in_memory_bytes(&self) -> u64 {
         self.model.file.file_size() + self.kv + self.scratch
@@ -599,7 +599,7 @@ pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Opti
         uring: hw.flash.engine.starts_with("uring"),
         read_time: Duration::from_millis(600),
         emulate: emulate.map(parse_emulate).transpose()?,
-        pin: Some(|cpu| pi2_sched::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
+        pin: Some(|cpu| pi2_engine::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
         progress: &progress,
     })?;
     hw.flash = flash;
@@ -885,7 +885,7 @@ impl Applied {
 pub struct Applied {
     pub plan: PlanFile,
     pub cfg: EngineConfig,
-    pub offload: Option<pi2_sched::OffloadConfig>,
+    pub offload: Option<pi2_engine::OffloadConfig>,
 }
 
 /// `--plan FILE` (checked against this model and device) or `--plan auto` (planned now, for
@@ -942,14 +942,14 @@ pub fn apply(
             ..margs.clone()
         })?
     };
-    let offload = (k.mode == Mode::Offload).then_some(pi2_sched::OffloadConfig {
+    let offload = (k.mode == Mode::Offload).then_some(pi2_engine::OffloadConfig {
         budget: k.budget,
         hot_share: k.hot_share,
         direct: true,
         // The engine the hardware profile measured.
         engine: match plan.device.engine.starts_with("uring") {
-            true => pi2_sched::IoEngine::Uring,
-            false => pi2_sched::IoEngine::Pread,
+            true => pi2_engine::IoEngine::Uring,
+            false => pi2_engine::IoEngine::Pread,
         },
         reader: pi2_io::ReaderConfig {
             max_request: k.max_read,

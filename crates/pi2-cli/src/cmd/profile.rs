@@ -6,8 +6,8 @@ use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use pi2_engine::Logits;
 use pi2_model::Model;
-use pi2_sched::Logits;
 use pi2_sparse::{Calibration, ModelInfo, Profile, ProfileConfig, Profiler};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -55,7 +55,7 @@ pub fn model_info(model: &Model, path: &Path) -> ModelInfo {
         n_layer: c.n_layer,
         n_embd: c.n_embd,
         n_ff: c.n_ff,
-        activation: pi2_sched::profile_activation(c.ffn_act),
+        activation: pi2_engine::profile_activation(c.ffn_act),
         file_name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -102,7 +102,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     if c.n_expert > 0 {
         return profile_experts(&a, &model, &tokens[..n], chunk, engine);
     }
-    let mut profiler = Profiler::new(c.n_layer, c.n_ff, pi2_sched::profile_activation(c.ffn_act));
+    let mut profiler = Profiler::new(c.n_layer, c.n_ff, pi2_engine::profile_activation(c.ffn_act));
     let pb = ProgressBar::new(n as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} tokens, {per_sec}, eta {eta}")
             .expect("valid template"),
@@ -160,7 +160,7 @@ fn profile_experts(
     model: &Model,
     tokens: &[pi2_model::TokenId],
     chunk: usize,
-    mut engine: pi2_sched::Engine<'_>,
+    mut engine: pi2_engine::Engine<'_>,
 ) -> Result<()> {
     let c = &model.config;
     let threshold = match a.sparsity {
@@ -175,7 +175,7 @@ fn profile_experts(
             .expect("valid template"),
     );
     let th = vec![threshold; c.n_layer];
-    let counts = pi2_sched::convert::moe::count_experts(&mut engine, tokens, chunk, &th, |d| {
+    let counts = pi2_engine::convert::moe::count_experts(&mut engine, tokens, chunk, &th, |d| {
         pb.set_position(d as u64)
     })?;
     pb.finish_and_clear();
@@ -210,7 +210,7 @@ fn profile_experts(
 
 /// Per layer of a mixture-of-experts model: how tokens spread over experts and how many of an
 /// expert's neurons fire per routed token; for stand-ins, against the planted rates.
-pub fn print_expert_counts(model: &Model, counts: &pi2_sched::convert::moe::ExpertCounts) {
+pub fn print_expert_counts(model: &Model, counts: &pi2_engine::convert::moe::ExpertCounts) {
     let spec = pi2_model::stand_in::StandInSpec::from_file(&model.file);
     let ne = counts.experts;
     println!(

@@ -4,8 +4,8 @@ use super::{engine, load_model, sampler};
 use crate::{rss, utf8::Utf8Stream, ModelArgs, SampleArgs};
 use anyhow::{bail, Result};
 use clap::Args;
+use pi2_engine::{generate, GenerateConfig};
 use pi2_model::Message;
-use pi2_sched::{generate, GenerateConfig};
 use serde_json::json;
 use std::io::Write;
 
@@ -73,7 +73,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));
     let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
     let mut engine = match &applied {
-        Some(ap) => pi2_sched::Engine::new(&model, &ap.cfg)?,
+        Some(ap) => pi2_engine::Engine::new(&model, &ap.cfg)?,
         None => engine(&model, &a.model)?,
     };
     engine.set_sparse(sparse.as_ref())?;

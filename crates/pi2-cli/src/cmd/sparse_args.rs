@@ -3,9 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pi2_engine::SparseFfn;
 use pi2_kernels::QuantType;
 use pi2_model::Model;
-use pi2_sched::SparseFfn;
 use pi2_sparse::Profile;
 use std::path::{Path, PathBuf};
 
@@ -86,7 +86,7 @@ pub fn build<'m>(
     if a.dense {
         return Ok(None);
     }
-    let converted = pi2_sched::convert::load_sparse(model)?;
+    let converted = pi2_engine::convert::load_sparse(model)?;
     if converted.is_none() && !a.wanted() {
         return Ok(None);
     }
@@ -136,7 +136,7 @@ pub fn build<'m>(
 }
 
 /// The measured fractions on stderr: candidates, confirmed, FFN bytes, recall per layer.
-pub fn print_stats(st: &pi2_sched::SparseStats) {
+pub fn print_stats(st: &pi2_engine::SparseStats) {
     eprintln!(
         "sparse: candidates {:.3}, confirmed {:.3} (FFN sparsity {:.3}), FFN bytes {:.3} of dense",
         st.candidate_fraction(),
@@ -158,7 +158,7 @@ pub fn print_stats(st: &pi2_sched::SparseStats) {
 }
 
 /// The measured fractions as JSON.
-pub fn stats_json(st: &pi2_sched::SparseStats) -> serde_json::Value {
+pub fn stats_json(st: &pi2_engine::SparseStats) -> serde_json::Value {
     serde_json::json!({
         "candidates": st.candidate_fraction(),
         "confirmed": st.confirmed_fraction(),
@@ -211,7 +211,7 @@ pub enum IoEngineArg {
     Uring,
 }
 
-impl From<IoEngineArg> for pi2_sched::IoEngine {
+impl From<IoEngineArg> for pi2_engine::IoEngine {
     fn from(a: IoEngineArg) -> Self {
         match a {
             IoEngineArg::Pread => Self::Pread,
@@ -252,11 +252,11 @@ pub fn build_offload(
     model: &Model,
     path: &Path,
     sparse: &SparseFfn<'_>,
-    engine: &pi2_sched::Engine<'_>,
+    engine: &pi2_engine::Engine<'_>,
     n_batch: usize,
-) -> Result<pi2_sched::Offload> {
+) -> Result<pi2_engine::Offload> {
     let file = model.file.file_size();
-    let cfg = pi2_sched::OffloadConfig {
+    let cfg = pi2_engine::OffloadConfig {
         budget,
         hot_share: a.hot_share,
         direct: !a.no_direct,
@@ -281,20 +281,20 @@ pub fn build_offload(
 
 /// The hot-neuron frequencies a converted model carries (pinning order across layers).
 pub fn frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>> {
-    Ok(pi2_sched::convert::unit_frequencies(model)?)
+    Ok(pi2_engine::convert::unit_frequencies(model)?)
 }
 
 /// The offloaded FFN for `cfg` (see [`build_offload`]).
 pub fn offload_with(
-    cfg: &pi2_sched::OffloadConfig,
+    cfg: &pi2_engine::OffloadConfig,
     model: &Model,
     path: &Path,
     sparse: &SparseFfn<'_>,
-    engine: &pi2_sched::Engine<'_>,
+    engine: &pi2_engine::Engine<'_>,
     n_batch: usize,
-) -> Result<pi2_sched::Offload> {
+) -> Result<pi2_engine::Offload> {
     let freq = frequencies(model)?;
-    let o = pi2_sched::Offload::new(
+    let o = pi2_engine::Offload::new(
         model,
         sparse,
         path,
@@ -310,7 +310,7 @@ pub fn offload_with(
 }
 
 /// What the offloaded FFN did, for `--json` (decode of `tokens` tokens in `decode_secs`).
-pub fn offload_json(o: &pi2_sched::Offload, tokens: usize, decode_secs: f64) -> serde_json::Value {
+pub fn offload_json(o: &pi2_engine::Offload, tokens: usize, decode_secs: f64) -> serde_json::Value {
     let st = o.stats();
     let rd = o.reader_stats();
     let b = o.budget();

@@ -3,11 +3,11 @@
 mod common;
 
 use common::max_rel_diff;
+use pi2_engine::convert::{self, ConvertConfig};
+use pi2_engine::{Engine, EngineConfig, Logits, SparseFfn};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{FfnAct, GgufFile, Model, Value};
-use pi2_sched::convert::{self, ConvertConfig};
-use pi2_sched::{Engine, EngineConfig, Logits, SparseFfn};
 use pi2_sparse::PredictorKind;
 
 fn spec(ty: QuantType) -> SynthSpec {
@@ -177,7 +177,7 @@ fn powerinfer_files_load() {
     let rank = 32;
     for li in 0..c.n_layer {
         let down = base.weights.layers[li].down.mat(&base.file);
-        let t = pi2_sched::transposed(&down);
+        let t = pi2_engine::transposed(&down);
         w.tensor(
             &format!("blk.{li}.ffn_down_t.weight"),
             &[c.n_embd as u64, c.n_ff as u64],

@@ -1,4 +1,4 @@
-//! pi2-sched: the inference engine.
+//! pi2-engine: the inference engine.
 //!
 //! [`Engine`] runs llama-family transformers from a [`pi2_model::Model`]: batched dense prefill,
 //! token-by-token decode, a growable KV cache, all matrix work on a persistent worker pool.

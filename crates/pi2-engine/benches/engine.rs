@@ -2,8 +2,8 @@
 //! and single-token decode, at 1 and 2 threads. `pi2 bench` gives the llama-bench style table.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_model::Model;
-use pi2_sched::{Engine, EngineConfig, Logits};
 use std::path::PathBuf;
 
 fn bench_engine(c: &mut Criterion) {

@@ -2,8 +2,8 @@
 //! for why the comparison is robust rather than bit-exact): SmolLM2-135M and
 //! Qwen2.5-Coder-0.5B. Needs `cargo xtask fetch-model`.
 
+use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_model::Model;
-use pi2_sched::{Engine, EngineConfig, Logits};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -80,7 +80,7 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn argmax(v: &[f32]) -> u32 {
-    pi2_sched::Sampler::new(pi2_sched::SamplerConfig::greedy()).sample(&mut v.to_vec())
+    pi2_engine::Sampler::new(pi2_engine::SamplerConfig::greedy()).sample(&mut v.to_vec())
 }
 
 fn engine(m: &Model) -> Engine<'_> {
@@ -257,13 +257,13 @@ fn perplexity_prefix(r: &Reference) {
         "token count of the corpus"
     );
     let mut e = engine(&m);
-    let cfg = pi2_sched::PerplexityConfig {
+    let cfg = pi2_engine::PerplexityConfig {
         n_ctx: 512,
         n_batch: 512,
         max_chunks: Some(chunks),
         bos: None,
     };
-    let steps = pi2_sched::perplexity(&mut e, &tokens, &cfg, |_| {}).unwrap();
+    let steps = pi2_engine::perplexity(&mut e, &tokens, &cfg, |_| {}).unwrap();
     let running = corpus["running_ppl"].as_array().unwrap();
     for s in &steps {
         let want = running[s.chunk - 1].as_f64().unwrap();

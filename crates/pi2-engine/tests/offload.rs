@@ -4,12 +4,12 @@
 
 mod common;
 
+use pi2_engine::convert::{self, ConvertConfig};
+use pi2_engine::{Engine, EngineConfig, IoEngine, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_io::FaultPlan;
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
-use pi2_sched::convert::{self, ConvertConfig};
-use pi2_sched::{Engine, EngineConfig, IoEngine, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_sparse::PredictorKind;
 use std::path::{Path, PathBuf};
 
@@ -65,7 +65,7 @@ fn converted_from(dir: &Path, spec: &SynthSpec) -> PathBuf {
 }
 
 /// Dense prefill of the prompt, then sparse decode: the logits of every step.
-fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_sched::EngineError> {
+fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
     e.truncate(0);
     let mut out = vec![e.forward(&PROMPT, Logits::Last)?.to_vec()];
     for &t in &DECODE {
@@ -80,7 +80,7 @@ fn offload(
     path: &Path,
     e: &Engine<'_>,
     oc: OffloadConfig,
-) -> Result<Offload, pi2_sched::OffloadError> {
+) -> Result<Offload, pi2_engine::OffloadError> {
     let freq: Option<Vec<Vec<f32>>> = convert::load_sparse(m)
         .unwrap()
         .and_then(|(_, p)| p)
@@ -148,7 +148,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
     // The planner's figure is the same one.
     let (kv, scratch) = (probe.kv_bytes_full() as u64, probe.scratch_bytes(8) as u64);
     assert_eq!(
-        pi2_sched::min_budget(&m, &sp, kv, scratch).unwrap(),
+        pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap(),
         minimum
     );
     assert!(offload(
@@ -247,7 +247,7 @@ fn streamed_weights_case(what: &str, path: &Path) {
 
     let probe = Engine::new(&m, &cfg()).unwrap();
     let (kv, scratch) = (probe.kv_bytes_full() as u64, probe.scratch_bytes(8) as u64);
-    let minimum = pi2_sched::min_budget(&m, &sp, kv, scratch).unwrap();
+    let minimum = pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap();
     let attn_layer: u64 = ["attn_q", "attn_k", "attn_v", "attn_output"]
         .iter()
         .map(|t| m.file.tensor(&format!("blk.0.{t}.weight")).unwrap().size)

@@ -6,11 +6,11 @@
 mod common;
 
 use common::max_rel_diff;
+use pi2_engine::convert::{self, moe, ConvertConfig};
+use pi2_engine::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{FfnAct, GgufFile, Model};
-use pi2_sched::convert::{self, moe, ConvertConfig};
-use pi2_sched::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
 use std::path::Path;
 
 fn spec(ty: QuantType, act: FfnAct) -> SynthSpec {
@@ -45,7 +45,7 @@ const PROMPT: [u32; 5] = [5, 17, 42, 3, 11];
 const DECODE: [u32; 10] = [99, 7, 64, 12, 8, 150, 33, 2, 77, 1];
 
 /// Prefill of the prompt, then decode: the logits of every step.
-fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_sched::EngineError> {
+fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
     e.truncate(0);
     let mut out = vec![e.forward(&PROMPT, Logits::Last)?.to_vec()];
     for &t in &DECODE {
@@ -194,7 +194,7 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
         )
     };
     let probe = Engine::new(&m, &cfg()).unwrap();
-    let minimum = pi2_sched::min_budget(
+    let minimum = pi2_engine::min_budget(
         &m,
         &sp,
         probe.kv_bytes_full() as u64,

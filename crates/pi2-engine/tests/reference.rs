@@ -1,10 +1,10 @@
 //! The engine against a naive f64 forward pass written from the architecture definitions, on
 //! generated llama and qwen2 models, for every weight type, in one batch and token by token.
 
+use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{FfnAct, GgufFile, Model, RopeKind};
-use pi2_sched::{Engine, EngineConfig, Logits};
 
 fn dequant(m: &Model, v: &pi2_model::TensorView) -> Vec<Vec<f64>> {
     let mat = v.mat(&m.file);

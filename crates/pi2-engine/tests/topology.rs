@@ -1,6 +1,6 @@
 //! Core clusters from fake sysfs trees shaped like real phones.
 
-use pi2_sched::topology::{ClusterKind, Topology};
+use pi2_engine::topology::{ClusterKind, Topology};
 use std::path::Path;
 
 /// Writes `cpuN/cpufreq/cpuinfo_max_freq` for each (cpu, kHz) and an `online` list.
