@@ -13,8 +13,9 @@
 //! and the profile (renumbered to the file's neuron order) as JSON. There is no `ffn_down`:
 //! dense prefill reads the transposed rows too, so the file holds each weight once.
 
-use crate::engine::{Engine, EngineError, Logits};
+use crate::engine::{Engine, Logits};
 use crate::sparse::{Blob, PredictorWeights, SparseFfn, SparseLayer, SparseModelError, Weight};
+use crate::EngineError;
 use pi2_kernels::QuantType;
 use pi2_model::writer::GgufWriter;
 use pi2_model::{GgufFile, Model, TokenId, Value};

@@ -1,8 +1,9 @@
 //! The generation loop shared by every front end: prefill the prompt, then sample and decode
 //! one token at a time until a limit or an end-of-generation token.
 
-use crate::engine::{Engine, EngineError, Logits};
+use crate::engine::{Engine, Logits};
 use crate::sampler::Sampler;
+use crate::EngineError;
 use pi2_model::TokenId;
 use std::time::{Duration, Instant};
 

@@ -4,17 +4,25 @@
 //! token-by-token decode, a growable KV cache, all matrix work on a persistent worker pool.
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
 
+mod attention;
 pub mod convert;
 mod engine;
+mod error;
+mod ffn;
 mod generate;
+mod moe;
 pub mod offload;
 mod packed;
 pub mod perplexity;
+mod pipeline;
+mod residency;
 mod sampler;
+mod scratch;
 mod sparse;
 pub mod topology;
 
-pub use engine::{Engine, EngineConfig, EngineError, Logits, NeuronStep};
+pub use engine::{Engine, EngineConfig, Logits, NeuronStep};
+pub use error::EngineError;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
 pub use offload::{
     min_budget, regions, IoEngine, Offload, OffloadConfig, OffloadError, OffloadStats, Regions,

@@ -1,7 +1,8 @@
 //! Perplexity with llama-perplexity's method: split the tokens into `n_ctx` chunks, evaluate each
 //! from an empty cache, score the second half of each chunk (position j predicts token j+1).
 
-use crate::engine::{Engine, EngineError, Logits};
+use crate::engine::{Engine, Logits};
+use crate::EngineError;
 use pi2_model::TokenId;
 
 /// Running result after one chunk.

@@ -14,8 +14,10 @@ use super::{
     corrupt, f32s_le, ConvertConfig, ConvertError, FORMAT_VERSION, GGML_I32, KEY_ACTIVATION,
     KEY_GRANULE, KEY_KIND, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
 };
-use crate::engine::{fires, Engine, EngineError, Logits};
+use crate::engine::{Engine, Logits};
+use crate::ffn::fires;
 use crate::sparse::{Blob, SparseFfn, SparseLayer, SparseModelError, Weight};
+use crate::EngineError;
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::writer::TensorLayout;
 use pi2_model::{FfnAct, Model, TokenId, Value};

@@ -9,7 +9,9 @@
 //! Resident and streamed rows start at multiples of 8, where a whole-matrix product groups
 //! rows too, so the logits are bit-identical to the in-memory ones.
 
-use super::{pad, Offload, VocabLayout, PAD};
+use super::layout::{pad, VocabLayout, PAD};
+use super::Offload;
+use crate::residency::Tag;
 use pi2_io::{AlignedBuf, IoError, Request};
 use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef};
 use std::sync::atomic::{
@@ -19,9 +21,6 @@ use std::sync::atomic::{
 
 /// Token rows read per lookup round.
 pub(crate) const EMBD_BATCH: usize = 64;
-/// Tags of streamed output chunks (one per buffer) and of embedding rows.
-pub(crate) const OUT_TAG: [u64; 2] = [u64::MAX - 2, u64::MAX - 3];
-pub(crate) const EMBD_TAG: u64 = u64::MAX - 4;
 
 /// Embedding row requests of one lookup round, kept to reuse their allocation.
 struct Requests(Vec<Request>);
@@ -123,7 +122,7 @@ impl Offload {
                     len: e.row_bytes,
                     // SAFETY: slot `j` of the buffer (sized for a whole group).
                     dst: unsafe { base.add(j * slot) },
-                    tag: EMBD_TAG,
+                    tag: Tag::Embedding.encode(),
                 });
                 self.vocab.embd_rows.push((row, j));
             }
@@ -212,7 +211,7 @@ impl Offload {
             offset: o.offset + (first * o.row_bytes) as u64,
             len: rows * o.row_bytes,
             dst: v.bufs[b].as_mut_ptr(),
-            tag: OUT_TAG[b],
+            tag: Tag::Output(b).encode(),
         };
         v.buf_chunk[b] = Some(i);
         v.pending[b].fetch_add(1, AcqRel);

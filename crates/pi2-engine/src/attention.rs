@@ -1,0 +1,153 @@
+//! The attention block of one layer: norm, Q/K/V projections (+ biases), RoPE, the KV cache,
+//! causal softmax attention per (token, head), the output projection and the residual add.
+
+use crate::scratch::{grow, rms_norm_rows, rope, KvCache, Scratch};
+use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef};
+use pi2_model::{GgufFile, LayerWeights, ModelConfig, TensorView};
+use rayon::prelude::*;
+
+thread_local! {
+    /// Attention scores of the (token, head) task running on this worker (grows to the context).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Layer `li`'s attention over the `n` tokens of `s.x` at positions `pos0..`, with projection
+/// matrices `[wq, wk, wv, wo]` (mapped, packed or streamed: the caller's choice).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block(
+    ks: &KernelSet,
+    f: &GgufFile,
+    c: &ModelConfig,
+    l: &LayerWeights,
+    [wq, wk, wv, wo]: [MatRef<'_>; 4],
+    s: &mut Scratch,
+    kv: &mut KvCache,
+    li: usize,
+    pos0: usize,
+    n: usize,
+) {
+    let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+    rms_norm_rows(&s.x, l.attn_norm.f32s(f), c.rms_eps, d, n, &mut s.xn);
+    // Q, K and V share the input; quantize it once per activation format.
+    let q = grow(&mut s.q, n * qd);
+    let k = grow(&mut s.k, n * kvd);
+    let v = grow(&mut s.v, n * kvd);
+    project_many(
+        ks,
+        f,
+        &mut s.acts,
+        &s.xn[..n * d],
+        d,
+        [
+            (wq, l.bq.as_ref(), q),
+            (wk, l.bk.as_ref(), k),
+            (wv, l.bv.as_ref(), v),
+        ],
+    );
+    let half = c.n_rot / 2;
+    let (cos, sin) = (&s.rope_cos[..n * half], &s.rope_sin[..n * half]);
+    for t in 0..n {
+        let (ct, st) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+            rope(h, c.n_rot, c.rope_kind, ct, st);
+        }
+        for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+            rope(h, c.n_rot, c.rope_kind, ct, st);
+        }
+    }
+    let (kc, vc) = kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd);
+    attend(
+        ks,
+        c,
+        &s.q[..n * qd],
+        kc,
+        vc,
+        pos0,
+        grow(&mut s.att, n * qd),
+    );
+    s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
+    let o = grow(&mut s.o, n * d);
+    matmul(ks, &wo, &s.acts, o);
+    s.x[..n * d]
+        .iter_mut()
+        .zip(&s.o[..n * d])
+        .for_each(|(x, o)| *x += o);
+}
+
+/// Causal attention, one task per (token, head): `out` gets each head's softmax-weighted
+/// values over the cached positions up to its own.
+fn attend(
+    ks: &KernelSet,
+    c: &ModelConfig,
+    qs: &[f32],
+    kc: &[u16],
+    vc: &[u16],
+    pos0: usize,
+    out: &mut [f32],
+) {
+    let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let group = c.n_head / c.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    out.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
+        let (t, h) = (i / c.n_head, i % c.n_head);
+        let kvh = h / group;
+        let qv = &qs[t * qd + h * hd..t * qd + (h + 1) * hd];
+        let len = pos0 + t + 1;
+        SCORES.with_borrow_mut(|scores| {
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for p in 0..len {
+                let kv = &kc[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
+                let sc = (ks.f16)(kv, qv) * scale;
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0.0;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            out.fill(0.0);
+            for (p, &w) in scores.iter().enumerate() {
+                let vv = &vc[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
+                (ks.axpy_f16)(w / sum, vv, out);
+            }
+        });
+    });
+}
+
+/// Several projections of the same input `x` (rows of `d`): consecutive matrices that take
+/// the same activation format share one quantization and one parallel region; each output row
+/// gets its bias.
+fn project_many<const J: usize>(
+    ks: &KernelSet,
+    f: &GgufFile,
+    acts: &mut ActBuf,
+    x: &[f32],
+    d: usize,
+    jobs: [(MatRef<'_>, Option<&TensorView>, &mut [f32]); J],
+) {
+    let biases = jobs.each_ref().map(|j| j.1);
+    let mut pairs = jobs.map(|(w, _, out)| (w, out));
+    let mut start = 0;
+    while start < J {
+        let kind = pairs[start].0.ty.act_kind();
+        let end = (start..J)
+            .find(|&j| pairs[j].0.ty.act_kind() != kind)
+            .unwrap_or(J);
+        acts.quantize(kind, x, d);
+        matmul_many(ks, acts, &mut pairs[start..end]);
+        start = end;
+    }
+    for ((_, out), bias) in pairs.iter_mut().zip(biases) {
+        if let Some(b) = bias {
+            let b = b.f32s(f);
+            for row in out.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
+            }
+        }
+    }
+}

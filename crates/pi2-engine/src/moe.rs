@@ -1,0 +1,164 @@
+//! Mixture-of-experts FFN layers: the router picks each token's top `n_expert_used` experts,
+//! weighted by the softmax over their logits (Mixtral's rule). A batch groups its tokens by
+//! expert, so each chosen expert's matrices are multiplied once (offloaded: staged from flash
+//! expert by expert, the next one read while this one is computed). A decoded token with
+//! sparse weights instead runs its chosen experts as units of one sparse step (`pipeline.rs`).
+
+use crate::error::EngineError;
+use crate::ffn::{accumulate_down_t, gated, project_pair};
+use crate::offload::Offload;
+use crate::scratch::{grow, Scratch};
+use pi2_kernels::{matmul, KernelSet, MatRef};
+use pi2_model::{GgufFile, LayerWeights, ModelConfig};
+use pi2_sparse::FfnObserver;
+
+/// Tokens per expert of one layer's batch, and the last token's picks.
+#[derive(Default)]
+pub(crate) struct Routes {
+    /// Per expert, the (token, weight) pairs routed to it.
+    pub per_expert: Vec<Vec<(usize, f32)>>,
+    /// The experts the last routed token chose, with their weights.
+    pub picked: Vec<(usize, f32)>,
+}
+
+/// Routes the `n` tokens of `s.xn` through `router` (rows: one per expert).
+pub(crate) fn route_tokens(
+    ks: &KernelSet,
+    c: &ModelConfig,
+    router: &MatRef<'_>,
+    s: &mut Scratch,
+    routes: &mut Routes,
+    n: usize,
+) {
+    let (d, ne) = (c.n_embd, c.n_expert);
+    let logits = grow(&mut s.logits, n * ne);
+    s.acts.quantize(router.ty.act_kind(), &s.xn[..n * d], d);
+    matmul(ks, router, &s.acts, logits);
+    routes.per_expert.iter_mut().for_each(Vec::clear);
+    routes.per_expert.resize_with(ne, Vec::new);
+    for t in 0..n {
+        route(
+            &s.logits[t * ne..(t + 1) * ne],
+            c.n_expert_used,
+            &mut routes.picked,
+        );
+        for &(e, w) in &routes.picked {
+            routes.per_expert[e].push((t, w));
+        }
+    }
+}
+
+/// The routed experts of layer `li` over the batch, each on the tokens routed to it, added to
+/// `s.x` with their weights.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn experts<'o>(
+    ks: &KernelSet,
+    c: &ModelConfig,
+    f: &GgufFile,
+    l: &LayerWeights,
+    li: usize,
+    routes: &Routes,
+    s: &mut Scratch,
+    mut offload: Option<&mut Offload>,
+    mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+) -> Result<(), EngineError> {
+    let (d, ff, ne) = (c.n_embd, c.n_ff, c.n_expert);
+    let mut chosen = routes
+        .per_expert
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.is_empty());
+    let mut next = chosen.next();
+    while let Some((e, toks)) = next {
+        next = chosen.next();
+        let m = toks.len();
+        let xe = grow(&mut s.q, m * d);
+        for (j, &(t, _)) in toks.iter().enumerate() {
+            xe[j * d..(j + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+        }
+        let unit = li * ne + e;
+        let staged = match offload.as_deref_mut() {
+            Some(o) => Some(o.stage_unit(unit, next.map(|(e, _)| li * ne + e))?),
+            None => None,
+        };
+        let (gate, up, down, transposed) = match (offload.as_deref(), staged) {
+            (Some(o), Some(b)) => {
+                let (g, u, dn) = o.stage_mats(b, unit, d);
+                (g, u, dn, true)
+            }
+            _ => {
+                let (rows, t) = match l.down_transposed {
+                    true => (e * ff..(e + 1) * ff, true),
+                    false => (e * d..(e + 1) * d, false),
+                };
+                let expert = e * ff..(e + 1) * ff;
+                (
+                    l.gate.mat(f).rows(expert.clone()),
+                    l.up.mat(f).rows(expert),
+                    l.down.mat(f).rows(rows),
+                    t,
+                )
+            }
+        };
+        let (g, u) = (grow(&mut s.gate, m * ff), grow(&mut s.up, m * ff));
+        project_pair(ks, &mut s.acts, &s.q[..m * d], d, [(gate, g), (up, u)]);
+        if let Some(obs) = observer.as_deref_mut() {
+            obs.observe_expert(li, e, &s.q[..m * d], &s.gate[..m * ff]);
+        }
+        gated(c.ffn_act, &mut s.gate[..m * ff], &s.up[..m * ff]);
+        let o = grow(&mut s.o, m * d);
+        if transposed {
+            o.fill(0.0);
+            accumulate_down_t(ks, &down, &s.gate[..m * ff], m, &mut s.partials, &mut s.o);
+        } else {
+            s.acts.quantize(down.ty.act_kind(), &s.gate[..m * ff], ff);
+            matmul(ks, &down, &s.acts, o);
+        }
+        for (j, &(t, w)) in toks.iter().enumerate() {
+            let x = &mut s.x[t * d..(t + 1) * d];
+            x.iter_mut()
+                .zip(&s.o[j * d..(j + 1) * d])
+                .for_each(|(x, o)| *x += w * o);
+        }
+    }
+    Ok(())
+}
+
+/// The `k` experts with the largest router logits (ties: the lower index), weighted by the
+/// softmax over the chosen logits (Mixtral's rule; equal to renormalising the full softmax).
+pub(crate) fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
+    out.clear();
+    for _ in 0..k {
+        let best = (0..logits.len())
+            .filter(|e| !out.iter().any(|p| p.0 == *e))
+            .fold(None, |b: Option<usize>, e| match b {
+                Some(b) if !(logits[e] > logits[b]) => Some(b),
+                _ => Some(e),
+            });
+        let Some(e) = best else { break };
+        out.push((e, logits[e]));
+    }
+    let max = out.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
+    out.iter_mut().for_each(|p| p.1 = (p.1 - max).exp());
+    let sum: f32 = out.iter().map(|p| p.1).sum();
+    out.iter_mut().for_each(|p| p.1 /= sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_picks_the_top_experts_and_normalises_their_weights() {
+        let mut r = Vec::new();
+        route(&[0.0, 2.0, 1.0, 2.0], 2, &mut r);
+        // Ties go to the lower index; weights are the softmax over the chosen logits.
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
+        assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
+        route(&[3.0, 1.0, f32::NEG_INFINITY], 2, &mut r);
+        let e = (-2.0f32).exp();
+        assert_eq!(r[0].0, 0);
+        assert!((r[0].1 - 1.0 / (1.0 + e)).abs() < 1e-6);
+        assert!((r[1].1 - e / (1.0 + e)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,598 @@
+//! Where an offloaded model's pieces lie and how a budget splits over them: the FFN bundle
+//! parts of every unit, every layer's attention projections, the vocabulary matrices, the
+//! fixed region, and the choice of what streams from flash when the budget is short (the mix
+//! that reads the fewest bytes per token). Nothing here allocates buffers or reads.
+
+use super::vocab::EMBD_BATCH;
+use super::OffloadError;
+use crate::sparse::SparseFfn;
+use pi2_cache::{Budget, Lru, Region, SlotCache};
+use pi2_io::AlignedBuf;
+use pi2_kernels::QuantType;
+use pi2_model::Model;
+
+/// Where one FFN matrix of a layer lies in the file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Part {
+    pub offset: u64,
+    pub ty: QuantType,
+    pub row_bytes: usize,
+    /// Offset of this part's row inside a cache slot / hot block.
+    pub slot_at: usize,
+}
+
+impl Part {
+    pub fn row_offset(&self, i: usize) -> u64 {
+        self.offset + (i * self.row_bytes) as u64
+    }
+}
+
+/// A layer's three bundle parts: gate rows, up rows, transposed down rows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FfnLayout {
+    pub gate: Part,
+    pub up: Part,
+    pub down: Part,
+}
+
+impl FfnLayout {
+    pub fn bytes(&self, n_ff: usize) -> usize {
+        n_ff * (self.gate.row_bytes + self.up.row_bytes + self.down.row_bytes)
+    }
+}
+
+/// The pinned hot neurons of one unit (`n` first neurons of the hot-first file order):
+/// gate rows, up rows and down rows, each block padded to 64 bytes.
+pub(crate) struct HotLayer {
+    pub n: usize,
+    pub buf: AlignedBuf,
+    pub up_at: usize,
+    pub down_at: usize,
+}
+
+pub(crate) const PAD: usize = 64;
+pub(crate) fn pad(n: usize) -> usize {
+    n.div_ceil(PAD) * PAD
+}
+
+/// One attention projection of a layer: where it lies in the file and in a layer buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnMat {
+    pub offset: u64,
+    pub len: usize,
+    pub at: usize,
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A layer's q, k, v and output projections (what a streamed layer reads).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnLayout {
+    pub mats: [AttnMat; 4],
+    /// Bytes of a buffer holding all four (each padded).
+    pub size: usize,
+}
+
+/// Non-FFN resident bytes, the working buffers and what one decode step needs at least.
+pub(crate) struct Layout {
+    pub ffn: Vec<FfnLayout>,
+    pub attn: Vec<AttnLayout>,
+    pub vocab: VocabLayout,
+    /// With every layer's attention and the whole output matrix resident (the token embedding
+    /// of a model with a separate output matrix never is: lookups read its rows).
+    pub fixed: u64,
+    pub stage: usize,
+    pub bundle: usize,
+}
+
+/// What streams from flash every token: the last `attn_layers` layers' attention and the last
+/// `out_rows` rows of the output matrix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Streaming {
+    pub attn_layers: usize,
+    pub out_rows: usize,
+}
+
+impl Layout {
+    /// Attention bytes of the last `k` layers.
+    fn attn_bytes(&self, k: usize) -> u64 {
+        let n = self.attn.len();
+        self.attn[n - k..]
+            .iter()
+            .map(|a| a.mats.iter().map(|m| m.len as u64).sum::<u64>())
+            .sum()
+    }
+
+    /// The fixed region under `s`: two layer buffers replace the streamed layers' projections,
+    /// two chunk buffers the streamed output rows.
+    fn fixed_streaming(&self, s: Streaming) -> u64 {
+        let mut fixed = self.fixed;
+        if s.attn_layers > 0 {
+            let bufs = 2 * self.attn.iter().map(|a| a.size).max().unwrap_or(0) as u64;
+            fixed = fixed - self.attn_bytes(s.attn_layers) + bufs;
+        }
+        if s.out_rows > 0 {
+            let v = &self.vocab;
+            fixed = fixed - (s.out_rows * v.output.row_bytes) as u64 + v.chunk_buffers();
+        }
+        fixed
+    }
+
+    /// Bytes `s` reads per token.
+    fn streamed_bytes(&self, s: Streaming) -> u64 {
+        self.attn_bytes(s.attn_layers) + (s.out_rows * self.vocab.output.row_bytes) as u64
+    }
+
+    /// What to stream so that the fixed region leaves `rest` bytes of `budget`: the least
+    /// bytes read per token (every streamed byte costs one byte of reading per token, whatever
+    /// it holds), fewer streamed layers on a tie. If nothing fits, everything streams (the
+    /// smallest fixed region).
+    fn streaming(&self, budget: u64, rest: u64) -> Streaming {
+        let n = self.attn.len();
+        let v = &self.vocab;
+        let all = Streaming {
+            attn_layers: n,
+            out_rows: v.output.rows,
+        };
+        let mut best: Option<Streaming> = None;
+        for k in 0..=n {
+            let over = (self.fixed_streaming(Streaming {
+                attn_layers: k,
+                out_rows: 0,
+            }) + rest)
+                .saturating_sub(budget);
+            let out_rows = match over {
+                0 => 0,
+                // Streamed rows are the last ones, so that the resident ones start at a multiple
+                // of 8 (the kernels' row groups stay where a whole-matrix product puts them).
+                _ => {
+                    let need = (over + v.chunk_buffers()).div_ceil(v.output.row_bytes as u64);
+                    match (v.output.rows as u64).checked_sub(need) {
+                        Some(resident) => v.output.rows - (resident as usize / 8 * 8),
+                        None => continue,
+                    }
+                }
+            };
+            let s = Streaming {
+                attn_layers: k,
+                out_rows,
+            };
+            if self.fixed_streaming(s) + rest <= budget
+                && best.is_none_or(|b| self.streamed_bytes(s) < self.streamed_bytes(b))
+            {
+                best = Some(s);
+            }
+        }
+        best.unwrap_or_else(|| {
+            (0..=n)
+                .flat_map(|k| {
+                    [0, all.out_rows].map(|out_rows| Streaming {
+                        attn_layers: k,
+                        out_rows,
+                    })
+                })
+                .min_by_key(|&s| self.fixed_streaming(s))
+                .unwrap_or(all)
+        })
+    }
+}
+
+fn is_bundle_tensor(name: &str) -> bool {
+    name.starts_with("blk.")
+        && [
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down_t.weight",
+            "ffn_down.weight",
+            "ffn_gate_exps.weight",
+            "ffn_up_exps.weight",
+            "ffn_down_t_exps.weight",
+            "ffn_down_exps.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
+/// A vocabulary-sized matrix in the file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VocabMat {
+    pub offset: u64,
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+}
+
+/// The token embedding and the output matrix (the same tensor when the model ties them).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VocabLayout {
+    pub embd: VocabMat,
+    pub output: VocabMat,
+    pub tied: bool,
+}
+
+/// Most bytes of one read of streamed output rows.
+const OUT_CHUNK_BYTES: usize = 1 << 20;
+
+impl VocabLayout {
+    /// Output rows per streamed chunk: a multiple of 8, at most 1 MiB and a sixteenth of the
+    /// matrix (its two buffers stay small next to what streaming saves).
+    pub fn chunk_rows(&self) -> usize {
+        let o = &self.output;
+        ((OUT_CHUNK_BYTES / o.row_bytes.max(1)).min(o.rows / 16) / 8 * 8).max(8)
+    }
+
+    /// The two chunk buffers of streamed output rows.
+    fn chunk_buffers(&self) -> u64 {
+        2 * pad(self.chunk_rows() * self.output.row_bytes) as u64
+    }
+}
+
+/// The file layout of the FFN bundles and the size of everything else.
+pub(crate) fn layout(
+    model: &Model,
+    sparse: &SparseFfn<'_>,
+    kv_bytes: u64,
+    scratch: u64,
+) -> Result<Layout, OffloadError> {
+    let f = &model.file;
+    let c = &model.config;
+    if !model.weights.layers.iter().all(|l| l.down_transposed) {
+        return Err(OffloadError::Model(
+            "offloading reads neuron bundles: convert the model first (`pi2 convert`)".into(),
+        ));
+    }
+    let experts = c.n_expert.max(1);
+    if sparse.layers.len() != c.n_layer * experts {
+        return Err(OffloadError::Model(format!(
+            "{} sparse units for {} layers of {experts}",
+            sparse.layers.len(),
+            c.n_layer
+        )));
+    }
+    let mut layout = Vec::with_capacity(c.n_layer * experts);
+    let mut attn = Vec::with_capacity(c.n_layer);
+    for l in &model.weights.layers {
+        // Expert e's rows follow the e experts before it in each stacked tensor.
+        let part = |name: &str, at: usize, e: usize| -> Result<Part, OffloadError> {
+            let t = f
+                .tensor(name)
+                .ok_or_else(|| OffloadError::Model(format!("tensor `{name}` is missing")))?;
+            let ty = QuantType::from_ggml_id(t.ggml_type)
+                .ok_or_else(|| OffloadError::Model(format!("`{name}`: unsupported type")))?;
+            let row_bytes = (t.size as usize) / (c.n_ff * experts);
+            Ok(Part {
+                offset: f.data_offset + t.offset + (e * c.n_ff * row_bytes) as u64,
+                ty,
+                row_bytes,
+                slot_at: at,
+            })
+        };
+        for e in 0..experts {
+            let gate = part(&l.gate.name, 0, e)?;
+            let up = part(&l.up.name, pad(gate.row_bytes), e)?;
+            let down = part(&l.down.name, up.slot_at + pad(up.row_bytes), e)?;
+            let u = layout.len();
+            if sparse.layers[u].down_t.rows != c.n_ff {
+                return Err(OffloadError::Model(format!(
+                    "unit {u}: transposed down shape"
+                )));
+            }
+            layout.push(FfnLayout { gate, up, down });
+        }
+        let mut at = 0;
+        let mats = [&l.wq, &l.wk, &l.wv, &l.wo].map(|w| {
+            let t = f.tensor(&w.name).expect("checked at load");
+            let m = AttnMat {
+                offset: f.data_offset + t.offset,
+                len: t.size as usize,
+                at,
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+            };
+            at += pad(m.len);
+            m
+        });
+        attn.push(AttnLayout { mats, size: at });
+    }
+    let w = &model.weights;
+    let vocab_mat = |v: &pi2_model::TensorView| {
+        let t = f.tensor(&v.name).expect("checked at load");
+        VocabMat {
+            offset: f.data_offset + t.offset,
+            ty: v.ty,
+            rows: v.rows,
+            cols: v.cols,
+            row_bytes: t.size as usize / v.rows,
+        }
+    };
+    let vocab = VocabLayout {
+        embd: vocab_mat(&w.token_embd),
+        output: vocab_mat(&w.output),
+        tied: w.tied_output,
+    };
+    // A separate token embedding is read a row per token, never resident.
+    let embd_bytes = match vocab.tied {
+        true => 0,
+        false => (vocab.embd.rows * vocab.embd.row_bytes) as u64,
+    };
+    let fixed: u64 = f
+        .tensors
+        .iter()
+        .filter(|t| !is_bundle_tensor(&t.name))
+        .map(|t| t.size)
+        .sum::<u64>()
+        - embd_bytes
+        + kv_bytes
+        + scratch
+        + pad(EMBD_BATCH * vocab.embd.row_bytes) as u64;
+    let stage = layout
+        .iter()
+        .map(|l| l.bytes(c.n_ff) + 3 * PAD)
+        .max()
+        .unwrap_or(0);
+    let bundle = layout
+        .iter()
+        .map(|l| l.down.slot_at + pad(l.down.row_bytes))
+        .max()
+        .unwrap_or(0);
+    Ok(Layout {
+        ffn: layout,
+        attn,
+        vocab,
+        fixed,
+        stage,
+        bundle,
+    })
+}
+
+/// How a budget splits: regions, pinned neurons per layer and cold cache slots.
+pub struct Regions {
+    pub(crate) layout: Layout,
+    /// The budget's regions (fixed, scratch, hot, cold).
+    pub budget: Budget,
+    /// Neurons pinned per layer (the first of each layer in the hot-first file order).
+    pub hot_counts: Vec<usize>,
+    /// Cold cache slots (one neuron bundle each).
+    pub cold_slots: usize,
+    /// The last layers that read their attention from flash each time they run.
+    pub streamed_layers: usize,
+    /// The last rows of the output matrix, read from flash each time logits are computed.
+    pub streamed_output_rows: usize,
+}
+
+impl Regions {
+    /// Bytes of one cold slot (a neuron's gate, up and down rows).
+    pub fn slot_bytes(&self) -> usize {
+        self.layout.bundle
+    }
+
+    /// Rows per read of streamed output rows.
+    pub fn output_chunk_rows(&self) -> usize {
+        self.layout.vocab.chunk_rows()
+    }
+
+    /// Bytes of the embedding row a token reads from flash: 0 if the embedding is resident
+    /// (tied weights with no streamed rows; with some, only tokens among them read).
+    pub fn embedding_row_bytes(&self) -> usize {
+        let v = &self.layout.vocab;
+        match v.tied && self.streamed_output_rows == 0 {
+            true => 0,
+            false => v.embd.row_bytes,
+        }
+    }
+}
+
+/// The smallest budget [`Offload::new`] accepts: the fixed region, prefill staging and one
+/// layer of cache slots.
+pub fn min_budget(
+    model: &Model,
+    sparse: &SparseFfn<'_>,
+    kv_bytes: u64,
+    scratch: u64,
+) -> Result<u64, OffloadError> {
+    let p = layout(model, sparse, kv_bytes, scratch)?;
+    let (stage, min_cold) = least_regions(&p, &model.config);
+    Ok(p.fixed_streaming(p.streaming(0, u64::MAX)) + stage + min_cold)
+}
+
+/// Prefill staging (two units) and the least neuron cache (the neurons of one decode step: a
+/// layer, or the experts a token uses).
+fn least_regions(p: &Layout, c: &pi2_model::ModelConfig) -> (u64, u64) {
+    let min_cold = SlotCache::<Lru>::bytes_for(p.bundle, step_neurons(c), p.ffn.len() * c.n_ff);
+    (2 * pad(p.stage) as u64, min_cold)
+}
+
+/// Neurons one decode step may touch.
+fn step_neurons(c: &pi2_model::ModelConfig) -> usize {
+    c.n_ff * c.n_expert_used.max(1)
+}
+
+/// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
+/// it. Errors name the minimum budget when it is too small.
+pub fn regions(
+    model: &Model,
+    sparse: &SparseFfn<'_>,
+    kv_bytes: u64,
+    scratch: u64,
+    frequency: Option<&[Vec<f32>]>,
+    budget: u64,
+    hot_share: f64,
+) -> Result<Regions, OffloadError> {
+    let c = &model.config;
+    let n_ff = c.n_ff;
+    let p = layout(model, sparse, kv_bytes, scratch)?;
+    let n_units = p.ffn.len();
+    let mut budget = Budget::new(budget);
+    let (stage_bytes, min_cold) = least_regions(&p, c);
+    let streaming = p.streaming(budget.limit(), stage_bytes + min_cold);
+    budget.reserve_with_minimum(
+        Region::Fixed,
+        p.fixed_streaming(streaming),
+        "the fixed region (attention, norms, output, predictors, KV cache, buffers)",
+        stage_bytes + min_cold,
+    )?;
+    budget.reserve_with_minimum(
+        Region::Scratch,
+        stage_bytes,
+        "prefill staging (two FFN units)",
+        min_cold,
+    )?;
+    let neuron_bytes = budget.left();
+    if neuron_bytes < min_cold {
+        budget.reserve_with_minimum(
+            Region::Cold,
+            min_cold,
+            "the neuron cache (one decode step of bundles)",
+            0,
+        )?;
+    }
+    // Pinned hot neurons: the most frequent across units (file order is hot-first per unit).
+    let hot_budget = ((neuron_bytes - min_cold) as f64 * hot_share.clamp(0.0, 1.0)) as u64;
+    let hot_counts = hot_counts(&p.ffn, n_ff, hot_budget, frequency);
+    let hot_bytes: u64 = hot_counts
+        .iter()
+        .zip(&p.ffn)
+        .map(|(&h, l)| hot_block(l, h).2 as u64)
+        .sum();
+    budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
+    // The rest is the LRU cache, never more slots than neurons outside the pinned set.
+    let unpinned = n_units * n_ff - hot_counts.iter().sum::<usize>();
+    let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_units * n_ff)
+        .min(unpinned)
+        .max(step_neurons(c).min(unpinned).max(1));
+    let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_units * n_ff);
+    budget.reserve(Region::Cold, cold_bytes, "the neuron cache")?;
+    Ok(Regions {
+        layout: p,
+        budget,
+        hot_counts,
+        cold_slots: slots,
+        streamed_layers: streaming.attn_layers,
+        streamed_output_rows: streaming.out_rows,
+    })
+}
+
+/// Offsets of the up and down blocks and the total size of a hot block of `h` neurons.
+pub(crate) fn hot_block(l: &FfnLayout, h: usize) -> (usize, usize, usize) {
+    let up_at = pad(h * l.gate.row_bytes);
+    let down_at = up_at + pad(h * l.up.row_bytes);
+    (up_at, down_at, down_at + pad(h * l.down.row_bytes))
+}
+
+/// How many neurons of each layer to pin with `bytes`: the globally most frequent (by the
+/// profile), else the same number per layer.
+pub(crate) fn hot_counts(
+    layout: &[FfnLayout],
+    n_ff: usize,
+    bytes: u64,
+    frequency: Option<&[Vec<f32>]>,
+) -> Vec<usize> {
+    let per = |l: &FfnLayout| (l.gate.row_bytes + l.up.row_bytes + l.down.row_bytes) as u64;
+    // Each layer's three blocks are padded.
+    let bytes = bytes.saturating_sub((3 * PAD * layout.len()) as u64);
+    let mut counts = vec![0usize; layout.len()];
+    match frequency {
+        Some(freq) if freq.len() == layout.len() && freq.iter().all(|f| f.len() == n_ff) => {
+            let mut all: Vec<(f32, usize)> = freq
+                .iter()
+                .enumerate()
+                .flat_map(|(li, f)| f.iter().map(move |&v| (v, li)))
+                .collect();
+            all.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let mut left = bytes;
+            for (_, li) in all {
+                let cost = per(&layout[li]);
+                if left < cost {
+                    break;
+                }
+                left -= cost;
+                counts[li] += 1;
+            }
+        }
+        _ => {
+            let total: u64 = layout.iter().map(per).sum::<u64>().max(1);
+            let h = (bytes / total) as usize;
+            counts.iter_mut().for_each(|c| *c = h.min(n_ff));
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Eight layers of 10,000 attention bytes (buffers of 10,240) and a 1000-row output
+    /// matrix of 64-byte rows (chunks of 56 rows, two buffers of 7168 bytes), in a fixed region
+    /// of 200,000 bytes.
+    fn layout() -> Layout {
+        let mat = |at| AttnMat {
+            offset: 0,
+            len: 2500,
+            at,
+            ty: QuantType::Q8_0,
+            rows: 1,
+            cols: 1,
+        };
+        let out = VocabMat {
+            offset: 0,
+            ty: QuantType::Q8_0,
+            rows: 1000,
+            cols: 32,
+            row_bytes: 64,
+        };
+        Layout {
+            ffn: Vec::new(),
+            attn: vec![
+                AttnLayout {
+                    mats: [mat(0), mat(2560), mat(5120), mat(7680)],
+                    size: 10240,
+                };
+                8
+            ],
+            vocab: VocabLayout {
+                embd: out,
+                output: out,
+                tied: true,
+            },
+            fixed: 200_000,
+            stage: 0,
+            bundle: 0,
+        }
+    }
+
+    #[test]
+    fn streaming_reads_the_least_that_fits() {
+        let p = layout();
+        assert_eq!(p.vocab.chunk_rows(), 56);
+        let s = |attn_layers, out_rows| Streaming {
+            attn_layers,
+            out_rows,
+        };
+        // (bytes short of the budget, hand-computed choice)
+        for (short, want) in [
+            (0, s(0, 0)),
+            // 1000 + 7168 bytes of buffers = 127.6 rows; resident rows 872 (a multiple of 8).
+            (1000, s(0, 128)),
+            // Streaming 3 layers would also fit but reads 30,000 bytes; 192 rows read 12,288.
+            (5000, s(0, 192)),
+            // Output rows alone cannot free 60,000 bytes; of the mixes, 6 layers + 432 rows
+            // read the least (87,648 bytes; 3 layers + 904 rows 87,856; 8 + 120 87,680).
+            (60_000, s(6, 432)),
+        ] {
+            let got = p.streaming(200_000 - short, 0);
+            assert_eq!(got, want, "{short} short");
+            assert!(p.fixed_streaming(got) <= 200_000 - short);
+        }
+        assert_eq!(p.streamed_bytes(s(6, 432)), 87_648);
+        // Nothing fits: everything streams, the smallest fixed region (200,000 - 59,520 -
+        // 56,832), which is the minimum budget.
+        let all = p.streaming(200_000 - 120_000, 0);
+        assert_eq!(all, s(8, 1000));
+        assert_eq!(p.fixed_streaming(all), 83_648);
+        assert_eq!(p.streaming(83_648, 0), all);
+    }
+}

@@ -1,0 +1,397 @@
+//! Models larger than memory: the FFN neuron bundles of a converted model stay on flash and are
+//! read on demand into a segmented cache (pinned hot neurons + LRU cold slots) under one byte
+//! budget. The unit of layout, pinning and caching is an FFN unit: a layer's FFN, or one expert
+//! of a mixture-of-experts layer (unit `layer * n_expert + expert`). The engine's cluster
+//! pipeline computes resident clusters while the I/O thread reads missing rows; it reaches the
+//! cache only through the `Residency` interface (`residency.rs` here).
+//!
+//! Files: `layout` (where everything lies, how a budget splits, what streams), `streaming`
+//! (prefill staging and streamed attention), `vocab` (embedding and output rows), `residency`
+//! (the neuron rows of a decode step).
+//!
+//! When the budget cannot hold every layer's attention projections too, the last layers'
+//! attention streams from flash: each is read whole into one of two buffers, the next streamed
+//! layer's read issued as soon as the current one is in, so it overlaps the compute in between.
+//! The last rows of the output matrix may stream the same way, in chunks (see `vocab`), and a
+//! separate token embedding is never resident (each lookup reads its row). Attention and output
+//! weights are used by every token, so a byte of them kept resident saves one byte of reading
+//! per token, at least as much as any neuron byte: they are streamed only when the smallest
+//! neuron cache would not fit otherwise, in the mix that reads the fewest bytes per token.
+//!
+//! Residency never changes arithmetic: the same rows in the same clusters give the same logits
+//! as in-memory sparse decode.
+
+mod layout;
+mod residency;
+mod streaming;
+mod vocab;
+
+use crate::residency::Tag;
+use crate::sparse::SparseFfn;
+pub(crate) use layout::Part;
+use layout::{hot_block, AttnLayout, FfnLayout, HotLayer, PAD};
+pub use layout::{min_budget, regions, Regions};
+use pi2_cache::{Budget, CacheError, Lru, SlotCache};
+use pi2_io::{AlignedBuf, IoError, PreadEngine, ReadEngine, Reader, ReaderConfig};
+use pi2_model::Model;
+use std::path::Path;
+use vocab::VocabStream;
+
+use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Release};
+
+/// Offloading errors.
+#[derive(Debug, thiserror::Error)]
+pub enum OffloadError {
+    #[error(transparent)]
+    Budget(#[from] CacheError),
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error("cannot offload this model: {0}")]
+    Model(String),
+}
+
+/// How reads reach the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoEngine {
+    /// `pread`, one read at a time: portable (Android apps cannot count on io_uring).
+    #[default]
+    Pread,
+    /// io_uring (Linux): the reader's `depth` reads in flight together.
+    Uring,
+}
+
+/// How to offload.
+#[derive(Clone, Debug)]
+pub struct OffloadConfig {
+    /// Bytes the engine may keep resident: fixed region, pinned hot neurons, cold cache and
+    /// working buffers (process overhead not included, see the README).
+    pub budget: u64,
+    /// Share of the neuron memory pinned to the hottest neurons (the rest is the LRU cache).
+    pub hot_share: f64,
+    /// Use `O_DIRECT` (falls back to buffered reads with dropped pages where refused).
+    pub direct: bool,
+    pub engine: IoEngine,
+    pub reader: ReaderConfig,
+    /// Inject faults/latency (tests, the ablation bench).
+    pub faults: Option<pi2_io::FaultPlan>,
+    /// Read from an emulated device of this speed ([`pi2_io::emulated`]) instead of the file's
+    /// real device.
+    pub emulate: Option<pi2_io::FaultPlan>,
+}
+
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        Self {
+            budget: u64::MAX,
+            hot_share: 1.0,
+            direct: true,
+            engine: IoEngine::default(),
+            reader: ReaderConfig::default(),
+            faults: None,
+            emulate: None,
+        }
+    }
+}
+
+/// Part bits of a cold slot.
+pub(crate) const GATE: u8 = 1;
+pub(crate) const UPDOWN: u8 = 2;
+
+/// What offloaded decode did (since the last reset).
+#[derive(Clone, Debug, Default)]
+pub struct OffloadStats {
+    /// Candidate gate rows found pinned / in the cold cache / read from flash.
+    pub gate_hot: u64,
+    pub gate_hits: u64,
+    pub gate_reads: u64,
+    /// Confirmed neurons' up and down rows found pinned / cached / read.
+    pub updown_hot: u64,
+    pub updown_hits: u64,
+    pub updown_reads: u64,
+    /// Bytes of rows decode asked the reader for.
+    pub decode_bytes: u64,
+    /// Time the decode spent blocked waiting for reads, in nanoseconds.
+    pub io_wait_ns: u64,
+    /// Token-layers computed sparsely from the cache.
+    pub token_layers: u64,
+    /// Units (layers, or experts) read whole for dense batches (prefill).
+    pub dense_layer_reads: u64,
+    /// Layers whose attention projections were read from flash, and their bytes.
+    pub attn_layer_reads: u64,
+    pub attn_bytes: u64,
+    /// Chunks of output rows read from flash, and their bytes.
+    pub out_chunk_reads: u64,
+    pub out_bytes: u64,
+    /// Token embedding rows read from flash.
+    pub embd_rows: u64,
+}
+
+impl OffloadStats {
+    /// Neuron parts served from memory (pinned or cached) among all needed.
+    pub fn hit_rate(&self) -> f64 {
+        let hit = self.gate_hot + self.gate_hits + self.updown_hot + self.updown_hits;
+        hit as f64 / (hit + self.gate_reads + self.updown_reads).max(1) as f64
+    }
+}
+
+/// The offloaded FFN: reader, layout, pinned hot rows, cold cache, prefill staging.
+pub struct Offload {
+    reader: Reader,
+    /// Per unit.
+    layers: Vec<FfnLayout>,
+    hot: Vec<HotLayer>,
+    cache: SlotCache<Lru>,
+    /// Two unit-sized buffers: prefill computes from one while the next unit is read into
+    /// the other.
+    stage: [AlignedBuf; 2],
+    stage_unit: [Option<usize>; 2],
+    stats: OffloadStats,
+    n_ff: usize,
+    /// Streamed attention: every layer's projections in the file, the first streamed layer
+    /// (layers from it on are read each time they run), two layer buffers, and the streamed
+    /// reads not yet received.
+    attn: Vec<AttnLayout>,
+    stream_from: usize,
+    attn_buf: [AlignedBuf; 2],
+    attn_buf_layer: [Option<usize>; 2],
+    attn_pending: AtomicU64,
+    /// The token embedding and output matrix: resident rows and streamed ones.
+    vocab: VocabStream,
+    budget: Budget,
+    direct: bool,
+    fallback: Option<String>,
+}
+
+impl Offload {
+    /// Open `path` (the file `model` was loaded from) for offloaded FFN reads under `cfg.budget`.
+    /// `kv_bytes` and `scratch` are the engine's KV cache and working buffers (fixed region).
+    pub fn new(
+        model: &Model,
+        sparse: &SparseFfn<'_>,
+        path: &Path,
+        kv_bytes: u64,
+        scratch: u64,
+        frequency: Option<&[Vec<f32>]>,
+        cfg: &OffloadConfig,
+    ) -> Result<Offload, OffloadError> {
+        let n_ff = model.config.n_ff;
+        let Regions {
+            layout: p,
+            budget,
+            hot_counts,
+            cold_slots: slots,
+            streamed_layers,
+            streamed_output_rows,
+        } = regions(
+            model,
+            sparse,
+            kv_bytes,
+            scratch,
+            frequency,
+            cfg.budget,
+            cfg.hot_share,
+        )?;
+        let n_units = p.ffn.len();
+        let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
+
+        let (engine, direct, fallback) = open_engine(path, cfg)?;
+        if engine.size() != model.file.file_size() {
+            return Err(OffloadError::Model(format!(
+                "{} is not the file the model was loaded from",
+                path.display()
+            )));
+        }
+        // Injected faults and an emulated device both wrap the file's engine.
+        let reader = match cfg.faults.as_ref().or(cfg.emulate.as_ref()) {
+            Some(plan) => Reader::new(
+                pi2_io::FaultEngine::new(engine, plan.clone()),
+                cfg.reader.clone(),
+            ),
+            None => Reader::new(engine, cfg.reader.clone()),
+        };
+        // Preload the pinned neurons with sequential reads.
+        let mut hot = Vec::with_capacity(n_units);
+        for (l, &h) in p.ffn.iter().zip(&hot_counts) {
+            let (up_at, down_at, size) = hot_block(l, h);
+            let mut buf = AlignedBuf::new(size, PAD);
+            if h > 0 {
+                reader.read_exact_at(l.gate.offset, &mut buf[..h * l.gate.row_bytes])?;
+                reader.read_exact_at(l.up.offset, &mut buf[up_at..up_at + h * l.up.row_bytes])?;
+                reader.read_exact_at(
+                    l.down.offset,
+                    &mut buf[down_at..down_at + h * l.down.row_bytes],
+                )?;
+            }
+            hot.push(HotLayer {
+                n: h,
+                buf,
+                up_at,
+                down_at,
+            });
+        }
+        let stage = [AlignedBuf::new(p.stage, PAD), AlignedBuf::new(p.stage, PAD)];
+        let attn_size = match streamed_layers {
+            0 => 0,
+            _ => p.attn.iter().map(|a| a.size).max().unwrap_or(0),
+        };
+        let attn_buf = [
+            AlignedBuf::new(attn_size, PAD),
+            AlignedBuf::new(attn_size, PAD),
+        ];
+        Ok(Offload {
+            reader,
+            layers: p.ffn,
+            hot,
+            cache,
+            stage,
+            stage_unit: [None, None],
+            stats: OffloadStats::default(),
+            n_ff,
+            stream_from: p.attn.len() - streamed_layers,
+            attn: p.attn,
+            attn_buf,
+            attn_buf_layer: [None, None],
+            attn_pending: AtomicU64::new(0),
+            vocab: VocabStream::new(p.vocab, streamed_output_rows),
+            budget,
+            direct,
+            fallback,
+        })
+    }
+
+    /// FFN units (layers, or layers x experts).
+    pub fn units(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Neurons per unit.
+    pub fn n_ff(&self) -> usize {
+        self.n_ff
+    }
+
+    /// The budget's breakdown by region.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Pinned neurons per unit.
+    pub fn hot_counts(&self) -> Vec<usize> {
+        self.hot.iter().map(|h| h.n).collect()
+    }
+
+    /// Cold cache slots (neuron bundles).
+    pub fn cold_slots(&self) -> usize {
+        self.cache.n_slots()
+    }
+
+    /// Layers whose attention is read from flash each time they run (the last ones).
+    pub fn streamed_layers(&self) -> usize {
+        self.attn.len() - self.stream_from
+    }
+
+    /// Output matrix rows read from flash each time logits are computed (the last ones).
+    pub fn streamed_output_rows(&self) -> usize {
+        self.vocab.streamed_rows()
+    }
+
+    /// Whether embedding lookups read rows from flash (a separate token embedding, or tied
+    /// weights whose last rows stream).
+    pub fn streams_embedding(&self) -> bool {
+        self.vocab.streams_embedding()
+    }
+
+    pub fn stats(&self) -> &OffloadStats {
+        &self.stats
+    }
+
+    pub fn reader_stats(&self) -> pi2_io::ReaderStats {
+        self.reader.stats()
+    }
+
+    pub fn cache_stats(&self) -> &pi2_cache::CacheStats {
+        self.cache.stats()
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.stats = OffloadStats::default();
+        self.cache.reset_stats();
+    }
+
+    /// The read engine (`pread-direct`, ...) and why direct I/O is off, if it is.
+    pub fn engine(&self) -> (&'static str, Option<&str>) {
+        (self.reader.engine_name(), self.fallback.as_deref())
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+impl Offload {
+    /// Account for a completion taken from the reader by whoever was waiting: a streamed
+    /// read (attention, output rows, embedding rows) is no longer pending.
+    pub(crate) fn received(&self, tag: Tag) {
+        let pending = match tag {
+            Tag::Attention => &self.attn_pending,
+            Tag::Embedding => &self.vocab.embd_pending,
+            Tag::Output(b) => &self.vocab.pending[b],
+            Tag::Gate(_) | Tag::UpDown(_) | Tag::Stage => return,
+        };
+        pending.fetch_sub(1, AcqRel);
+    }
+
+    /// Receive completions (accounting for each) until `done`; the time blocked counts as
+    /// I/O wait.
+    fn wait_until(&mut self, done: impl Fn(&Offload) -> bool) -> Result<(), IoError> {
+        let t0 = std::time::Instant::now();
+        while !done(self) {
+            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
+                Ok(tag) => self.received(Tag::decode(tag)),
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            }
+        }
+        self.stats.io_wait_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// After a failed read: wait out what is still in flight into this offload's buffers and
+    /// forget what they held.
+    pub(crate) fn fail(&mut self) {
+        while self.reader.outstanding() > 0 && self.reader.recv().is_ok() {}
+        self.attn_pending.store(0, Release);
+        self.stage_unit = [None, None];
+        self.attn_buf_layer = [None, None];
+        self.vocab.forget();
+    }
+}
+
+type OpenedEngine = (Box<dyn ReadEngine>, bool, Option<String>);
+
+/// The configured read engine, whether it reads direct, and why not if `O_DIRECT` was refused.
+/// An emulated device always reads through `pread` from the page cache (its delays model the
+/// device one read at a time).
+fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, OffloadError> {
+    let pread = |e: PreadEngine| {
+        let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
+        (Box::new(e) as Box<dyn ReadEngine>, d, f)
+    };
+    Ok(match (&cfg.emulate, cfg.engine) {
+        (Some(_), _) => pread(PreadEngine::open_cached(path)?),
+        (None, IoEngine::Pread) => pread(PreadEngine::open(path, cfg.direct)?),
+        #[cfg(target_os = "linux")]
+        (None, IoEngine::Uring) => {
+            let e = pi2_io::UringEngine::open(path, cfg.direct, cfg.reader.depth)?;
+            let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
+            (Box::new(e), d, f)
+        }
+        #[cfg(not(target_os = "linux"))]
+        (None, IoEngine::Uring) => {
+            return Err(OffloadError::Model(
+                "the io_uring engine needs Linux; use the pread engine".into(),
+            ))
+        }
+    })
+}
