@@ -119,7 +119,7 @@ pub(crate) fn is_candidate(p: &PredictorWeights<'_>, act: FfnAct, score: f32) ->
 /// A neuron fires when its gate activation is not zero and reaches the threshold: with a
 /// ReLU-family FFN and threshold 0 that is exact (`> 0`), with SiLU `|act| >= threshold`.
 #[inline]
-pub(crate) fn fires(act: f32, threshold: f32) -> bool {
+pub fn fires(act: f32, threshold: f32) -> bool {
     act != 0.0 && act.abs() >= threshold
 }
 

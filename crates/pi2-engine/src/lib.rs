@@ -5,7 +5,6 @@
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
 
 mod attention;
-pub mod convert;
 mod engine;
 mod error;
 mod ffn;
@@ -23,6 +22,7 @@ pub mod topology;
 
 pub use engine::{Engine, EngineConfig, Logits, NeuronStep};
 pub use error::EngineError;
+pub use ffn::fires;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
 pub use offload::{
     min_budget, regions, IoEngine, Offload, OffloadConfig, OffloadError, OffloadStats, Regions,
@@ -30,6 +30,6 @@ pub use offload::{
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
-    profile_activation, transposed, Blob, PredictorWeights, SparseFfn, SparseLayer,
-    SparseModelError, SparseStats, Weight,
+    check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies, Blob,
+    PredictorWeights, SparseFfn, SparseLayer, SparseModelError, SparseStats, Weight,
 };

@@ -6,7 +6,7 @@
 mod common;
 
 use common::max_rel_diff;
-use pi2_engine::convert::{self, moe, ConvertConfig};
+use pi2_convert::{moe, ConvertConfig};
 use pi2_engine::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
@@ -151,7 +151,7 @@ fn converted(dir: &Path) -> (Model, Model, std::path::PathBuf) {
     let conv = Model::load(&out).unwrap();
     moe::verify(&src, &conv).unwrap();
     // Each expert is hot-first by the counts.
-    let freq = convert::unit_frequencies(&conv).unwrap().unwrap();
+    let freq = pi2_engine::unit_frequencies(&conv).unwrap().unwrap();
     assert_eq!(freq.len(), 8);
     for f in &freq {
         assert!(f.windows(2).all(|w| w[0] >= w[1]));
@@ -163,7 +163,7 @@ fn converted(dir: &Path) -> (Model, Model, std::path::PathBuf) {
 fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let (src, m, path) = converted(dir.path());
-    let (sp, profile) = convert::load_sparse(&m).unwrap().unwrap();
+    let (sp, profile) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     assert!(profile.is_none());
     assert_eq!((sp.experts, sp.layers.len()), (4, 8));
 
@@ -177,7 +177,7 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
         assert!(max_rel_diff(a, b) < 0.05, "{}", max_rel_diff(a, b));
     }
 
-    let freq = convert::unit_frequencies(&m).unwrap();
+    let freq = pi2_engine::unit_frequencies(&m).unwrap();
     let make = |e: &Engine<'_>, budget: u64, hot_share: f64| {
         Offload::new(
             &m,

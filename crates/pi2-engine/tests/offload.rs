@@ -4,7 +4,7 @@
 
 mod common;
 
-use pi2_engine::convert::{self, ConvertConfig};
+use pi2_convert::{self as convert, ConvertConfig};
 use pi2_engine::{Engine, EngineConfig, IoEngine, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_io::FaultPlan;
 use pi2_kernels::QuantType;
@@ -81,7 +81,7 @@ fn offload(
     e: &Engine<'_>,
     oc: OffloadConfig,
 ) -> Result<Offload, pi2_engine::OffloadError> {
-    let freq: Option<Vec<Vec<f32>>> = convert::load_sparse(m)
+    let freq: Option<Vec<Vec<f32>>> = pi2_engine::load_sparse(m)
         .unwrap()
         .and_then(|(_, p)| p)
         .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
@@ -118,7 +118,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
     let dir = tempfile::tempdir().unwrap();
     let path = converted(dir.path());
     let m = Model::load(&path).unwrap();
-    let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     let mut mem = Engine::new(&m, &cfg()).unwrap();
     mem.set_sparse(Some(&sp)).unwrap();
     let want = run(&mut mem).unwrap();
@@ -240,7 +240,7 @@ fn streamed_weights_give_the_same_logits() {
 
 fn streamed_weights_case(what: &str, path: &Path) {
     let m = Model::load(path).unwrap();
-    let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     let mut mem = Engine::new(&m, &cfg()).unwrap();
     mem.set_sparse(Some(&sp)).unwrap();
     let want = run(&mut mem).unwrap();
@@ -349,7 +349,7 @@ fn reader_faults_end_with_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = converted(dir.path());
     let m = Model::load(&path).unwrap();
-    let (sp, _) = convert::load_sparse(&m).unwrap().unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     for (plan, want) in [
         (
             FaultPlan {
@@ -396,7 +396,7 @@ fn offloading_needs_a_converted_model_and_its_file() {
     assert!(err.contains("pi2 convert"), "{err}");
     let path = converted(dir.path());
     let conv = Model::load(&path).unwrap();
-    let (sp, _) = convert::load_sparse(&conv).unwrap().unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&conv).unwrap().unwrap();
     let e = Engine::new(&conv, &cfg()).unwrap();
     let err = offload(&conv, &sp, &plain, &e, OffloadConfig::default())
         .err()

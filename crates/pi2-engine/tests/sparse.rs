@@ -3,7 +3,7 @@
 mod common;
 
 use common::max_rel_diff;
-use pi2_engine::convert::{self, ConvertConfig};
+use pi2_convert::{self as convert, ConvertConfig};
 use pi2_engine::{Engine, EngineConfig, Logits, SparseFfn};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
@@ -134,7 +134,7 @@ fn convert_round_trips_and_runs_sparse() {
         let conv = Model::load(&out).unwrap();
         convert::verify(&m, &conv).unwrap();
         assert_eq!(conv.file.alignment, 256);
-        let (sp, prof) = convert::load_sparse(&conv).unwrap().unwrap();
+        let (sp, prof) = pi2_engine::load_sparse(&conv).unwrap().unwrap();
         assert!(sp.use_predictor && prof.is_some());
         assert_eq!(sp.layers[0].predictor.as_ref().unwrap().kind, kind);
         // The converted model runs dense (prefill path) and sparse, and agrees with the source
@@ -162,7 +162,7 @@ fn convert_round_trips_and_runs_sparse() {
     let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
     bytes[at + 4] = b'X';
     let bad = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
-    let err = convert::load_sparse(&bad).unwrap_err().to_string();
+    let err = pi2_engine::load_sparse(&bad).unwrap_err().to_string();
     assert!(err.contains("pi2.sparse.thresholds"), "{err}");
 }
 
@@ -206,7 +206,7 @@ fn powerinfer_files_load() {
     let bytes = w.to_bytes();
     assert_eq!(&bytes[..4], b"PWRI");
     let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
-    let (sp, prof) = convert::load_sparse(&m).unwrap().unwrap();
+    let (sp, prof) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     assert!(prof.is_none() && sp.use_predictor);
     let p = sp.layers[0].predictor.as_ref().unwrap();
     assert_eq!(
@@ -238,7 +238,7 @@ fn bad_sparse_input_is_refused() {
     let err = e.set_sparse(Some(&sp)).unwrap_err().to_string();
     assert!(err.contains("transposed down"), "{err}");
     // a plain model has no sparse layout
-    assert!(convert::load_sparse(&m).unwrap().is_none());
+    assert!(pi2_engine::load_sparse(&m).unwrap().is_none());
 }
 
 /// ReLU-family FFNs are exactly sparse: at threshold 0 the two-phase path skips every neuron
@@ -271,7 +271,7 @@ fn sparse_weights_must_fit_the_model_they_are_used_with() {
         ..spec(QuantType::F32)
     });
     // A plain MoE file has no sparse layout (and runs dense).
-    assert!(convert::load_sparse(&moe).unwrap().is_none());
+    assert!(pi2_engine::load_sparse(&moe).unwrap().is_none());
     let dense = model(&spec(QuantType::F32));
     let dense_sp = SparseFfn::from_dense(&dense, &[0.0, 0.0], None).unwrap();
     let moe_sp = SparseFfn::from_dense(&moe, &[0.0, 0.0], None).unwrap();

@@ -10,6 +10,7 @@
 //! [`Model::load`] ties them together.
 
 pub mod arch;
+pub mod bundle;
 pub mod chat;
 pub mod error;
 pub mod gguf;

@@ -7,7 +7,7 @@ use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pi2_engine::convert::{self, ConvertConfig};
+use pi2_convert::{self as convert, ConvertConfig};
 use pi2_model::Model;
 use pi2_sparse::{FitConfig, PredictorKind, Profile};
 use std::path::{Path, PathBuf};

@@ -417,23 +417,16 @@ fn model_profile(
             confirmed: s.confirmed,
         })
         .collect();
-    let part = |name: &str| -> Result<RowPart> {
-        let t = f
-            .tensor(name)
-            .with_context(|| format!("tensor `{name}` is missing"))?;
-        Ok(RowPart {
-            ty: t.type_name().to_string(),
-            offset: f.data_offset + t.offset,
-            row_bytes: (t.size as usize) / c.n_ff,
-        })
-    };
+    // Where each neuron's rows lie (`pi2_model::bundle`).
     let mut ffn = Vec::new();
     for l in &model.weights.layers {
-        ffn.push(FfnLayer {
-            gate: part(&l.gate.name)?,
-            up: part(&l.up.name)?,
-            down: part(&l.down.name)?,
-        });
+        let [gate, up, down] =
+            pi2_model::bundle::neuron_parts(f, l, c.n_ff, 1, 0)?.map(|p| RowPart {
+                ty: p.ty.to_string(),
+                offset: p.offset,
+                row_bytes: p.row_bytes,
+            });
+        ffn.push(FfnLayer { gate, up, down });
     }
     let kv_per_pos = {
         let probe = Engine::new(

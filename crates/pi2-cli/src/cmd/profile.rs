@@ -175,7 +175,7 @@ fn profile_experts(
             .expect("valid template"),
     );
     let th = vec![threshold; c.n_layer];
-    let counts = pi2_engine::convert::moe::count_experts(&mut engine, tokens, chunk, &th, |d| {
+    let counts = pi2_convert::moe::count_experts(&mut engine, tokens, chunk, &th, |d| {
         pb.set_position(d as u64)
     })?;
     pb.finish_and_clear();
@@ -210,7 +210,7 @@ fn profile_experts(
 
 /// Per layer of a mixture-of-experts model: how tokens spread over experts and how many of an
 /// expert's neurons fire per routed token; for stand-ins, against the planted rates.
-pub fn print_expert_counts(model: &Model, counts: &pi2_engine::convert::moe::ExpertCounts) {
+pub fn print_expert_counts(model: &Model, counts: &pi2_convert::moe::ExpertCounts) {
     let spec = pi2_model::stand_in::StandInSpec::from_file(&model.file);
     let ne = counts.experts;
     println!(

@@ -86,7 +86,7 @@ pub fn build<'m>(
     if a.dense {
         return Ok(None);
     }
-    let converted = pi2_engine::convert::load_sparse(model)?;
+    let converted = pi2_engine::load_sparse(model)?;
     if converted.is_none() && !a.wanted() {
         return Ok(None);
     }
@@ -281,7 +281,7 @@ pub fn build_offload(
 
 /// The hot-neuron frequencies a converted model carries (pinning order across layers).
 pub fn frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>> {
-    Ok(pi2_engine::convert::unit_frequencies(model)?)
+    Ok(pi2_engine::unit_frequencies(model)?)
 }
 
 /// The offloaded FFN for `cfg` (see [`build_offload`]).

@@ -9,7 +9,7 @@ use crate::sparse::SparseFfn;
 use pi2_cache::{Budget, Lru, Region, SlotCache};
 use pi2_io::AlignedBuf;
 use pi2_kernels::QuantType;
-use pi2_model::Model;
+use pi2_model::{bundle, Model};
 
 /// Where one FFN matrix of a layer lies in the file.
 #[derive(Clone, Copy, Debug)]
@@ -178,22 +178,6 @@ impl Layout {
     }
 }
 
-fn is_bundle_tensor(name: &str) -> bool {
-    name.starts_with("blk.")
-        && [
-            "ffn_gate.weight",
-            "ffn_up.weight",
-            "ffn_down_t.weight",
-            "ffn_down.weight",
-            "ffn_gate_exps.weight",
-            "ffn_up_exps.weight",
-            "ffn_down_t_exps.weight",
-            "ffn_down_exps.weight",
-        ]
-        .iter()
-        .any(|s| name.ends_with(s))
-}
-
 /// A vocabulary-sized matrix in the file.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct VocabMat {
@@ -254,25 +238,19 @@ pub(crate) fn layout(
     let mut layout = Vec::with_capacity(c.n_layer * experts);
     let mut attn = Vec::with_capacity(c.n_layer);
     for l in &model.weights.layers {
-        // Expert e's rows follow the e experts before it in each stacked tensor.
-        let part = |name: &str, at: usize, e: usize| -> Result<Part, OffloadError> {
-            let t = f
-                .tensor(name)
-                .ok_or_else(|| OffloadError::Model(format!("tensor `{name}` is missing")))?;
-            let ty = QuantType::from_ggml_id(t.ggml_type)
-                .ok_or_else(|| OffloadError::Model(format!("`{name}`: unsupported type")))?;
-            let row_bytes = (t.size as usize) / (c.n_ff * experts);
-            Ok(Part {
-                offset: f.data_offset + t.offset + (e * c.n_ff * row_bytes) as u64,
-                ty,
-                row_bytes,
-                slot_at: at,
-            })
-        };
         for e in 0..experts {
-            let gate = part(&l.gate.name, 0, e)?;
-            let up = part(&l.up.name, pad(gate.row_bytes), e)?;
-            let down = part(&l.down.name, up.slot_at + pad(up.row_bytes), e)?;
+            // Each part's rows in the file (`pi2_model::bundle`), and where it sits in a slot.
+            let [g, u, d] = bundle::neuron_parts(f, l, c.n_ff, experts, e)
+                .map_err(|err| OffloadError::Model(err.to_string()))?;
+            let part = |p: bundle::NeuronPart, slot_at| Part {
+                offset: p.offset,
+                ty: p.ty,
+                row_bytes: p.row_bytes,
+                slot_at,
+            };
+            let gate = part(g, 0);
+            let up = part(u, pad(gate.row_bytes));
+            let down = part(d, up.slot_at + pad(up.row_bytes));
             let u = layout.len();
             if sparse.layers[u].down_t.rows != c.n_ff {
                 return Err(OffloadError::Model(format!(
@@ -321,7 +299,7 @@ pub(crate) fn layout(
     let fixed: u64 = f
         .tensors
         .iter()
-        .filter(|t| !is_bundle_tensor(&t.name))
+        .filter(|t| !bundle::is_neuron_tensor(&t.name))
         .map(|t| t.size)
         .sum::<u64>()
         - embd_bytes

@@ -1,7 +1,8 @@
 //! Shared by the integration tests: profiling a model over synthetic tokens and recording the
 //! predictor training samples, as `pi2 profile` and `pi2 convert` do.
 
-use pi2_engine::{convert, Engine, EngineConfig, Logits};
+use pi2_convert as convert;
+use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_model::Model;
 use pi2_sparse::{Activation, Calibration, ModelInfo, ProfileConfig, Profiler};
 

@@ -1,5 +1,5 @@
-//! Neuron-bundle model files: `pi2 convert` writes them, [`load_sparse`] reads them (and
-//! PowerInfer's sparse GGUF files).
+//! pi2-convert: writes neuron-bundle model files (`pi2_model::bundle`); `pi2_engine::load_sparse`
+//! reads them (and PowerInfer's sparse GGUF files).
 //!
 //! A converted file is a GGUF file. Dense tensors are copied byte for byte. Each FFN layer is
 //! re-laid out as neuron bundles, hot neurons first (by how often they fired on the calibration
@@ -13,12 +13,10 @@
 //! and the profile (renumbered to the file's neuron order) as JSON. There is no `ffn_down`:
 //! dense prefill reads the transposed rows too, so the file holds each weight once.
 
-use crate::engine::{Engine, Logits};
-use crate::sparse::{Blob, PredictorWeights, SparseFfn, SparseLayer, SparseModelError, Weight};
-use crate::EngineError;
+use pi2_engine::{check_thresholds, transposed, Engine, EngineError, Logits, SparseModelError};
 use pi2_kernels::QuantType;
 use pi2_model::writer::GgufWriter;
-use pi2_model::{GgufFile, Model, TokenId, Value};
+use pi2_model::{Model, TokenId, Value};
 use pi2_sparse::{
     Activation, FfnObserver, FitConfig, LayerSamples, Predictor, PredictorKind, Profile,
 };
@@ -27,20 +25,11 @@ use std::path::Path;
 
 pub mod moe;
 
-pub const KEY_VERSION: &str = "pi2.version";
-pub const FORMAT_VERSION: u32 = 1;
-const KEY_THRESHOLDS: &str = "pi2.sparse.thresholds";
-const KEY_SPARSITY: &str = "pi2.sparse.sparsity";
-const KEY_ACTIVATION: &str = "pi2.sparse.activation";
-const KEY_GRANULE: &str = "pi2.io.granule";
-const KEY_KIND: &str = "pi2.predictor.kind";
-const KEY_CUTS: &str = "pi2.predictor.cuts";
-const KEY_RECALL: &str = "pi2.predictor.recall";
-const KEY_CANDIDATES: &str = "pi2.predictor.candidates";
-const KEY_PROFILE: &str = "pi2.profile";
-const KEY_SOURCE: &str = "pi2.source";
-const POWERINFER_THRESHOLD: &str = "powerinfer.sparse_threshold";
-const GGML_I32: u32 = 26;
+use pi2_model::bundle::{
+    FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE,
+    KEY_PREDICTOR_KIND as KEY_KIND, KEY_PROFILE, KEY_RECALL, KEY_SOURCE, KEY_SPARSITY,
+    KEY_THRESHOLDS, KEY_VERSION,
+};
 
 /// Conversion errors.
 #[derive(Debug, thiserror::Error)]
@@ -62,200 +51,6 @@ pub enum ConvertError {
     Refused(String),
     #[error("the written file does not match what was converted: {0}")]
     Verify(String),
-}
-
-fn corrupt(msg: String) -> SparseModelError {
-    SparseModelError::Model(pi2_model::ModelError::Corrupt(msg))
-}
-
-fn f32s_le(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|x| f32::from_le_bytes(x.try_into().unwrap()))
-        .collect()
-}
-
-/// Per-layer float array from metadata.
-fn f32_array(f: &GgufFile, key: &str, n: usize) -> Result<Vec<f32>, SparseModelError> {
-    let a = f
-        .get(key)
-        .and_then(Value::as_array)
-        .ok_or_else(|| corrupt(format!("`{key}` is missing or not an array")))?;
-    let v: Option<Vec<f32>> = a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect();
-    match v {
-        Some(v) if v.len() == n => Ok(v),
-        _ => Err(corrupt(format!("`{key}` must hold {n} numbers"))),
-    }
-}
-
-fn weight<'a>(
-    f: &'a GgufFile,
-    name: &str,
-    rows: Option<usize>,
-    cols: Option<usize>,
-) -> Result<Option<Weight<'a>>, SparseModelError> {
-    let Some(t) = f.tensor(name) else {
-        return Ok(None);
-    };
-    let ty = QuantType::from_ggml_id(t.ggml_type)
-        .ok_or_else(|| corrupt(format!("{name}: unsupported type {}", t.type_name())))?;
-    let (c, r) = match t.dims[..] {
-        [c, r] => (c as usize, r as usize),
-        _ => return Err(corrupt(format!("{name}: not a matrix"))),
-    };
-    if rows.is_some_and(|x| x != r) || cols.is_some_and(|x| x != c) {
-        return Err(corrupt(format!(
-            "{name} is {r}x{c}, expected {}x{}",
-            rows.map_or("?".into(), |x| x.to_string()),
-            cols.map_or("?".into(), |x| x.to_string())
-        )));
-    }
-    Weight::new(ty, r, c, Blob::File(f.tensor_data(t)))
-        .map(Some)
-        .map_err(|e| corrupt(format!("{name}: {e}")))
-}
-
-/// The sparse weights of a converted model (and its profile), of a PowerInfer sparse GGUF file
-/// (predictors `blk.N.fc1/fc2`, `ffn_down_t`; no profile), or `None` for a plain model.
-pub fn load_sparse(
-    model: &Model,
-) -> Result<Option<(SparseFfn<'_>, Option<Profile>)>, SparseModelError> {
-    let f = &model.file;
-    let c = &model.config;
-    let pi2 = f.get(KEY_VERSION).is_some();
-    let powerinfer = !pi2 && f.tensor("blk.0.fc1.weight").is_some();
-    if !pi2 && !powerinfer {
-        return Ok(None);
-    }
-    if c.n_expert > 0 {
-        if !pi2 {
-            c.require_dense_ffn("PowerInfer sparse files")?;
-        }
-        check_version(f)?;
-        let t = f32_array(f, KEY_THRESHOLDS, c.n_layer)?;
-        crate::sparse::check_thresholds(&t, c.n_layer)?;
-        return Ok(Some((moe::load(model, t)?, None)));
-    }
-    let (kind, thresholds, cuts) = if pi2 {
-        check_version(f)?;
-        let kind = match f.get(KEY_KIND).and_then(Value::as_str) {
-            Some("none") => None,
-            Some(k) => Some(
-                PredictorKind::from_name(k)
-                    .ok_or_else(|| corrupt(format!("unknown predictor kind `{k}`")))?,
-            ),
-            None => return Err(corrupt(format!("`{KEY_KIND}` is missing"))),
-        };
-        let t = f32_array(f, KEY_THRESHOLDS, c.n_layer)?;
-        crate::sparse::check_thresholds(&t, c.n_layer)?;
-        let cuts = match kind {
-            Some(_) => f32_array(f, KEY_CUTS, c.n_layer)?,
-            None => vec![0.0; c.n_layer],
-        };
-        (kind, t, cuts)
-    } else {
-        // PowerInfer: sigmoid(score) > sparse_threshold, i.e. the logit above its log-odds.
-        let p = f
-            .get(POWERINFER_THRESHOLD)
-            .and_then(Value::as_f64)
-            .unwrap_or(0.5);
-        if !(p > 0.0 && p < 1.0) {
-            return Err(corrupt(format!(
-                "{POWERINFER_THRESHOLD} {p} is not in (0, 1)"
-            )));
-        }
-        let cut = (p / (1.0 - p)).ln() as f32;
-        (
-            Some(PredictorKind::Trained),
-            vec![0.0; c.n_layer],
-            vec![cut; c.n_layer],
-        )
-    };
-    let mut layers = Vec::with_capacity(c.n_layer);
-    for (li, l) in model.weights.layers.iter().enumerate() {
-        let name = |s: &str| format!("blk.{li}.{s}");
-        let down_t = if l.down_transposed {
-            Weight::new(
-                l.down.ty,
-                c.n_ff,
-                c.n_embd,
-                Blob::File(l.down.mat(f).bytes()),
-            )
-            .map_err(|e| corrupt(e.to_string()))?
-        } else {
-            weight(f, &name("ffn_down_t.weight"), Some(c.n_ff), Some(c.n_embd))?
-                .ok_or_else(|| corrupt(format!("{} is missing", name("ffn_down_t.weight"))))?
-        };
-        let predictor = match kind {
-            None => None,
-            Some(kind) => {
-                let fc1 = weight(f, &name("fc1.weight"), None, Some(c.n_embd))?
-                    .ok_or_else(|| corrupt(format!("{} is missing", name("fc1.weight"))))?;
-                let fc2 = weight(f, &name("fc2.weight"), Some(c.n_ff), Some(fc1.rows))?
-                    .ok_or_else(|| corrupt(format!("{} is missing", name("fc2.weight"))))?;
-                let bias = match f.tensor(&name("fc2.bias")) {
-                    None => None,
-                    Some(t) if t.ggml_type == 0 && t.n_elements() == c.n_ff as u64 => {
-                        Some(f32s_le(f.tensor_data(t)))
-                    }
-                    Some(_) => {
-                        return Err(corrupt(format!(
-                            "{} is not {} F32 values",
-                            name("fc2.bias"),
-                            c.n_ff
-                        )))
-                    }
-                };
-                Some(PredictorWeights {
-                    kind,
-                    fc1,
-                    fc2,
-                    bias,
-                    cut: cuts[li],
-                })
-            }
-        };
-        layers.push(SparseLayer {
-            threshold: thresholds[li],
-            down_t,
-            predictor,
-        });
-    }
-    let profile = match f.get(KEY_PROFILE).and_then(Value::as_str) {
-        Some(text) => {
-            Some(Profile::from_json(text, KEY_PROFILE).map_err(|e| corrupt(e.to_string()))?)
-        }
-        None => None,
-    };
-    let sp = SparseFfn {
-        experts: 1,
-        use_predictor: layers.iter().all(|l| l.predictor.is_some()),
-        layers,
-        batches_too: false,
-    };
-    Ok(Some((sp, profile)))
-}
-
-fn check_version(f: &GgufFile) -> Result<(), SparseModelError> {
-    let v = f.get(KEY_VERSION).and_then(Value::as_u64);
-    if v != Some(FORMAT_VERSION as u64) {
-        return Err(corrupt(format!(
-            "converted-model format version {v:?}; this pi2 reads {FORMAT_VERSION}"
-        )));
-    }
-    Ok(())
-}
-
-/// How often each neuron of each FFN unit (layer, or expert of a layer) fired on the
-/// calibration text, in the file's neuron order: what pins hot neurons across units. `None` for
-/// a model that is not converted or carries no profile.
-pub fn unit_frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>, SparseModelError> {
-    let Some((_, profile)) = load_sparse(model)? else {
-        return Ok(None);
-    };
-    if model.config.n_expert > 0 {
-        return moe::frequencies(model).map(Some);
-    }
-    Ok(profile.map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect()))
 }
 
 /// Records (x, fired) pairs per layer during a dense calibration run.
@@ -290,7 +85,7 @@ pub fn collect_samples(
             .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
             .collect(),
         thresholds,
-        act: crate::sparse::profile_activation(c.ffn_act),
+        act: pi2_engine::profile_activation(c.ffn_act),
     };
     let mut done = 0;
     for part in tokens.chunks(chunk.max(1)) {
@@ -368,7 +163,7 @@ pub fn convert(
             "mixture-of-experts models convert through `convert::moe::convert`".into(),
         ));
     }
-    crate::sparse::check_thresholds(thresholds, c.n_layer)?;
+    check_thresholds(thresholds, c.n_layer)?;
     check_granule(cfg.granule)?;
     if model.weights.layers.iter().any(|l| l.down_transposed) {
         return Err(ConvertError::Refused(
@@ -505,7 +300,7 @@ pub fn convert(
         }
         let down = l.down.mat(f);
         let dt = down_type(cfg.down_type, down.ty, c.n_embd)?;
-        let t = crate::sparse::transposed(&down);
+        let t = transposed(&down);
         let mut bytes = Vec::new();
         for &i in perm {
             let row = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
@@ -733,7 +528,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
             return Err(bad(format!("layer {li} has no transposed down matrix")));
         }
         let (down, dt) = (ls.down.mat(fs), lc.down.mat(fc));
-        let t = crate::sparse::transposed(&down);
+        let t = transposed(&down);
         let mut row = vec![0.0; c.n_embd];
         for (j, &i) in perm.iter().enumerate() {
             dt.dequantize_row(j, &mut row);
@@ -745,6 +540,6 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
             }
         }
     }
-    load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
+    pi2_engine::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
     Ok(())
 }

@@ -2,10 +2,13 @@
 //! optional predictor. Built from a converted model file (zero-copy) or from a dense model at load
 //! (the down matrix transposed in RAM).
 //!
-//! The engine's two-phase decode (see `Engine::ffn_block`) reads these: predictor -> candidate
+//! The engine's two-phase decode (`pipeline.rs`) reads these: predictor -> candidate
 //! neurons -> their gate rows -> confirmed neurons (`|act(gate . x)| >= threshold`) -> their up rows
-//! and down columns.
+//! and down columns. `load` reads them from converted and PowerInfer files.
 
+mod load;
+
+pub use load::{load_sparse, unit_frequencies};
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::Model;
 
@@ -247,7 +250,7 @@ fn layer_err(layer: usize, e: SparseModelError) -> SparseModelError {
     }
 }
 
-pub(crate) fn check_thresholds(t: &[f32], n_layer: usize) -> Result<(), SparseModelError> {
+pub fn check_thresholds(t: &[f32], n_layer: usize) -> Result<(), SparseModelError> {
     if t.len() != n_layer {
         return Err(SparseModelError::ThresholdCount(t.len(), n_layer));
     }

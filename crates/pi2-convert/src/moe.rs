@@ -1,5 +1,5 @@
 //! Mixture-of-experts conversion: every expert of every layer (a *unit*) is re-laid out as
-//! hot-first neuron bundles, the way [`super::convert`] lays out a dense layer.
+//! hot-first neuron bundles, the way [`crate::convert`] lays out a dense layer.
 //!
 //! Tensors of layer `N`: `ffn_gate_exps.weight` and `ffn_up_exps.weight` keep their shape (expert
 //! `e` owns rows `e*n_ff..(e+1)*n_ff`) with each expert's rows in hot-first order;
@@ -10,15 +10,13 @@
 //! predictors: conversion needs a ReLU-family FFN, whose activity is exact at threshold 0, or
 //! explicit thresholds.
 
-use super::{
-    corrupt, f32s_le, ConvertConfig, ConvertError, FORMAT_VERSION, GGML_I32, KEY_ACTIVATION,
-    KEY_GRANULE, KEY_KIND, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
-};
-use crate::engine::{Engine, Logits};
-use crate::ffn::fires;
-use crate::sparse::{Blob, SparseFfn, SparseLayer, SparseModelError, Weight};
-use crate::EngineError;
+use super::{ConvertConfig, ConvertError};
+use pi2_engine::{check_thresholds, fires, transposed, Engine, EngineError, Logits};
 use pi2_kernels::{MatRef, QuantType};
+use pi2_model::bundle::{
+    FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_GRANULE, KEY_MOE_CALIBRATION_TOKENS,
+    KEY_PREDICTOR_KIND as KEY_KIND, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
+};
 use pi2_model::writer::TensorLayout;
 use pi2_model::{FfnAct, Model, TokenId, Value};
 use pi2_sparse::FfnObserver;
@@ -26,72 +24,8 @@ use rayon::prelude::*;
 use std::io::Write;
 use std::path::Path;
 
-const KEY_CALIBRATION_TOKENS: &str = "pi2.moe.calibration_tokens";
-
 fn name(li: usize, s: &str) -> String {
     format!("blk.{li}.{s}")
-}
-
-/// The sparse weights of a converted mixture-of-experts file (zero-copy).
-pub(crate) fn load(model: &Model, thresholds: Vec<f32>) -> Result<SparseFfn<'_>, SparseModelError> {
-    let (f, c) = (&model.file, &model.config);
-    if f.get(KEY_KIND).and_then(Value::as_str) != Some("none") {
-        return Err(corrupt(
-            "a converted mixture-of-experts file must have no predictors".into(),
-        ));
-    }
-    let (ff, d) = (c.n_ff, c.n_embd);
-    let mut layers = Vec::with_capacity(c.n_layer * c.n_expert);
-    for (li, l) in model.weights.layers.iter().enumerate() {
-        if !l.down_transposed {
-            return Err(corrupt(format!(
-                "{} is missing",
-                name(li, "ffn_down_t_exps.weight")
-            )));
-        }
-        let down = l.down.mat(f);
-        for e in 0..c.n_expert {
-            let bytes = down.rows(e * ff..(e + 1) * ff).bytes();
-            let down_t = Weight::new(down.ty, ff, d, Blob::File(bytes))
-                .map_err(|e| corrupt(format!("layer {li}: {e}")))?;
-            layers.push(SparseLayer {
-                threshold: thresholds[li],
-                down_t,
-                predictor: None,
-            });
-        }
-    }
-    Ok(SparseFfn {
-        layers,
-        experts: c.n_expert,
-        use_predictor: false,
-        batches_too: false,
-    })
-}
-
-/// Per-unit firing frequencies of a converted mixture-of-experts file (`ffn_freq_exps`), in
-/// file neuron order.
-pub(crate) fn frequencies(model: &Model) -> Result<Vec<Vec<f32>>, SparseModelError> {
-    let (f, c) = (&model.file, &model.config);
-    let mut out = Vec::with_capacity(c.n_layer * c.n_expert);
-    for li in 0..c.n_layer {
-        let n = name(li, "ffn_freq_exps");
-        let t = f
-            .tensor(&n)
-            .ok_or_else(|| corrupt(format!("{n} is missing")))?;
-        if t.ggml_type != 0 || t.n_elements() != (c.n_ff * c.n_expert) as u64 {
-            return Err(corrupt(format!(
-                "{n} is not {} F32 values",
-                c.n_ff * c.n_expert
-            )));
-        }
-        out.extend(
-            f32s_le(f.tensor_data(t))
-                .chunks_exact(c.n_ff)
-                .map(<[f32]>::to_vec),
-        );
-    }
-    Ok(out)
 }
 
 /// How often each neuron of each unit fired on calibration tokens.
@@ -207,7 +141,7 @@ pub fn convert(
         ));
     }
     super::check_granule(cfg.granule)?;
-    crate::sparse::check_thresholds(thresholds, c.n_layer)?;
+    check_thresholds(thresholds, c.n_layer)?;
     if cfg.predictor.is_some() {
         return Err(ConvertError::Refused(
             "predictors for mixture-of-experts models are not supported; convert with no predictor"
@@ -256,7 +190,7 @@ pub fn convert(
         (KEY_GRANULE.into(), Value::U32(cfg.granule)),
         (KEY_THRESHOLDS.into(), floats(thresholds)),
         (KEY_KIND.into(), Value::String("none".into())),
-        (KEY_CALIBRATION_TOKENS.into(), Value::U64(counts.tokens)),
+        (KEY_MOE_CALIBRATION_TOKENS.into(), Value::U64(counts.tokens)),
         (
             KEY_SOURCE.into(),
             Value::String(model.name.clone().unwrap_or_else(|| "unnamed model".into())),
@@ -448,7 +382,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
                     )));
                 }
             }
-            let t = crate::sparse::transposed(&down.rows(e * d..(e + 1) * d));
+            let t = transposed(&down.rows(e * d..(e + 1) * d));
             let mine = dt.rows(e * ff..(e + 1) * ff);
             let bad_row = (0..ff).into_par_iter().find_first(|&j| {
                 let mut row = vec![0.0; d];
@@ -464,7 +398,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
             }
         }
     }
-    super::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
-    frequencies(converted)?;
+    pi2_engine::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
+    pi2_engine::unit_frequencies(converted)?;
     Ok(())
 }
