@@ -13,7 +13,7 @@
 //! and the profile (renumbered to the file's neuron order) as JSON. There is no `ffn_down`:
 //! dense prefill reads the transposed rows too, so the file holds each weight once.
 
-use pi2_engine::{check_thresholds, transposed, Engine, EngineError, Logits, SparseModelError};
+use pi2_engine::{check_thresholds, transposed, Engine, EngineError, Logits};
 use pi2_kernels::QuantType;
 use pi2_model::writer::GgufWriter;
 use pi2_model::{Model, TokenId, Value};
@@ -34,8 +34,6 @@ use pi2_model::bundle::{
 /// Conversion errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{0}")]
-    Sparse(#[from] SparseModelError),
     #[error("{0}")]
     Fit(#[from] pi2_sparse::SparseError),
     #[error("{0}")]

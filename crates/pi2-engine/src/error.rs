@@ -1,8 +1,11 @@
-//! The engine's errors.
+//! The engine's one error type: bad requests, sparse weights that do not fit, offloading,
+//! CPU topology. Every variant names what failed and, where it can, what to change.
 
+use pi2_kernels::QuantType;
 use pi2_model::TokenId;
+use std::path::PathBuf;
 
-/// Engine errors: bad requests rather than bad files (the model was checked at load).
+/// Everything the engine can refuse or fail at.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(
@@ -25,4 +28,30 @@ pub enum EngineError {
     Io(#[from] pi2_io::IoError),
     #[error("offloaded FFN: {0}")]
     Offload(String),
+    #[error(transparent)]
+    Budget(#[from] pi2_cache::CacheError),
+    #[error("{0}")]
+    Model(#[from] pi2_model::ModelError),
+    #[error("{0} thresholds given for a model of {1} layers")]
+    ThresholdCount(usize, usize),
+    #[error("threshold {0} of layer {1} is not a finite number >= 0")]
+    BadThreshold(f32, usize),
+    #[error(
+        "cannot store the transposed down matrix as {ty}: rows of {cols} elements need {need}"
+    )]
+    DownType {
+        ty: QuantType,
+        cols: usize,
+        need: &'static str,
+    },
+    #[error("sparse weights, layer {layer}: {msg}")]
+    SparseLayer { layer: usize, msg: String },
+    #[error("cannot read CPU topology at {path}: {msg}")]
+    Sysfs { path: PathBuf, msg: String },
+    #[error(
+        "bad core selection `{spec}`: {msg} (use big, mid, little, all, or CPU numbers like 0-3,6)"
+    )]
+    CoreSpec { spec: String, msg: String },
+    #[error("cannot pin a thread to CPU {cpu}: {msg}")]
+    Pin { cpu: usize, msg: String },
 }

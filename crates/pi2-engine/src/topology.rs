@@ -6,8 +6,9 @@
 //! `/sys/devices/system/cpu/cpu*/cpufreq/cpuinfo_max_freq` (falling back to `cpu_capacity`, then
 //! to one uniform cluster), fastest first.
 
+use crate::EngineError;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Where a cluster ranks by speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,19 +44,6 @@ pub struct Topology {
     pub clusters: Vec<Cluster>,
 }
 
-/// Bad `--cores` specifications and unreadable sysfs trees.
-#[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
-    #[error("cannot read CPU topology at {path}: {msg}")]
-    Sysfs { path: PathBuf, msg: String },
-    #[error(
-        "bad core selection `{spec}`: {msg} (use big, mid, little, all, or CPU numbers like 0-3,6)"
-    )]
-    BadSpec { spec: String, msg: String },
-    #[error("cannot pin a thread to CPU {cpu}: {msg}")]
-    Pin { cpu: usize, msg: String },
-}
-
 impl Topology {
     /// The running machine's topology (one uniform cluster where sysfs says nothing).
     pub fn detect() -> Topology {
@@ -76,8 +64,8 @@ impl Topology {
     }
 
     /// Reads a sysfs CPU tree (`root` is normally `/sys/devices/system/cpu`).
-    pub fn from_sysfs(root: &Path) -> Result<Topology, TopologyError> {
-        let err = |path: &Path, msg: String| TopologyError::Sysfs {
+    pub fn from_sysfs(root: &Path) -> Result<Topology, EngineError> {
+        let err = |path: &Path, msg: String| EngineError::Sysfs {
             path: path.to_path_buf(),
             msg,
         };
@@ -151,8 +139,8 @@ impl Topology {
     /// CPUs named by a `--cores` value: cluster names (`big`, `mid`, `little`, `all`) and CPU
     /// numbers or ranges (`0-3,6`), comma-separated, in the order given (duplicates dropped).
     /// Threads are placed on them in that order, so `big,mid` fills the big cores first.
-    pub fn select(&self, spec: &str) -> Result<Vec<usize>, TopologyError> {
-        let bad = |msg: String| TopologyError::BadSpec {
+    pub fn select(&self, spec: &str) -> Result<Vec<usize>, EngineError> {
+        let bad = |msg: String| EngineError::CoreSpec {
             spec: spec.to_string(),
             msg,
         };
@@ -279,12 +267,12 @@ pub fn allowed_cpus() -> Option<Vec<usize>> {
 }
 
 /// Pins the calling thread to one CPU.
-pub fn pin_current_thread(cpu: usize) -> Result<(), TopologyError> {
+pub fn pin_current_thread(cpu: usize) -> Result<(), EngineError> {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     unsafe {
         let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
         if cpu >= max {
-            return Err(TopologyError::Pin {
+            return Err(EngineError::Pin {
                 cpu,
                 msg: format!("CPU numbers go up to {}", max - 1),
             });
@@ -292,7 +280,7 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), TopologyError> {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(TopologyError::Pin {
+            return Err(EngineError::Pin {
                 cpu,
                 msg: std::io::Error::last_os_error().to_string(),
             });
@@ -300,7 +288,7 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), TopologyError> {
         Ok(())
     }
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
-    Err(TopologyError::Pin {
+    Err(EngineError::Pin {
         cpu,
         msg: "thread pinning is only implemented for Linux and Android".into(),
     })

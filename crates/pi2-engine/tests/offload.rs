@@ -80,7 +80,7 @@ fn offload(
     path: &Path,
     e: &Engine<'_>,
     oc: OffloadConfig,
-) -> Result<Offload, pi2_engine::OffloadError> {
+) -> Result<Offload, pi2_engine::EngineError> {
     let freq: Option<Vec<Vec<f32>>> = pi2_engine::load_sparse(m)
         .unwrap()
         .and_then(|(_, p)| p)

@@ -4,11 +4,13 @@ use crate::quant::{self, QK, QK_K};
 use std::fmt;
 
 /// Errors from building kernel views over caller-provided bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
     /// A row length that is not a whole number of blocks.
+    #[error("{ty} rows must be a multiple of {} elements, got {cols}", ty.block_len())]
     RowNotBlockAligned { ty: QuantType, cols: usize },
     /// The byte slice does not hold `rows x cols` elements of the type.
+    #[error("{ty} matrix {rows}x{cols} needs {expected} bytes, got {got}")]
     SizeMismatch {
         ty: QuantType,
         rows: usize,
@@ -17,37 +19,9 @@ pub enum KernelError {
         got: usize,
     },
     /// The bytes are not aligned for the block type's fields.
+    #[error("{ty} data must be {align}-byte aligned")]
     Misaligned { ty: QuantType, align: usize },
 }
-
-impl fmt::Display for KernelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::RowNotBlockAligned { ty, cols } => {
-                write!(
-                    f,
-                    "{ty} rows must be a multiple of {} elements, got {cols}",
-                    ty.block_len()
-                )
-            }
-            Self::SizeMismatch {
-                ty,
-                rows,
-                cols,
-                expected,
-                got,
-            } => {
-                write!(
-                    f,
-                    "{ty} matrix {rows}x{cols} needs {expected} bytes, got {got}"
-                )
-            }
-            Self::Misaligned { ty, align } => write!(f, "{ty} data must be {align}-byte aligned"),
-        }
-    }
-}
-
-impl std::error::Error for KernelError {}
 
 /// A weight element type (GGML numbering, see [`QuantType::from_ggml_id`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

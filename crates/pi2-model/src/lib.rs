@@ -14,7 +14,10 @@ pub mod bundle;
 pub mod chat;
 pub mod error;
 pub mod gguf;
+mod rng;
 pub mod stand_in;
+/// Small generated models for tests (feature `synth`): not part of the stable API.
+#[cfg(feature = "synth")]
 pub mod synth;
 pub mod tokenizer;
 pub mod writer;

@@ -23,8 +23,9 @@
 
 use crate::arch::{FfnAct, KEY_FFN_ACTIVATION};
 use crate::gguf::{GgufFile, Value};
-use crate::synth::Rng;
+use crate::rng::Rng;
 use crate::writer::TensorLayout;
+use crate::ModelError;
 use pi2_kernels::QuantType;
 
 /// A model shape: hyper-parameters of a real model.
@@ -307,34 +308,25 @@ pub struct StandIn {
     sigma_x: f32,
 }
 
-/// Problems with a stand-in request.
-#[derive(Debug, thiserror::Error)]
-pub enum StandInError {
-    #[error("{0}")]
-    Unsupported(String),
-    #[error("the tokenizer source has no `tokenizer.ggml.tokens`")]
-    NoTokenizer,
-}
-
 impl StandIn {
     /// Plan a stand-in with the tokenizer (every `tokenizer.*` key) of `tokenizer_source`.
-    pub fn new(spec: StandInSpec, tokenizer_source: &GgufFile) -> Result<StandIn, StandInError> {
+    pub fn new(spec: StandInSpec, tokenizer_source: &GgufFile) -> Result<StandIn, ModelError> {
         let s = spec.shape;
         let q = spec.quant;
         if q.quantize_row(&vec![0.0; q.block_len()]).is_none() {
-            return Err(StandInError::Unsupported(format!(
+            return Err(ModelError::Unsupported(format!(
                 "stand-ins in {q} (pi2 quantizes q4_0, q4_1, q4_k, q8_0, f16, f32)"
             )));
         }
         for (what, cols) in [("n_embd", s.n_embd), ("n_ff", s.n_ff)] {
             if cols % q.block_len() != 0 {
-                return Err(StandInError::Unsupported(format!(
+                return Err(ModelError::Unsupported(format!(
                     "{what} {cols} is not a multiple of the {q} block"
                 )));
             }
         }
         if !(0.0..=P_MAX).contains(&spec.rate) || spec.rate <= 0.0 || spec.alpha < 0.0 {
-            return Err(StandInError::Unsupported(format!(
+            return Err(ModelError::Unsupported(format!(
                 "rate {} must be in (0, {P_MAX}] and alpha {} >= 0",
                 spec.rate, spec.alpha
             )));
@@ -350,7 +342,9 @@ impl StandIn {
             .find(|(k, _)| k == "tokenizer.ggml.tokens")
             .and_then(|(_, v)| v.as_array())
             .map(|a| a.len())
-            .ok_or(StandInError::NoTokenizer)?;
+            .ok_or(ModelError::Tokenizer(
+                "the tokenizer source has no `tokenizer.ggml.tokens`".into(),
+            ))?;
         let a = "llama";
         let mut meta: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(a.into())),

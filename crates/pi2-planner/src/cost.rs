@@ -28,6 +28,7 @@
 use crate::hw::{HardwareProfile, KernelOp, ThreadRates};
 use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses, StreamedWeights};
 use crate::pipeline::{self, RowRequest, StepCost};
+use crate::PlanError;
 use pi2_io::ReaderConfig;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -134,6 +135,7 @@ pub struct CostModel<'a> {
     /// Simulate the reads of every `io_stride`-th recorded step only (the others take their
     /// average): planning time falls by the stride; 1 simulates every step.
     pub io_stride: usize,
+    /// Replays by split; a failed one keeps its message (errors are not `Clone`).
     replays: Mutex<HashMap<ReplayKey, Arc<Result<Replay, String>>>>,
     io: Mutex<HashMap<IoKey, Arc<IoCost>>>,
     /// FFN compute seconds of every recorded step, per (class, threads, mode).
@@ -161,12 +163,12 @@ impl<'a> CostModel<'a> {
         }
     }
 
-    fn rates(&self, k: &Knobs) -> Result<&ThreadRates, String> {
+    fn rates(&self, k: &Knobs) -> Result<&ThreadRates, PlanError> {
         self.hw.rates(k.class, k.threads).ok_or_else(|| {
-            format!(
-                "the hardware profile has no figures for {} thread(s) on core class {}",
+            PlanError::Hardware(format!(
+                "no figures for {} thread(s) on core class {} (profile this device again with `pi2 profile-hw`)",
                 k.threads, k.class
-            )
+            ))
         })
     }
 
@@ -180,7 +182,7 @@ impl<'a> CostModel<'a> {
             .residency
             .split(budget, hot_share)
             .and_then(|split| replay(self.model, &split));
-        let r = Arc::new(r);
+        let r = Arc::new(r.map_err(|e| e.to_string()));
         self.replays.lock().unwrap().insert(key, r.clone());
         r
     }
@@ -387,7 +389,7 @@ impl<'a> CostModel<'a> {
 
     /// Seconds per decoded token that no completion of a partial plan can beat: compute with
     /// no reads; once the memory split is known, reads at pure transfer speed.
-    pub fn decode_lower_bound(&self, k: &Knobs, split_known: bool) -> Result<f64, String> {
+    pub fn decode_lower_bound(&self, k: &Knobs, split_known: bool) -> Result<f64, PlanError> {
         let r = self.rates(k)?;
         let m = self.model;
         let tokens = m.tokens() as f64;
@@ -395,7 +397,10 @@ impl<'a> CostModel<'a> {
         let mut ffn = 0.0;
         let io = if split_known && k.mode == Mode::Offload {
             let rep = self.replay(k.budget, k.hot_share);
-            let rep = rep.as_ref().as_ref().map_err(|e| e.clone())?;
+            let rep = rep
+                .as_ref()
+                .as_ref()
+                .map_err(|e| PlanError::Unrunnable(e.clone()))?;
             let f = &self.hw.flash.with_load(k.threads);
             let conc = f.speedup(k.io_depth, None);
             Some(
@@ -461,14 +466,14 @@ impl<'a> CostModel<'a> {
     }
 
     /// The prediction for one plan, or why it cannot run.
-    pub fn evaluate(&self, k: &Knobs) -> Result<Prediction, String> {
+    pub fn evaluate(&self, k: &Knobs) -> Result<Prediction, PlanError> {
         let r = self.rates(k)?;
         let m = self.model;
         if k.cluster == 0 || !k.cluster.is_multiple_of(4) {
-            return Err(format!(
+            return Err(PlanError::Unrunnable(format!(
                 "cluster size {} must be a positive multiple of 4",
                 k.cluster
-            ));
+            )));
         }
         let tokens = m.tokens().max(1) as f64;
         let (attention, predictor, output, steps, serial) = self.fixed_parts(r, k.mode);
@@ -503,7 +508,10 @@ impl<'a> CostModel<'a> {
             }
             Mode::Offload => {
                 let rep = self.replay(k.budget, k.hot_share);
-                let rep = rep.as_ref().as_ref().map_err(|e| e.clone())?;
+                let rep = rep
+                    .as_ref()
+                    .as_ref()
+                    .map_err(|e| PlanError::Unrunnable(e.clone()))?;
                 let io = self.io_cost(k, r, rep);
                 let compute = self.step_compute(r, k);
                 let (mut exposed, mut total_io) = (0.0, 0.0);

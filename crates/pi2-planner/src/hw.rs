@@ -323,7 +323,7 @@ pub struct HwOptions<'a> {
     /// [`pi2_io::emulated`]).
     pub emulate: Option<pi2_io::FaultPlan>,
     /// Pins the calling thread to a CPU (thread `i` of a class runs on `cpus[i]`).
-    pub pin: Option<fn(usize) -> Result<(), String>>,
+    pub pin: Option<fn(usize)>,
     /// Progress lines.
     pub progress: &'a dyn Fn(&str),
 }
@@ -667,7 +667,7 @@ pub fn measure(o: HwOptions<'_>) -> Result<HardwareProfile, PlanError> {
                 .num_threads(threads)
                 .start_handler(move |i| {
                     if let Some(pin) = pin {
-                        let _ = pin(cpus[i % cpus.len()]);
+                        pin(cpus[i % cpus.len()]);
                     }
                 })
                 .build()
@@ -745,7 +745,7 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
                     let (stop, pin) = (&stop, o.pin);
                     sc.spawn(move || {
                         if let Some(pin) = pin {
-                            let _ = pin(cpu);
+                            pin(cpu);
                         }
                         // Busy like decode's workers: compute, and yield when idle.
                         while !stop.load(std::sync::atomic::Ordering::Relaxed) {

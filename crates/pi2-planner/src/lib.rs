@@ -40,6 +40,8 @@ pub enum PlanError {
     Hardware(String),
     #[error("model profile: {0}")]
     Model(String),
+    #[error("this plan cannot run: {0}")]
+    Unrunnable(String),
     #[error(transparent)]
     Io(#[from] pi2_io::IoError),
 }

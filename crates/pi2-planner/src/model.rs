@@ -4,6 +4,7 @@
 //! gives, for any split of memory into pinned neurons and cache slots, exactly which rows decode
 //! would read: the hit rate as a function of cache size, per plan, measured rather than assumed.
 
+use crate::PlanError;
 use pi2_cache::{Lru, SlotCache};
 use serde::{Deserialize, Serialize};
 
@@ -80,7 +81,11 @@ impl ModelProfile {
     }
 
     /// Checks the profile is internally consistent (a corrupt or foreign recording is refused).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PlanError> {
+        self.check().map_err(PlanError::Model)
+    }
+
+    fn check(&self) -> Result<(), String> {
         let n = self.n_layer;
         if n == 0 || self.n_ff == 0 {
             return Err("no layers".into());
@@ -151,7 +156,7 @@ pub struct StreamedWeights {
 pub trait Residency {
     /// How `budget` bytes split with `hot_share` of the neuron memory pinned; `Err` names
     /// why the budget cannot work (e.g. the minimum it needs).
-    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String>;
+    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, PlanError>;
     /// The smallest budget offloading accepts.
     fn min_budget(&self) -> u64;
     /// Resident bytes with the whole model in memory (file + KV cache + buffers).
@@ -191,12 +196,12 @@ const UPDOWN: u8 = 2;
 /// Replays the recorded steps through an LRU [`SlotCache`] the way the engine's decode uses it:
 /// per step, every unpinned candidate takes a slot (gate row read if absent), then every
 /// unpinned confirmed neuron's up/down rows are read if absent.
-pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, String> {
+pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, PlanError> {
     let (n_layer, n_ff) = (m.n_layer, m.n_ff);
     let slots = split.cold_slots.max(1);
     // The replay needs the cache's bookkeeping, not its bytes: one-byte slots.
     let mut cache = SlotCache::new(n_layer * n_ff, n_ff, 1, slots, Lru::default())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| PlanError::Unrunnable(e.to_string()))?;
     let mut out = Replay {
         steps: Vec::with_capacity(m.steps.len()),
         streamed: split.streamed,
@@ -218,9 +223,11 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, String
             let key = (li * n_ff + i as usize) as u32;
             let slot = match cache.lookup(key) {
                 Some(slot) => slot,
-                None => cache
-                    .insert(key)
-                    .ok_or("the neuron cache has no free slot (fewer slots than one layer)")?,
+                None => cache.insert(key).ok_or_else(|| {
+                    PlanError::Unrunnable(
+                        "the neuron cache has no free slot (fewer slots than one layer)".into(),
+                    )
+                })?,
             };
             if cache.parts(slot) & GATE == 0 {
                 miss.gate.push((k as u32, i));
@@ -317,13 +324,21 @@ mod tests {
         let mut m = toy(2, 64, 2);
         // Token 0, layer 1: neuron 1 is not a candidate ((1 * 7 + 1) % 5 = 3).
         m.steps[1].confirmed = vec![1];
-        assert!(m.validate().unwrap_err().contains("not a candidate"));
+        assert!(m
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not a candidate"));
         let mut m = toy(2, 64, 2);
         m.steps.pop();
-        assert!(m.validate().unwrap_err().contains("whole number"));
+        assert!(m
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("whole number"));
         let mut m = toy(2, 64, 2);
         m.steps[0].candidates = vec![70];
         m.steps[0].confirmed.clear();
-        assert!(m.validate().unwrap_err().contains("beyond"));
+        assert!(m.validate().unwrap_err().to_string().contains("beyond"));
     }
 }

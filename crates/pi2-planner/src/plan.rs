@@ -224,7 +224,7 @@ pub fn plan(cm: &CostModel<'_>, c: &Constraints, space: &Space) -> Result<Soluti
     let space_size = axes.iter().map(|&n| n as u64).product();
     match found {
         Some((at, _)) => {
-            let predicted = cm.evaluate(&knobs(&at)).map_err(PlanError::Infeasible)?;
+            let predicted = cm.evaluate(&knobs(&at))?;
             Ok(Solution {
                 knobs: knobs(&at),
                 predicted,

@@ -6,6 +6,7 @@ use crate::hw::{
     CoreClass, FlashPoint, FlashProfile, HardwareProfile, KernelOp, KernelRate, ThreadRates,
 };
 use crate::model::{FfnLayer, MatShape, ModelProfile, Residency, ResidencySplit, RowPart, Step};
+use crate::PlanError;
 
 /// `n_layer` layers of `n_ff` neurons (136-byte Q8_0 rows of 128 columns), `tokens` recorded
 /// tokens where neuron `i` of layer `l` is a candidate at token `t` when
@@ -139,9 +140,12 @@ impl ToyResidency {
 }
 
 impl Residency for ToyResidency {
-    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String> {
+    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, PlanError> {
         if budget < self.min_budget() {
-            return Err(format!("needs at least {} bytes", self.min_budget()));
+            return Err(PlanError::Infeasible(format!(
+                "needs at least {} bytes",
+                self.min_budget()
+            )));
         }
         let neurons = ((budget - self.fixed) / self.neuron_bytes) as usize;
         let spare = neurons - self.n_ff;

@@ -95,7 +95,7 @@ fn offloaded_decode_by_hand() {
 struct Streaming(ToyResidency, StreamedWeights);
 
 impl Residency for Streaming {
-    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String> {
+    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, pi2_planner::PlanError> {
         let mut s = self.0.split(budget, hot_share)?;
         s.streamed = self.1;
         Ok(s)

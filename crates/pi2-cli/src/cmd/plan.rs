@@ -269,7 +269,10 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         },
         read_time: Duration::from_millis(a.read_ms),
         uring,
-        pin: Some(|cpu| pi2_engine::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
+        // Best effort: an unpinned thread only measures less precisely.
+        pin: Some(|cpu| {
+            let _ = pi2_engine::topology::pin_current_thread(cpu);
+        }),
         progress: &progress,
     })?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -324,7 +327,7 @@ struct EngineResidency<'a> {
 }
 
 impl Residency for EngineResidency<'_> {
-    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, String> {
+    fn split(&self, budget: u64, hot_share: f64) -> Result<ResidencySplit, pi2_planner::PlanError> {
         let r = pi2_engine::regions(
             self.model,
             self.sparse,
@@ -334,7 +337,7 @@ impl Residency for EngineResidency<'_> {
             budget,
             hot_share,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| pi2_planner::PlanError::Infeasible(e.to_string()))?;
         Ok(ResidencySplit {
             hot_counts: r.hot_counts.clone(),
             cold_slots: r.cold_slots,
@@ -592,7 +595,10 @@ pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Opti
         uring: hw.flash.engine.starts_with("uring"),
         read_time: Duration::from_millis(600),
         emulate: emulate.map(parse_emulate).transpose()?,
-        pin: Some(|cpu| pi2_engine::topology::pin_current_thread(cpu).map_err(|e| e.to_string())),
+        // Best effort: an unpinned thread only measures less precisely.
+        pin: Some(|cpu| {
+            let _ = pi2_engine::topology::pin_current_thread(cpu);
+        }),
         progress: &progress,
     })?;
     hw.flash = flash;

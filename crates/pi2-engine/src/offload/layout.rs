@@ -4,8 +4,8 @@
 //! that reads the fewest bytes per token). Nothing here allocates buffers or reads.
 
 use super::vocab::EMBD_BATCH;
-use super::OffloadError;
 use crate::sparse::SparseFfn;
+use crate::EngineError;
 use pi2_cache::{Budget, Lru, Region, SlotCache};
 use pi2_io::AlignedBuf;
 use pi2_kernels::QuantType;
@@ -219,17 +219,17 @@ pub(crate) fn layout(
     sparse: &SparseFfn<'_>,
     kv_bytes: u64,
     scratch: u64,
-) -> Result<Layout, OffloadError> {
+) -> Result<Layout, EngineError> {
     let f = &model.file;
     let c = &model.config;
     if !model.weights.layers.iter().all(|l| l.down_transposed) {
-        return Err(OffloadError::Model(
+        return Err(EngineError::Offload(
             "offloading reads neuron bundles: convert the model first (`pi2 convert`)".into(),
         ));
     }
     let experts = c.n_expert.max(1);
     if sparse.layers.len() != c.n_layer * experts {
-        return Err(OffloadError::Model(format!(
+        return Err(EngineError::Offload(format!(
             "{} sparse units for {} layers of {experts}",
             sparse.layers.len(),
             c.n_layer
@@ -241,7 +241,7 @@ pub(crate) fn layout(
         for e in 0..experts {
             // Each part's rows in the file (`pi2_model::bundle`), and where it sits in a slot.
             let [g, u, d] = bundle::neuron_parts(f, l, c.n_ff, experts, e)
-                .map_err(|err| OffloadError::Model(err.to_string()))?;
+                .map_err(|err| EngineError::Offload(err.to_string()))?;
             let part = |p: bundle::NeuronPart, slot_at| Part {
                 offset: p.offset,
                 ty: p.ty,
@@ -253,7 +253,7 @@ pub(crate) fn layout(
             let down = part(d, up.slot_at + pad(up.row_bytes));
             let u = layout.len();
             if sparse.layers[u].down_t.rows != c.n_ff {
-                return Err(OffloadError::Model(format!(
+                return Err(EngineError::Offload(format!(
                     "unit {u}: transposed down shape"
                 )));
             }
@@ -370,7 +370,7 @@ pub fn min_budget(
     sparse: &SparseFfn<'_>,
     kv_bytes: u64,
     scratch: u64,
-) -> Result<u64, OffloadError> {
+) -> Result<u64, EngineError> {
     let p = layout(model, sparse, kv_bytes, scratch)?;
     let (stage, min_cold) = least_regions(&p, &model.config);
     Ok(p.fixed_streaming(p.streaming(0, u64::MAX)) + stage + min_cold)
@@ -398,7 +398,7 @@ pub fn regions(
     frequency: Option<&[Vec<f32>]>,
     budget: u64,
     hot_share: f64,
-) -> Result<Regions, OffloadError> {
+) -> Result<Regions, EngineError> {
     let c = &model.config;
     let n_ff = c.n_ff;
     let p = layout(model, sparse, kv_bytes, scratch)?;

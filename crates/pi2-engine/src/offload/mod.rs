@@ -21,6 +21,7 @@
 //! Residency never changes arithmetic: the same rows in the same clusters give the same logits
 //! as in-memory sparse decode.
 
+use crate::EngineError;
 mod layout;
 mod residency;
 mod streaming;
@@ -31,24 +32,13 @@ use crate::sparse::SparseFfn;
 pub(crate) use layout::Part;
 use layout::{hot_block, AttnLayout, FfnLayout, HotLayer, PAD};
 pub use layout::{min_budget, regions, Regions};
-use pi2_cache::{Budget, CacheError, Lru, SlotCache};
+use pi2_cache::{Budget, Lru, SlotCache};
 use pi2_io::{AlignedBuf, IoError, PreadEngine, ReadEngine, Reader, ReaderConfig};
 use pi2_model::Model;
 use std::path::Path;
 use vocab::VocabStream;
 
 use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Release};
-
-/// Offloading errors.
-#[derive(Debug, thiserror::Error)]
-pub enum OffloadError {
-    #[error(transparent)]
-    Budget(#[from] CacheError),
-    #[error(transparent)]
-    Io(#[from] IoError),
-    #[error("cannot offload this model: {0}")]
-    Model(String),
-}
 
 /// How reads reach the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -173,7 +163,7 @@ impl Offload {
         scratch: u64,
         frequency: Option<&[Vec<f32>]>,
         cfg: &OffloadConfig,
-    ) -> Result<Offload, OffloadError> {
+    ) -> Result<Offload, EngineError> {
         let n_ff = model.config.n_ff;
         let Regions {
             layout: p,
@@ -196,7 +186,7 @@ impl Offload {
 
         let (engine, direct, fallback) = open_engine(path, cfg)?;
         if engine.size() != model.file.file_size() {
-            return Err(OffloadError::Model(format!(
+            return Err(EngineError::Offload(format!(
                 "{} is not the file the model was loaded from",
                 path.display()
             )));
@@ -373,7 +363,7 @@ type OpenedEngine = (Box<dyn ReadEngine>, bool, Option<String>);
 /// The configured read engine, whether it reads direct, and why not if `O_DIRECT` was refused.
 /// An emulated device always reads through `pread` from the page cache (its delays model the
 /// device one read at a time).
-fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, OffloadError> {
+fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, EngineError> {
     let pread = |e: PreadEngine| {
         let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
         (Box::new(e) as Box<dyn ReadEngine>, d, f)
@@ -389,7 +379,7 @@ fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, Offload
         }
         #[cfg(not(target_os = "linux"))]
         (None, IoEngine::Uring) => {
-            return Err(OffloadError::Model(
+            return Err(EngineError::Offload(
                 "the io_uring engine needs Linux; use the pread engine".into(),
             ))
         }

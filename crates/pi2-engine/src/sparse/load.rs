@@ -1,16 +1,15 @@
 //! Reading the sparse weights of a converted file (`pi2_model::bundle`) or a PowerInfer sparse
 //! file: thresholds, transposed down rows and predictors, borrowed from the mapping.
 
-use super::{
-    check_thresholds, Blob, PredictorWeights, SparseFfn, SparseLayer, SparseModelError, Weight,
-};
+use super::{check_thresholds, Blob, PredictorWeights, SparseFfn, SparseLayer, Weight};
+use crate::EngineError;
 use pi2_kernels::QuantType;
 use pi2_model::bundle::{self, Tensor};
 use pi2_model::{GgufFile, Model, Value};
 use pi2_sparse::{PredictorKind, Profile};
 
-fn corrupt(msg: String) -> SparseModelError {
-    SparseModelError::Model(pi2_model::ModelError::Corrupt(msg))
+fn corrupt(msg: String) -> EngineError {
+    EngineError::Model(pi2_model::ModelError::Corrupt(msg))
 }
 
 fn f32s_le(b: &[u8]) -> Vec<f32> {
@@ -20,7 +19,7 @@ fn f32s_le(b: &[u8]) -> Vec<f32> {
 }
 
 /// Per-layer float array from metadata.
-fn f32_array(f: &GgufFile, key: &str, n: usize) -> Result<Vec<f32>, SparseModelError> {
+fn f32_array(f: &GgufFile, key: &str, n: usize) -> Result<Vec<f32>, EngineError> {
     let a = f
         .get(key)
         .and_then(Value::as_array)
@@ -37,7 +36,7 @@ fn weight<'a>(
     name: &str,
     rows: Option<usize>,
     cols: Option<usize>,
-) -> Result<Option<Weight<'a>>, SparseModelError> {
+) -> Result<Option<Weight<'a>>, EngineError> {
     let Some(t) = f.tensor(name) else {
         return Ok(None);
     };
@@ -61,9 +60,7 @@ fn weight<'a>(
 
 /// The sparse weights of a converted model (and its profile), of a PowerInfer sparse GGUF file
 /// (predictors `blk.N.fc1/fc2`, `ffn_down_t`; no profile), or `None` for a plain model.
-pub fn load_sparse(
-    model: &Model,
-) -> Result<Option<(SparseFfn<'_>, Option<Profile>)>, SparseModelError> {
+pub fn load_sparse(model: &Model) -> Result<Option<(SparseFfn<'_>, Option<Profile>)>, EngineError> {
     let f = &model.file;
     let c = &model.config;
     let kind = bundle::kind(f);
@@ -188,7 +185,7 @@ pub fn load_sparse(
 /// How often each neuron of each FFN unit (layer, or expert of a layer) fired on the
 /// calibration text, in the file's neuron order: what pins hot neurons across units. `None` for
 /// a model that is not converted or carries no profile.
-pub fn unit_frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>, SparseModelError> {
+pub fn unit_frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>, EngineError> {
     let Some((_, profile)) = load_sparse(model)? else {
         return Ok(None);
     };
@@ -199,7 +196,7 @@ pub fn unit_frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>, SparseMo
 }
 
 /// The sparse weights of a converted mixture-of-experts file (zero-copy).
-fn load_moe(model: &Model, thresholds: Vec<f32>) -> Result<SparseFfn<'_>, SparseModelError> {
+fn load_moe(model: &Model, thresholds: Vec<f32>) -> Result<SparseFfn<'_>, EngineError> {
     let (f, c) = (&model.file, &model.config);
     if f.get(bundle::KEY_PREDICTOR_KIND).and_then(Value::as_str) != Some("none") {
         return Err(corrupt(
@@ -237,7 +234,7 @@ fn load_moe(model: &Model, thresholds: Vec<f32>) -> Result<SparseFfn<'_>, Sparse
 
 /// Per-unit firing frequencies of a converted mixture-of-experts file (`ffn_freq_exps`), in
 /// file neuron order.
-fn moe_frequencies(model: &Model) -> Result<Vec<Vec<f32>>, SparseModelError> {
+fn moe_frequencies(model: &Model) -> Result<Vec<Vec<f32>>, EngineError> {
     let (f, c) = (&model.file, &model.config);
     let mut out = Vec::with_capacity(c.n_layer * c.n_expert);
     for li in 0..c.n_layer {

@@ -6,6 +6,7 @@
 //! neurons -> their gate rows -> confirmed neurons (`|act(gate . x)| >= threshold`) -> their up rows
 //! and down columns. `load` reads them from converted and PowerInfer files.
 
+use crate::EngineError;
 mod load;
 
 pub use load::{load_sparse, unit_frequencies};
@@ -18,27 +19,6 @@ pub fn profile_activation(act: pi2_model::FfnAct) -> pi2_sparse::Activation {
         pi2_model::FfnAct::Silu => pi2_sparse::Activation::Silu,
         pi2_model::FfnAct::Relu | pi2_model::FfnAct::DRelu => pi2_sparse::Activation::Relu,
     }
-}
-
-/// Sparse-weight errors: what does not fit the model or cannot be built.
-#[derive(Debug, thiserror::Error)]
-pub enum SparseModelError {
-    #[error("{0} thresholds given for a model of {1} layers")]
-    ThresholdCount(usize, usize),
-    #[error("threshold {0} of layer {1} is not a finite number >= 0")]
-    BadThreshold(f32, usize),
-    #[error(
-        "cannot store the transposed down matrix as {ty}: rows of {cols} elements need {need}"
-    )]
-    DownType {
-        ty: QuantType,
-        cols: usize,
-        need: &'static str,
-    },
-    #[error("layer {layer}: {msg}")]
-    Layer { layer: usize, msg: String },
-    #[error("{0}")]
-    Model(#[from] pi2_model::ModelError),
 }
 
 /// Bytes either borrowed from the model file or owned (8-byte aligned so every block type can be
@@ -99,16 +79,16 @@ impl<'a> Weight<'a> {
         rows: usize,
         cols: usize,
         values: &[f32],
-    ) -> Result<Weight<'static>, SparseModelError> {
+    ) -> Result<Weight<'static>, EngineError> {
         let mut bytes = Vec::new();
         for r in values.chunks_exact(cols) {
-            bytes.extend(ty.quantize_row(r).ok_or(SparseModelError::DownType {
+            bytes.extend(ty.quantize_row(r).ok_or(EngineError::DownType {
                 ty,
                 cols,
                 need: "a format pi2 can quantize to (F32, F16, Q8_0, Q4_0, Q4_1, Q4_K) and whole blocks",
             })?);
         }
-        Weight::new(ty, rows, cols, Blob::owned(&bytes)).map_err(|e| SparseModelError::Layer {
+        Weight::new(ty, rows, cols, Blob::owned(&bytes)).map_err(|e| EngineError::SparseLayer {
             layer: 0,
             msg: e.to_string(),
         })
@@ -180,7 +160,7 @@ impl SparseFfn<'_> {
         model: &Model,
         thresholds: &[f32],
         down_type: Option<QuantType>,
-    ) -> Result<SparseFfn<'static>, SparseModelError> {
+    ) -> Result<SparseFfn<'static>, EngineError> {
         let c = &model.config;
         check_thresholds(thresholds, c.n_layer)?;
         let experts = c.n_expert.max(1);
@@ -223,7 +203,7 @@ impl SparseFfn<'_> {
 
 impl SparseFfn<'_> {
     /// Replace every layer's confirm threshold (one per layer, shared by its experts).
-    pub fn set_thresholds(&mut self, thresholds: &[f32]) -> Result<(), SparseModelError> {
+    pub fn set_thresholds(&mut self, thresholds: &[f32]) -> Result<(), EngineError> {
         let experts = self.experts.max(1);
         check_thresholds(thresholds, self.layers.len() / experts)?;
         for (u, l) in self.layers.iter_mut().enumerate() {
@@ -243,23 +223,23 @@ impl SparseFfn<'_> {
     }
 }
 
-fn layer_err(layer: usize, e: SparseModelError) -> SparseModelError {
+fn layer_err(layer: usize, e: EngineError) -> EngineError {
     match e {
-        SparseModelError::Layer { msg, .. } => SparseModelError::Layer { layer, msg },
+        EngineError::SparseLayer { msg, .. } => EngineError::SparseLayer { layer, msg },
         e => e,
     }
 }
 
-pub fn check_thresholds(t: &[f32], n_layer: usize) -> Result<(), SparseModelError> {
+pub fn check_thresholds(t: &[f32], n_layer: usize) -> Result<(), EngineError> {
     if t.len() != n_layer {
-        return Err(SparseModelError::ThresholdCount(t.len(), n_layer));
+        return Err(EngineError::ThresholdCount(t.len(), n_layer));
     }
     if let Some((i, &v)) = t
         .iter()
         .enumerate()
         .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
     {
-        return Err(SparseModelError::BadThreshold(v, i));
+        return Err(EngineError::BadThreshold(v, i));
     }
     Ok(())
 }
