@@ -196,7 +196,9 @@ fn a_user_model_path_is_left_alone() {
 #[test]
 fn device_problems_get_clear_messages() {
     let phone = Phone::new();
-    let cases: [(&str, &[(&str, &str)], &[&str], &str); 6] = [
+    /// (devices listing, fake adb overrides, extra args, expected message)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+    let cases: [Case; 6] = [
         ("", &[], &[], "no Android device found"),
         (
             "A:device B:device",

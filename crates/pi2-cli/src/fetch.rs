@@ -383,7 +383,9 @@ mod tests {
         .unwrap_err();
         let msg = format!("{err:#}");
         assert!(
-            ["truncated", "zip", "extract"].iter().any(|w| msg.contains(w)),
+            ["truncated", "zip", "extract"]
+                .iter()
+                .any(|w| msg.contains(w)),
             "{msg}"
         );
     }

@@ -51,7 +51,7 @@ fn fails_with(args: &[&str], needle: &str) {
         1,
         "pi2 {args:?}: expected one error line, got {err}"
     );
-    let last = err.lines().filter(|l| !l.trim().is_empty()).last().unwrap();
+    let last = err.lines().rfind(|l| !l.trim().is_empty()).unwrap();
     assert!(
         last.starts_with("error: ") && last.contains(needle),
         "pi2 {args:?}: {err}"
@@ -299,7 +299,7 @@ fn bad_input_gives_one_clear_line() {
     );
     fails_with(
         &["run", "-m", &m(), "--kernel-tier", "sse9", "-p", "x"],
-        "unknown kernel tier",
+        "unknown tier `sse9`",
     );
     fails_with(&["run", "-m", &m(), "-t", "0", "-p", "x"], "--threads");
     fails_with(

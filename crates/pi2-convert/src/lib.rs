@@ -138,7 +138,7 @@ impl Default for ConvertConfig {
 
 /// Pick the storage type for predictor rows of `cols`.
 fn predictor_type(cols: usize) -> QuantType {
-    if cols % 32 == 0 {
+    if cols.is_multiple_of(32) {
         QuantType::Q8_0
     } else {
         QuantType::F16
@@ -172,8 +172,8 @@ pub fn convert(
         s.hold_out(cfg.held_out);
     }
     // Fit every layer (layers in parallel; each fit is single-threaded).
-    let fits: Vec<Result<(Vec<u32>, Option<Predictor>, LayerReport), ConvertError>> = (0..c
-        .n_layer)
+    type Fit = (Vec<u32>, Option<Predictor>, LayerReport);
+    let fits: Vec<Result<Fit, ConvertError>> = (0..c.n_layer)
         .into_par_iter()
         .map(|li| {
             let s = &samples[li];

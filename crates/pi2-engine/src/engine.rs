@@ -371,7 +371,7 @@ impl<'m> Engine<'m> {
         &mut self,
         tokens: &[TokenId],
         want: Logits,
-        mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
         let n = tokens.len();
         if n == 0 {
@@ -393,7 +393,7 @@ impl<'m> Engine<'m> {
         };
         self.prepare();
         let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(tokens, first_logit, observer.as_deref_mut()))?;
+        pool.install(|| self.forward_inner(tokens, first_logit, observer))?;
         let rows = n - first_logit;
         Ok(&self.s.logits[..rows * c.n_vocab])
     }

@@ -39,11 +39,24 @@ pub struct GenerateConfig {
     pub max_tokens: Option<usize>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// The prompt is evaluated in batches of at most this many tokens (llama.cpp's
+    /// `n_batch`): what the engine's batch buffers, and an offload budget, were sized for.
+    pub n_batch: usize,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        Self {
+            max_tokens: None,
+            ignore_eos: false,
+            n_batch: 512,
+        }
+    }
 }
 
 /// Generate after `prompt`. Tokens already in the engine's cache that equal the prompt's prefix
-/// are reused (chat turns); the rest is evaluated as one batch. `on_token` sees each new token
-/// and returns false to stop.
+/// are reused (chat turns); the rest is evaluated in batches of `cfg.n_batch`. `on_token` sees
+/// each new token and returns false to stop.
 pub fn generate(
     engine: &mut Engine<'_>,
     sampler: &mut Sampler,
@@ -67,8 +80,12 @@ pub fn generate(
     engine.prepare();
     let t0 = Instant::now();
     let rest = &prompt[common..];
-    let mut logits = engine.forward(rest, Logits::Last)?.to_vec();
-    cached.extend_from_slice(rest);
+    let mut logits = Vec::new();
+    for part in rest.chunks(cfg.n_batch.max(1)) {
+        logits.clear();
+        logits.extend_from_slice(engine.forward(part, Logits::Last)?);
+        cached.extend_from_slice(part);
+    }
     let prompt_time = t0.elapsed();
 
     let t1 = Instant::now();

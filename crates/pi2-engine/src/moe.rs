@@ -132,7 +132,12 @@ pub(crate) fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
         let best = (0..logits.len())
             .filter(|e| !out.iter().any(|p| p.0 == *e))
             .fold(None, |b: Option<usize>, e| match b {
-                Some(b) if !(logits[e] > logits[b]) => Some(b),
+                // Keep `b` unless `e` is strictly larger (NaN never wins).
+                Some(b)
+                    if logits[e].partial_cmp(&logits[b]) != Some(std::cmp::Ordering::Greater) =>
+                {
+                    Some(b)
+                }
                 _ => Some(e),
             });
         let Some(e) = best else { break };

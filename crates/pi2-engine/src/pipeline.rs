@@ -75,10 +75,12 @@ unsafe fn row_at<'a>(at: usize, len: usize) -> &'a [u8] {
     std::slice::from_raw_parts(at as *const u8, len)
 }
 
+/// Confirmed positions of the cluster a task is computing, their coefficients, up values,
+/// and the reads it queues.
+type ClusterBuffers = (Vec<u32>, Vec<f32>, Vec<f32>, Vec<Request>);
+
 thread_local! {
-    /// Confirmed positions of the cluster a task is computing, their coefficients, up values,
-    /// and the reads it queues.
-    static CONFIRMED: std::cell::RefCell<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<Request>)> =
+    static CONFIRMED: std::cell::RefCell<ClusterBuffers> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }
 

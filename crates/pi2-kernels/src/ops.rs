@@ -71,7 +71,7 @@ impl<'a> MatRef<'a> {
         let row_bytes = ty
             .row_bytes(cols)
             .ok_or(KernelError::RowNotBlockAligned { ty, cols })?;
-        let expected = row_bytes.checked_mul(rows).unwrap_or(usize::MAX);
+        let expected = row_bytes.saturating_mul(rows);
         if data.len() != expected {
             return Err(KernelError::SizeMismatch {
                 ty,
@@ -81,7 +81,7 @@ impl<'a> MatRef<'a> {
                 got: data.len(),
             });
         }
-        if data.as_ptr() as usize % ty.align() != 0 {
+        if !(data.as_ptr() as usize).is_multiple_of(ty.align()) {
             return Err(KernelError::Misaligned {
                 ty,
                 align: ty.align(),
@@ -198,7 +198,7 @@ impl ActBuf {
     /// Quantize `x` (`n` rows of `cols`, token-major) for `kind`.
     pub fn quantize(&mut self, kind: ActKind, x: &[f32], cols: usize) {
         assert!(
-            cols > 0 && x.len() % cols == 0,
+            cols > 0 && x.len().is_multiple_of(cols),
             "ActBuf::quantize: {} not a multiple of {cols}",
             x.len()
         );

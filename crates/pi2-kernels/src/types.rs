@@ -133,7 +133,7 @@ impl QuantType {
 
     /// Bytes of a row of `cols` elements, or `None` if `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if cols % self.block_len() != 0 {
+        if !cols.is_multiple_of(self.block_len()) {
             return None;
         }
         (cols / self.block_len()).checked_mul(self.block_bytes())
@@ -158,7 +158,7 @@ impl QuantType {
             let bs: Vec<B> = x.chunks_exact(B::LEN).map(q).collect();
             bytemuck::cast_slice(&bs).to_vec()
         }
-        if x.len() % self.block_len() != 0 {
+        if !x.len().is_multiple_of(self.block_len()) {
             return None;
         }
         Some(match self {

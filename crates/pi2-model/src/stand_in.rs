@@ -575,7 +575,7 @@ impl StandIn {
     /// Whether row `r` of tensor `t` writes channel 0 of the residual stream (row 0 of each
     /// expert's down matrix).
     fn is_row0(&self, r: usize) -> bool {
-        r % self.spec.shape.n_embd == 0
+        r.is_multiple_of(self.spec.shape.n_embd)
     }
 
     /// Bytes of the whole file.

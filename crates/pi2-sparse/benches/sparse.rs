@@ -9,13 +9,13 @@ fn bench_hit_rates(c: &mut Criterion) {
     let mut counts = vec![0u64; n];
     let mut rng = 7u64;
     for t in 0..tokens {
-        for i in 0..n {
+        for (i, count) in counts.iter_mut().enumerate() {
             rng = rng
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             if ((rng >> 33) % 1000) < (900 * 64 / (i as u64 + 64)).max(50) {
                 trace.set(0, t, i);
-                counts[i] += 1;
+                *count += 1;
             }
         }
     }

@@ -67,15 +67,13 @@ fn stack_distances(trace: &Trace, layer: usize, pinned: &[bool]) -> (Vec<u64>, u
                 pinned_hits += 1;
                 continue;
             }
-            match last[i] {
-                Some(p) => {
-                    // Distinct neurons used since p: marks after p (each neuron marks only its
-                    // latest use).
-                    let d = tree.prefix(now) - tree.prefix(p + 1);
-                    hist[d as usize] += 1;
-                    tree.add(p, -1);
-                }
-                None => {} // first use: a miss at every size
+            // A first use (no `last`) is a miss at every size.
+            if let Some(p) = last[i] {
+                // Distinct neurons used since p: marks after p (each neuron marks only its
+                // latest use).
+                let d = tree.prefix(now) - tree.prefix(p + 1);
+                hist[d as usize] += 1;
+                tree.add(p, -1);
             }
             tree.add(now, 1);
             last[i] = Some(now);
@@ -137,7 +135,7 @@ pub fn hit_rates(
                 let k = c - h;
                 pinned_hits + cum[k.min(cum.len() - 1)]
             };
-            let lru = splits.iter().find(|s| s.0 == 0).map_or(0, |s| with(s));
+            let lru = splits.iter().find(|s| s.0 == 0).map_or(0, &with);
             let (best_hits, best_h) = splits
                 .iter()
                 .filter(|s| s.0 <= c)
@@ -191,14 +189,14 @@ mod tests {
         let mut rng = 12345u64;
         let mut counts = vec![0u64; n];
         for t in 0..tokens {
-            for i in 0..n {
+            for (i, count) in counts.iter_mut().enumerate() {
                 rng = rng
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 // Low neurons fire more often: a skewed, realistic pattern.
                 if (rng >> 33) % 100 < (60 - i as u64).max(5) {
                     trace.set(0, t, i);
-                    counts[i] += 1;
+                    *count += 1;
                 }
             }
         }

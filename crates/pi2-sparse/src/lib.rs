@@ -66,7 +66,8 @@ pub trait FfnObserver {
 /// 2^((c-127)/16))`, so a threshold at a code edge is exact (`score >= edge(c)` iff
 /// `code(score) >= c`) and the resolution is 4.4%. Code 0 holds everything below 2^-8.
 pub fn score_code(score: f32) -> u8 {
-    if !(score >= code_edge(1)) {
+    // Also NaN: code 0.
+    if score.partial_cmp(&code_edge(1)).is_none_or(|o| o.is_lt()) {
         return 0;
     }
     let c = (score.log2() * 16.0 + 128.0).floor().clamp(1.0, 255.0) as u8;

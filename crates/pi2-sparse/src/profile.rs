@@ -197,7 +197,7 @@ impl Profile {
     pub fn from_json(text: &str, origin: &str) -> Result<Profile, SparseError> {
         let p = origin.to_string();
         let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| SparseError::BadProfile {
+            serde_json::from_str(text).map_err(|e| SparseError::BadProfile {
                 path: p.clone(),
                 msg: e.to_string(),
             })?;

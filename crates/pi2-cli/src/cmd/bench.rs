@@ -1,12 +1,13 @@
 //! `pi2 bench`: llama-bench style prompt-processing (ppN) and text-generation (tgN) throughput.
 //! Each test runs once to warm up, then `-r` timed repetitions from an empty context.
 
-use super::{engine_config, load_model};
+use super::sparse_args::OffloadArgs;
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use pi2_engine::{Engine, Logits};
+use pi2_engine::{Engine, EngineConfig, Logits, Offload, SparseFfn};
 use pi2_model::Model;
+use pi2_runtime::plan::{apply, bench_tokens, Applied};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -103,14 +104,6 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Deterministic pseudo-random prompt tokens (llama-bench uses random tokens too).
-pub(crate) fn tokens(model: &Model, n: usize) -> Vec<u32> {
-    let v = model.config.n_vocab as u64;
-    (0..n as u64)
-        .map(|i| ((i * 2654435761 + 12345) % v) as u32)
-        .collect()
-}
-
 fn time_prompt(e: &mut Engine<'_>, toks: &[u32]) -> Result<f64> {
     e.truncate(0);
     let t = Instant::now();
@@ -127,21 +120,70 @@ fn time_gen(e: &mut Engine<'_>, toks: &[u32], n: usize) -> Result<f64> {
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
+/// One offloaded configuration of the sweep: its row label, budget, settings, whether it runs
+/// at the least budget, and its cluster size (the ablation ladder's rungs differ in these).
+struct Budget {
+    label: String,
+    bytes: u64,
+    args: OffloadArgs,
+    least: bool,
+    cluster: Option<usize>,
+}
+
+/// How the FFN of a row runs: dense, sparse in memory, or sparse under budget `j`.
+#[derive(Clone, Copy)]
+enum Mode {
+    Dense,
+    Sparse,
+    Offload(usize),
+}
+
+/// Everything the sweep shares.
+struct Setup<'m> {
+    model: &'m Model,
+    path: std::path::PathBuf,
+    sparse: Option<SparseFfn<'m>>,
+    applied: Option<Applied>,
+    budgets: Vec<Budget>,
+    modes: Vec<Mode>,
+    base: EngineConfig,
+    threads: Vec<usize>,
+    name: String,
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.reps == 0 {
         bail!("-r/--repetitions must be at least 1");
     }
-    let model = load_model(&a.model)?;
     let path = super::model_path(&a.model)?;
+    let model = pi2_runtime::load_model(&path)?;
+    let setup = setup(&a, &model, path)?;
+    let mut rows = Vec::new();
+    for &t in &setup.threads {
+        bench_threads(&a, &setup, t, &mut rows)?;
+    }
+    if let Format::Json = a.output {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    Ok(())
+}
+
+/// Budgets (or the plan's), the sparse weights, the rows to measure, the base engine
+/// configuration and the thread counts.
+fn setup<'m>(a: &BenchArgs, model: &'m Model, path: std::path::PathBuf) -> Result<Setup<'m>> {
+    let file = model.file.file_size();
     let mut budgets = a
         .offload
         .mem_budget
         .iter()
         .map(|b| {
-            Ok((
-                b.clone(),
-                super::sparse_args::parse_size(b, model.file.file_size())?,
-            ))
+            Ok(Budget {
+                label: b.clone(),
+                bytes: pi2_runtime::options::parse_size("--mem-budget", b, file)?,
+                args: a.offload.clone(),
+                least: false,
+                cluster: None,
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let applied = match &a.plan {
@@ -149,18 +191,29 @@ pub fn run(a: BenchArgs) -> Result<()> {
             if a.model.threads.len() > 1 {
                 bail!("--plan sets the threads; drop -t");
             }
-            let ap = super::plan::apply(
+            let engine = pi2_runtime::EngineOptions {
+                threads: None,
+                ..a.model.engine_options_first()?
+            };
+            let emulate = a.offload.emulate_flash.as_deref();
+            let ap = apply(
                 spec,
-                &model,
+                model,
                 &path,
-                &a.model,
-                budgets.first().map(|b| b.1),
-                a.offload.emulate_flash.as_deref(),
+                &engine,
+                budgets.first().map(|b| b.bytes),
+                emulate,
             )?;
             budgets = ap
                 .offload
                 .as_ref()
-                .map(|o| ("plan".to_string(), o.budget))
+                .map(|o| Budget {
+                    label: "plan".into(),
+                    bytes: o.budget,
+                    args: a.offload.clone(),
+                    least: false,
+                    cluster: None,
+                })
                 .into_iter()
                 .collect();
             Some(ap)
@@ -172,307 +225,364 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // in memory touch every tensor anyway).
         model.file.advise_random();
     }
-    let sparse_args = applied
+    let mut sparse_opts = a.sparse.options();
+    if applied
         .as_ref()
-        .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));
-    let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
+        .is_some_and(|ap| ap.plan.knobs.mode == pi2_planner::cost::Mode::Dense)
+    {
+        sparse_opts.dense = true;
+    }
+    let sparse = pi2_runtime::sparse::build(&sparse_opts, model, &path, false)?;
     if !budgets.is_empty() && sparse.is_none() {
         bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert`");
     }
-    // The ablation ladder: one step per "budget" entry, each with its own offload settings
-    // and cluster size.
-    let mut ladder: Vec<(super::sparse_args::OffloadArgs, bool, Option<usize>)> = Vec::new();
     if a.ablation {
         if budgets.len() != 1 || applied.is_some() {
             bail!("--ablation needs exactly one --mem-budget and no --plan");
         }
-        let sp = sparse.as_ref().expect("checked");
-        let l0 = &model.weights.layers[0];
-        let row = [
-            l0.gate.mat(&model.file).row_bytes(),
-            l0.up.mat(&model.file).row_bytes(),
-            sp.layers[0].down_t.mat().row_bytes(),
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(1);
-        let full = a.offload.clone();
-        let naive = super::sparse_args::OffloadArgs {
-            hot_share: 0.0,
-            io_depth: 1,
-            max_read: row.to_string(),
-            merge_gap: "0".into(),
-            ..full.clone()
-        };
-        let merged = super::sparse_args::OffloadArgs {
-            max_read: full.max_read.clone(),
-            merge_gap: full.merge_gap.clone(),
-            ..naive.clone()
-        };
-        let cached = super::sparse_args::OffloadArgs {
-            hot_share: full.hot_share,
-            ..merged.clone()
-        };
-        // (settings, at the least budget, one cluster of everything)
-        ladder = vec![
-            (naive, true, Some(1 << 30)),
-            (merged, true, Some(1 << 30)),
-            (cached.clone(), false, Some(1 << 30)),
-            (cached, false, None),
-            (full, false, None),
-        ];
-        let b = budgets[0].clone();
-        let names = ["naive", "+merged", "+cache", "+pipeline", "+depth"];
-        budgets = names
-            .iter()
-            .map(|n| (format!("{} {n}", b.0), b.1))
-            .collect();
+        budgets = ladder(model, sparse.as_ref().expect("checked"), &budgets[0]);
     }
-    // Modes: dense, sparse in memory, then sparse under each budget (index into `budgets`).
-    let mut modes: Vec<(Option<&pi2_engine::SparseFfn<'_>>, Option<usize>)> = vec![(None, None)];
-    if let Some(sp) = &sparse {
-        modes.push((Some(sp), None));
-        modes.extend((0..budgets.len()).map(|j| (Some(sp), Some(j))));
-    }
-    if a.offload_only || a.ablation {
-        if budgets.is_empty() {
-            bail!("--offload-only needs --mem-budget");
-        }
-        modes.retain(|m| m.1.is_some());
-    }
-    if applied.is_some() {
-        // Only the plan's own configuration.
-        modes = vec![modes.pop().expect("one mode at least")];
-    }
-    // engine_config checks one thread count; bench sweeps the whole list.
+    let modes = modes(a, sparse.is_some(), budgets.len(), applied.is_some())?;
     let base = match &applied {
         Some(ap) => ap.cfg.clone(),
-        None => engine_config(&ModelArgs {
-            threads: a
-                .model
-                .threads
-                .first()
-                .map(|&t| t.max(1))
-                .into_iter()
-                .collect(),
-            ..a.model.clone()
-        })?,
+        None => a.model.engine_options_first()?.config()?,
     };
     let threads = if a.model.threads.is_empty() || applied.is_some() {
         vec![base.threads]
     } else {
         a.model.threads.clone()
     };
-    let main_type = {
-        let mut counts = std::collections::HashMap::<&str, u64>::new();
-        for t in &model.file.tensors {
-            *counts.entry(t.type_name()).or_default() += t.size;
-        }
-        counts
-            .into_iter()
-            .max_by_key(|&(_, b)| b)
-            .map(|(t, _)| t)
-            .unwrap_or("?")
+    Ok(Setup {
+        name: model_name(model),
+        model,
+        path,
+        sparse,
+        applied,
+        budgets,
+        modes,
+        base,
+        threads,
+    })
+}
+
+/// The ablation ladder: one mechanism added per rung, from naive per-row reads at the least
+/// budget to everything at the given one.
+fn ladder(model: &Model, sp: &SparseFfn<'_>, b: &Budget) -> Vec<Budget> {
+    let l0 = &model.weights.layers[0];
+    let row = [
+        l0.gate.mat(&model.file).row_bytes(),
+        l0.up.mat(&model.file).row_bytes(),
+        sp.layers[0].down_t.mat().row_bytes(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(1);
+    let full = b.args.clone();
+    let naive = OffloadArgs {
+        hot_share: 0.0,
+        io_depth: 1,
+        max_read: row.to_string(),
+        merge_gap: "0".into(),
+        ..full.clone()
     };
-    let name = format!(
+    let merged = OffloadArgs {
+        max_read: full.max_read.clone(),
+        merge_gap: full.merge_gap.clone(),
+        ..naive.clone()
+    };
+    let cached = OffloadArgs {
+        hot_share: full.hot_share,
+        ..merged.clone()
+    };
+    // (name, settings, at the least budget, one cluster of everything)
+    let one = Some(1 << 30);
+    [
+        ("naive", naive, true, one),
+        ("+merged", merged, true, one),
+        ("+cache", cached.clone(), false, one),
+        ("+pipeline", cached, false, None),
+        ("+depth", full, false, None),
+    ]
+    .into_iter()
+    .map(|(n, args, least, cluster)| Budget {
+        label: format!("{} {n}", b.label),
+        bytes: b.bytes,
+        args,
+        least,
+        cluster,
+    })
+    .collect()
+}
+
+/// The rows of every test: dense, sparse in memory, then sparse under each budget.
+fn modes(a: &BenchArgs, sparse: bool, n_budgets: usize, planned: bool) -> Result<Vec<Mode>> {
+    let mut modes = vec![Mode::Dense];
+    if sparse {
+        modes.push(Mode::Sparse);
+        modes.extend((0..n_budgets).map(Mode::Offload));
+    }
+    if a.offload_only || a.ablation {
+        if n_budgets == 0 {
+            bail!("--offload-only needs --mem-budget");
+        }
+        modes.retain(|m| matches!(m, Mode::Offload(_)));
+    }
+    if planned {
+        // Only the plan's own configuration.
+        modes = vec![modes.pop().expect("one mode at least")];
+    }
+    Ok(modes)
+}
+
+/// "qwen2 630M Q5_0": architecture, parameters and the type holding the most bytes.
+fn model_name(model: &Model) -> String {
+    let mut counts = std::collections::HashMap::<&str, u64>::new();
+    for t in &model.file.tensors {
+        *counts.entry(t.type_name()).or_default() += t.size;
+    }
+    let main_type = counts
+        .into_iter()
+        .max_by_key(|&(_, b)| b)
+        .map(|(t, _)| t)
+        .unwrap_or("?");
+    format!(
         "{} {:.0}M {main_type}",
         model.config.arch.name(),
         model.n_params() as f64 / 1e6
-    );
-    let mut rows = Vec::new();
-    for &t in &threads {
-        if t == 0 {
-            bail!("thread counts must be at least 1");
-        }
-        let mut cfg = base.clone();
-        cfg.threads = t;
-        let max_len = a
-            .n_prompt
-            .iter()
-            .chain(&a.n_gen)
-            .copied()
-            .max()
-            .unwrap_or(0);
-        cfg.n_ctx = cfg.n_ctx.max(max_len + 1);
-        // Generation runs one token per forward pass: only prompts need batch buffers.
-        let max_batch = a.n_prompt.iter().copied().max().unwrap_or(0).max(1);
-        if let Some(ap) = &applied {
-            // The plan's memory was accounted for its context.
-            if ap.plan.n_ctx <= max_len {
-                bail!(
-                    "the plan is for a context of {} tokens; the tests need {} (plan with a larger -c)",
-                    ap.plan.n_ctx,
-                    max_len + 1
-                );
-            }
-            cfg.n_ctx = ap.plan.n_ctx;
-        } else if !budgets.is_empty() {
-            // Under a budget the KV cache counts: hold only what the tests use.
-            cfg.n_ctx = max_len + 1;
-        }
-        let mut e = Engine::new(&model, &cfg)?;
-        let mut offloads = Vec::new();
-        let base_cluster = e.cluster();
-        for (j, (_, b)) in budgets.iter().enumerate() {
-            e.set_sparse(sparse.as_ref())?;
-            let sp = sparse.as_ref().expect("checked");
-            let o = match applied
-                .as_ref()
-                .and_then(|ap| ap.offload.as_ref().map(|o| (ap, o)))
-            {
-                Some((ap, ocfg)) => {
-                    super::sparse_args::offload_with(ocfg, &model, &path, sp, &e, ap.plan.n_batch)?
-                }
-                None => {
-                    let (args, least) = ladder.get(j).map_or((&a.offload, false), |l| (&l.0, l.1));
-                    let b = if least {
-                        pi2_engine::min_budget(
-                            &model,
-                            sp,
-                            e.kv_bytes_full() as u64,
-                            e.scratch_bytes(max_batch) as u64,
-                        )?
-                    } else {
-                        *b
-                    };
-                    super::sparse_args::build_offload(args, b, &model, &path, sp, &e, max_batch)?
-                }
-            };
-            offloads.push(Some(o));
-        }
-        let backend = format!("CPU ({})", e.tier().name());
-        let tests = a
-            .n_prompt
-            .iter()
-            .filter(|&&n| n > 0)
-            .map(|&n| (n, 0))
-            .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
-        for (np, ng) in tests {
-            let toks = tokens(&model, np.max(ng));
-            let run = |e: &mut Engine<'_>| {
-                if np > 0 {
-                    time_prompt(e, &toks)
-                } else {
-                    time_gen(e, &toks, ng)
-                }
-            };
-            let now = match &applied {
-                Some(ap) => super::plan::repredict_now(&model, &path, &ap.plan)?,
-                None => None,
-            };
-            let mut samples = vec![Vec::new(); modes.len()];
-            let mut stats = vec![None; modes.len()];
-            for rep in 0..=a.reps {
-                for (k, (mode, budget)) in modes.iter().enumerate() {
-                    e.set_sparse(*mode)?;
-                    if let Some(j) = budget {
-                        e.set_cluster(ladder.get(*j).and_then(|l| l.2).unwrap_or(base_cluster));
-                        e.set_offload(offloads[*j].take())?;
-                        e.offload_mut().expect("set").reset_stats();
-                    }
-                    e.reset_stats();
-                    let t0 = Instant::now();
-                    let ts = run(&mut e);
-                    let secs = t0.elapsed().as_secs_f64();
-                    let o = e.take_offload();
-                    let mut stat = mode.map(|_| super::sparse_args::stats_json(e.sparse_stats()));
-                    if let (Some(o), Some(serde_json::Value::Object(m))) = (&o, stat.as_mut()) {
-                        m.insert(
-                            "offload".into(),
-                            super::sparse_args::offload_json(o, np.max(ng), secs),
-                        );
-                    }
-                    if let Some(j) = budget {
-                        offloads[*j] = o;
-                    }
-                    let ts = ts?;
-                    if rep > 0 {
-                        // repetition 0 warms up
-                        samples[k].push(ts);
-                    }
-                    stats[k] = stat;
-                }
-            }
-            e.set_sparse(None)?;
-            let test = if np > 0 {
-                format!("pp{np}")
-            } else {
-                format!("tg{ng}")
-            };
-            for ((samples, stat), mode) in samples.into_iter().zip(stats).zip(&modes) {
-                let (avg, sd) = mean_sd(&samples);
-                let row = Row {
-                    model: name.clone(),
-                    size_bytes: model.file.file_size(),
-                    params: model.n_params(),
-                    backend: backend.clone(),
-                    threads: t,
-                    test: test.clone(),
-                    n_prompt: np,
-                    n_gen: ng,
-                    avg_ts: avg,
-                    stddev_ts: sd,
-                    samples_ts: samples,
-                    ffn: match mode {
-                        (None, _) => "dense".into(),
-                        (Some(_), None) => "sparse".into(),
-                        (Some(_), Some(j)) => format!("sparse@{}", budgets[*j].0),
-                    },
-                    sparse: stat,
-                    predicted_ts: applied.as_ref().map(|ap| {
-                        if np > 0 {
-                            ap.plan.predicted.prefill_tps
-                        } else {
-                            ap.plan.predicted.decode_tps
-                        }
-                    }),
-                    predicted_now_ts: now.map(|(d, p)| if np > 0 { p } else { d }),
-                };
-                if let Format::Md = a.output {
-                    let planned = applied.is_some();
-                    if rows.is_empty() {
-                        println!(
-                            "| model | size | params | backend | threads | ffn | test | t/s |{}",
-                            if planned {
-                                " predicted t/s | measured / predicted | predicted, flash now | measured / that |"
-                            } else {
-                                ""
-                            }
-                        );
-                        println!(
-                            "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |{}",
-                            if planned {
-                                " ---: | ---: | ---: | ---: |"
-                            } else {
-                                ""
-                            }
-                        );
-                    }
-                    let versus = row.predicted_ts.map_or(String::new(), |p| {
-                        let now = row.predicted_now_ts.map_or(" - | - |".into(), |n| {
-                            format!(" {n:.2} | {:.2} |", row.avg_ts / n)
-                        });
-                        format!(" {p:.2} | {:.2} |{now}", row.avg_ts / p)
-                    });
-                    println!(
-                        "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |{versus}",
-                        row.model,
-                        row.size_bytes as f64 / (1 << 20) as f64,
-                        row.params as f64 / 1e6,
-                        row.backend,
-                        row.threads,
-                        row.ffn,
-                        row.test,
-                        row.avg_ts,
-                        row.stddev_ts
-                    );
-                }
-                rows.push(row);
-            }
-        }
+    )
+}
+
+/// The engine configuration for `t` threads, with a context that holds the longest test.
+fn thread_config(a: &BenchArgs, s: &Setup<'_>, t: usize) -> Result<EngineConfig> {
+    if t == 0 {
+        bail!("thread counts must be at least 1");
     }
-    if let Format::Json = a.output {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+    let mut cfg = s.base.clone();
+    cfg.threads = t;
+    let max_len = a
+        .n_prompt
+        .iter()
+        .chain(&a.n_gen)
+        .copied()
+        .max()
+        .unwrap_or(0);
+    cfg.n_ctx = cfg.n_ctx.max(max_len + 1);
+    if let Some(ap) = &s.applied {
+        // The plan's memory was accounted for its context.
+        if ap.plan.n_ctx <= max_len {
+            bail!(
+                "the plan is for a context of {} tokens; the tests need {} (plan with a larger -c)",
+                ap.plan.n_ctx,
+                max_len + 1
+            );
+        }
+        cfg.n_ctx = ap.plan.n_ctx;
+    } else if !s.budgets.is_empty() {
+        // Under a budget the KV cache counts: hold only what the tests use.
+        cfg.n_ctx = max_len + 1;
+    }
+    Ok(cfg)
+}
+
+/// One offloaded FFN per budget for engine `e` (batches of `max_batch`).
+fn offloads<'s>(
+    s: &'s Setup<'_>,
+    e: &mut Engine<'s>,
+    max_batch: usize,
+) -> Result<Vec<Option<Offload>>> {
+    let file = s.model.file.file_size();
+    let mut out = Vec::new();
+    for b in &s.budgets {
+        e.set_sparse(s.sparse.as_ref())?;
+        let sp = s.sparse.as_ref().expect("checked");
+        let (cfg, n_batch) = match s
+            .applied
+            .as_ref()
+            .and_then(|ap| ap.offload.as_ref().map(|o| (ap, o)))
+        {
+            Some((ap, ocfg)) => (ocfg.clone(), ap.plan.n_batch),
+            None => {
+                let bytes = match b.least {
+                    true => pi2_runtime::offload::min_budget(s.model, sp, e, max_batch)?,
+                    false => b.bytes,
+                };
+                (b.args.options().config(bytes, file)?, max_batch)
+            }
+        };
+        out.push(Some(pi2_runtime::offload::build(
+            &cfg, s.model, &s.path, sp, e, n_batch,
+        )?));
+    }
+    Ok(out)
+}
+
+/// Every test at `t` threads, appending rows (and printing them for `-o md`).
+fn bench_threads(a: &BenchArgs, s: &Setup<'_>, t: usize, rows: &mut Vec<Row>) -> Result<()> {
+    let cfg = thread_config(a, s, t)?;
+    // Generation runs one token per forward pass: only prompts need batch buffers.
+    let max_batch = a.n_prompt.iter().copied().max().unwrap_or(0).max(1);
+    let mut e = Engine::new(s.model, &cfg)?;
+    let mut offloads = offloads(s, &mut e, max_batch)?;
+    let tests = a
+        .n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| (n, 0))
+        .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
+    for (np, ng) in tests {
+        let now = match &s.applied {
+            Some(ap) => pi2_runtime::hardware::repredict_now(s.model, &s.path, &ap.plan)?,
+            None => None,
+        };
+        let (samples, stats) = measure_test(a, s, &mut e, &mut offloads, np, ng)?;
+        for ((samples, stat), mode) in samples.into_iter().zip(stats).zip(&s.modes) {
+            let row = row(s, &e, t, np, ng, samples, stat, *mode, now);
+            if let Format::Md = a.output {
+                print_row(&row, rows.is_empty(), s.applied.is_some());
+            }
+            rows.push(row);
+        }
     }
     Ok(())
+}
+
+/// Samples and statistics of every mode for one test, modes interleaved repetition by
+/// repetition (repetition 0 warms up).
+fn measure_test<'s>(
+    a: &BenchArgs,
+    s: &'s Setup<'_>,
+    e: &mut Engine<'s>,
+    offloads: &mut [Option<Offload>],
+    np: usize,
+    ng: usize,
+) -> Result<(Vec<Vec<f64>>, Vec<Option<serde_json::Value>>)> {
+    let toks = bench_tokens(s.model, np.max(ng));
+    let base_cluster = s.base.cluster.max(4).div_ceil(4) * 4;
+    let mut samples = vec![Vec::new(); s.modes.len()];
+    let mut stats = vec![None; s.modes.len()];
+    for rep in 0..=a.reps {
+        for (k, mode) in s.modes.iter().enumerate() {
+            e.set_sparse(match mode {
+                Mode::Dense => None,
+                _ => s.sparse.as_ref(),
+            })?;
+            if let Mode::Offload(j) = mode {
+                e.set_cluster(s.budgets[*j].cluster.unwrap_or(base_cluster));
+                e.set_offload(offloads[*j].take())?;
+                e.offload_mut().expect("set").reset_stats();
+            }
+            e.reset_stats();
+            let t0 = Instant::now();
+            let ts = match np > 0 {
+                true => time_prompt(e, &toks),
+                false => time_gen(e, &toks, ng),
+            };
+            let secs = t0.elapsed().as_secs_f64();
+            let o = e.take_offload();
+            let mut stat = match mode {
+                Mode::Dense => None,
+                _ => Some(super::sparse_args::stats_json(e.sparse_stats())),
+            };
+            if let (Some(o), Some(serde_json::Value::Object(m))) = (&o, stat.as_mut()) {
+                m.insert(
+                    "offload".into(),
+                    super::sparse_args::offload_json(o, np.max(ng), secs),
+                );
+            }
+            if let Mode::Offload(j) = mode {
+                offloads[*j] = o;
+            }
+            let ts = ts?;
+            if rep > 0 {
+                samples[k].push(ts);
+            }
+            stats[k] = stat;
+        }
+    }
+    e.set_sparse(None)?;
+    Ok((samples, stats))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(
+    s: &Setup<'_>,
+    e: &Engine<'_>,
+    t: usize,
+    np: usize,
+    ng: usize,
+    samples: Vec<f64>,
+    stat: Option<serde_json::Value>,
+    mode: Mode,
+    now: Option<(f64, f64)>,
+) -> Row {
+    let (avg, sd) = mean_sd(&samples);
+    let pick = |(decode, prefill): (f64, f64)| if np > 0 { prefill } else { decode };
+    Row {
+        model: s.name.clone(),
+        size_bytes: s.model.file.file_size(),
+        params: s.model.n_params(),
+        backend: format!("CPU ({})", e.tier().name()),
+        threads: t,
+        test: if np > 0 {
+            format!("pp{np}")
+        } else {
+            format!("tg{ng}")
+        },
+        n_prompt: np,
+        n_gen: ng,
+        avg_ts: avg,
+        stddev_ts: sd,
+        samples_ts: samples,
+        ffn: match mode {
+            Mode::Dense => "dense".into(),
+            Mode::Sparse => "sparse".into(),
+            Mode::Offload(j) => format!("sparse@{}", s.budgets[j].label),
+        },
+        sparse: stat,
+        predicted_ts: s
+            .applied
+            .as_ref()
+            .map(|ap| pick((ap.plan.predicted.decode_tps, ap.plan.predicted.prefill_tps))),
+        predicted_now_ts: now.map(pick),
+    }
+}
+
+/// One markdown row (the header first).
+fn print_row(row: &Row, first: bool, planned: bool) {
+    if first {
+        println!(
+            "| model | size | params | backend | threads | ffn | test | t/s |{}",
+            if planned {
+                " predicted t/s | measured / predicted | predicted, flash now | measured / that |"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |{}",
+            if planned {
+                " ---: | ---: | ---: | ---: |"
+            } else {
+                ""
+            }
+        );
+    }
+    let versus = row.predicted_ts.map_or(String::new(), |p| {
+        let now = row.predicted_now_ts.map_or(" - | - |".into(), |n| {
+            format!(" {n:.2} | {:.2} |", row.avg_ts / n)
+        });
+        format!(" {p:.2} | {:.2} |{now}", row.avg_ts / p)
+    });
+    println!(
+        "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |{versus}",
+        row.model,
+        row.size_bytes as f64 / (1 << 20) as f64,
+        row.params as f64 / 1e6,
+        row.backend,
+        row.threads,
+        row.ffn,
+        row.test,
+        row.avg_ts,
+        row.stddev_ts
+    );
 }

@@ -1,7 +1,7 @@
 //! `pi2 chat`: interactive chat. Each turn re-renders the whole conversation with the model's
 //! template and evaluates only the tokens that differ from what the KV cache already holds.
 
-use super::{engine, load_model, sampler};
+use super::sampler;
 use crate::{utf8::Utf8Stream, ModelArgs, SampleArgs};
 use anyhow::Result;
 use clap::Args;
@@ -21,12 +21,23 @@ pub struct ChatArgs {
     /// Most tokens per reply
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     pub n_predict: usize,
+    #[command(flatten)]
+    pub sparse: super::sparse_args::SparseArgs,
+    #[command(flatten)]
+    pub offload: super::sparse_args::OffloadArgs,
+    /// Run a plan from `pi2 plan`, or `auto` to plan now (for --mem-budget, else in memory)
+    #[arg(long)]
+    pub plan: Option<String>,
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let model = load_model(&a.model)?;
+    let path = super::model_path(&a.model)?;
+    let model = pi2_runtime::load_model(&path)?;
     let template = model.chat_template()?;
-    let mut engine = engine(&model, &a.model)?;
+    let opts = super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "chat")?;
+    let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
+    // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens: buffers for those.
+    let mut engine = prepared.engine(GenerateConfig::default().n_batch)?;
     let mut sampler = sampler(&a.sample);
     let tok = &model.tokenizer;
     let mut messages = Vec::new();
@@ -36,6 +47,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let cfg = GenerateConfig {
         max_tokens: Some(a.n_predict),
         ignore_eos: false,
+        ..Default::default()
     };
     let mut cached = Vec::new();
     eprintln!("pi2 chat: type a message and press Enter; /reset clears the conversation, /exit or Ctrl-D quits.");

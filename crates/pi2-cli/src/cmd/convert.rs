@@ -1,7 +1,11 @@
 //! `pi2 convert`: a model re-laid out as hot-first neuron bundles, with predictors and thresholds
 //! (mixture-of-experts models: every expert's neurons, no predictors).
 
-use super::sparse_args::{check_sparsity, parse_type, thresholds};
+use pi2_runtime::sparse::{check_sparsity, thresholds};
+
+fn parse_type(name: &str) -> pi2_runtime::Result<pi2_kernels::QuantType> {
+    pi2_runtime::options::parse_type("--down-type", name)
+}
 use super::{engine, load_model, model_path};
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};

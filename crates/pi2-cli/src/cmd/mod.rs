@@ -17,7 +17,6 @@ use crate::{catalog, fetch, ModelArgs, SampleArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::{Engine, EngineConfig, Sampler, SamplerConfig};
-use pi2_kernels::Tier;
 use pi2_model::Model;
 use std::path::PathBuf;
 
@@ -95,42 +94,58 @@ pub fn load_model(a: &ModelArgs) -> Result<Model> {
     Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))
 }
 
-pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
-    let tier = match &a.kernel_tier {
-        None => None,
-        Some(name) => {
-            let t = Tier::from_name(name).with_context(|| {
-                let names: Vec<_> = Tier::ALL.iter().map(|t| t.name()).collect();
-                format!("unknown kernel tier `{name}` (known: {})", names.join(", "))
-            })?;
-            if !t.is_supported() {
-                bail!(
-                    "kernel tier `{name}` is not supported by this CPU (best: {})",
-                    Tier::detect().name()
-                );
-            }
-            Some(t)
+impl ModelArgs {
+    /// The engine options with the first of several thread counts (`pi2 bench` sweeps them).
+    pub fn engine_options_first(&self) -> Result<pi2_runtime::EngineOptions> {
+        ModelArgs {
+            threads: self
+                .threads
+                .first()
+                .map(|&t| t.max(1))
+                .into_iter()
+                .collect(),
+            ..self.clone()
         }
-    };
-    let cpus = match &a.cores {
-        None => Vec::new(),
-        Some(spec) => pi2_engine::topology::Topology::detect().select(spec)?,
-    };
-    let threads = match a.threads[..] {
-        [] if !cpus.is_empty() => cpus.len(),
-        [] => EngineConfig::default().threads,
-        [0] => bail!("--threads must be at least 1"),
-        [t] => t,
-        _ => bail!("--threads takes one number here (lists are for `pi2 bench`)"),
-    };
-    Ok(EngineConfig {
-        threads,
-        n_ctx: a.ctx_size,
-        tier,
-        cpus,
-        repack: !a.no_repack,
-        ..EngineConfig::default()
+        .engine_options()
+    }
+
+    /// The runtime's engine options (one thread count; `pi2 bench` sweeps its list itself).
+    pub fn engine_options(&self) -> Result<pi2_runtime::EngineOptions> {
+        let threads = match self.threads[..] {
+            [] => None,
+            [t] => Some(t),
+            _ => bail!("--threads takes one number here (lists are for `pi2 bench`)"),
+        };
+        Ok(pi2_runtime::EngineOptions {
+            threads,
+            n_ctx: self.ctx_size,
+            tier: self.kernel_tier.clone(),
+            cores: self.cores.clone(),
+            repack: !self.no_repack,
+        })
+    }
+}
+
+/// The runtime's session options from a command's arguments (`command` names it in errors).
+pub fn session_options(
+    model: &ModelArgs,
+    sparse: &sparse_args::SparseArgs,
+    offload: &sparse_args::OffloadArgs,
+    plan: Option<String>,
+    command: &str,
+) -> Result<pi2_runtime::SessionOptions> {
+    Ok(pi2_runtime::SessionOptions {
+        engine: model.engine_options()?,
+        sparse: sparse.options(),
+        mem_budget: offload.one_budget(command)?,
+        offload: offload.options(),
+        plan,
+        sparse_batches: false,
     })
+}
+
+pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
+    Ok(a.engine_options()?.config()?)
 }
 
 pub fn engine<'m>(model: &'m Model, a: &ModelArgs) -> Result<Engine<'m>> {

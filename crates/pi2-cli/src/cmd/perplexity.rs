@@ -1,6 +1,6 @@
 //! `pi2 perplexity`: llama-perplexity's chunking, running output and final line.
 
-use super::{engine, load_model};
+use super::load_model;
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -37,9 +37,15 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     }
     let n_ctx = a.model.ctx_size;
     let path = super::model_path(&a.model)?;
-    let sparse = super::sparse_args::build(&a.sparse, &model, &path, true)?;
-    let mut engine = engine(&model, &a.model)?;
-    engine.set_sparse(sparse.as_ref())?;
+    let opts = pi2_runtime::SessionOptions {
+        engine: a.model.engine_options()?,
+        sparse: a.sparse.options(),
+        sparse_batches: true,
+        ..Default::default()
+    };
+    let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
+    let sparse = prepared.sparse.as_ref();
+    let mut engine = prepared.engine(a.batch.min(n_ctx))?;
     eprintln!("perplexity: tokenizing the input ..");
     let tokens = model.tokenizer.encode(&text, true, false);
     if tokens.len() < 2 * n_ctx {

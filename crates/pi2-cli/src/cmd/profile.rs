@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pi2_engine::Logits;
 use pi2_model::Model;
-use pi2_sparse::{Calibration, ModelInfo, Profile, ProfileConfig, Profiler};
+use pi2_sparse::{Calibration, Profile, ProfileConfig, Profiler};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -48,21 +48,7 @@ pub fn companions(output: &Path) -> [PathBuf; 3] {
     ]
 }
 
-pub fn model_info(model: &Model, path: &Path) -> ModelInfo {
-    let c = &model.config;
-    ModelInfo {
-        architecture: c.arch.name().to_string(),
-        n_layer: c.n_layer,
-        n_embd: c.n_embd,
-        n_ff: c.n_ff,
-        activation: pi2_engine::profile_activation(c.ffn_act),
-        file_name: path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        file_bytes: model.file.file_size(),
-    }
-}
+pub use pi2_runtime::sparse::model_info;
 
 pub fn run(a: ProfileArgs) -> Result<()> {
     if let Some(s) = a.sparsity.filter(|s| !(0.0..1.0).contains(s)) {

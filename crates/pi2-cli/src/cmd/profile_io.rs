@@ -34,9 +34,9 @@ pub fn run(a: ProfileIoArgs) -> Result<()> {
     if size == 0 {
         bail!("{} is empty", a.path.display());
     }
-    let parse = |s: &String| super::sparse_args::parse_size(s, size);
-    let sizes = a.sizes.iter().map(parse).collect::<Result<Vec<_>>>()?;
-    let spans = a.spans.iter().map(parse).collect::<Result<Vec<_>>>()?;
+    let parse = |s: &String| pi2_runtime::options::parse_size("--sizes", s, size);
+    let sizes = a.sizes.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
+    let spans = a.spans.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
     if a.depths.contains(&0) {
         bail!("queue depths must be at least 1");
     }

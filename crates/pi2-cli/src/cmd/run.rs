@@ -1,6 +1,6 @@
 //! `pi2 run`: one prompt in, streamed text out (or one JSON object with `--json`).
 
-use super::{engine, load_model, sampler};
+use super::sampler;
 use crate::{rss, utf8::Utf8Stream, ModelArgs, SampleArgs};
 use anyhow::{bail, Result};
 use clap::Args;
@@ -46,39 +46,10 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let model = load_model(&a.model)?;
     let path = super::model_path(&a.model)?;
-    let budget = match &a.offload.mem_budget[..] {
-        [] => None,
-        [b] => Some(super::sparse_args::parse_size(b, model.file.file_size())?),
-        _ => bail!("`run` takes one --mem-budget (lists are for `pi2 bench`)"),
-    };
-    let applied = match &a.plan {
-        Some(spec) => Some(super::plan::apply(
-            spec,
-            &model,
-            &path,
-            &a.model,
-            budget,
-            a.offload.emulate_flash.as_deref(),
-        )?),
-        None => None,
-    };
-    if budget.is_some() || applied.as_ref().is_some_and(|ap| ap.offload.is_some()) {
-        // Before anything touches the tensors: see `GgufFile::advise_random`.
-        model.file.advise_random();
-    }
-    let sparse_args = applied
-        .as_ref()
-        .map_or(a.sparse.clone(), |ap| ap.sparse_args(&a.sparse));
-    let sparse = super::sparse_args::build(&sparse_args, &model, &path, false)?;
-    let mut engine = match &applied {
-        Some(ap) => pi2_engine::Engine::new(&model, &ap.cfg)?,
-        None => engine(&model, &a.model)?,
-    };
-    engine.set_sparse(sparse.as_ref())?;
-    let mut sampler = sampler(&a.sample);
-    let budget = if applied.is_some() { None } else { budget };
+    let model = pi2_runtime::load_model(&path)?;
+    let opts = super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "run")?;
+    let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let tok = &model.tokenizer;
     let prompt_text = if a.chat {
         model
@@ -92,6 +63,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
+    let cfg = GenerateConfig {
+        max_tokens: (a.n_predict >= 0).then_some(a.n_predict as usize),
+        ignore_eos: a.ignore_eos,
+        ..Default::default()
+    };
+    // The prompt is evaluated in batches of `cfg.n_batch`: buffers (and a budget) for those.
+    let mut engine = prepared.engine(prompt.len().min(cfg.n_batch))?;
     if prompt.len() >= engine.n_ctx() {
         bail!(
             "the prompt is {} tokens, longer than the context of {} (raise -c/--ctx-size)",
@@ -99,39 +77,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             engine.n_ctx()
         );
     }
-    if let Some(budget) = budget {
-        let Some(sp) = &sparse else {
-            bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)");
-        };
-        let o = super::sparse_args::build_offload(
-            &a.offload,
-            budget,
-            &model,
-            &path,
-            sp,
-            &engine,
-            prompt.len(),
-        )?;
-        engine.set_offload(Some(o))?;
-    }
-    if let Some(ocfg) = applied.as_ref().and_then(|ap| ap.offload.as_ref()) {
-        let Some(sp) = &sparse else {
-            bail!("the plan offloads FFN neurons: it needs the converted model it was made for");
-        };
-        let n_batch = prompt
-            .len()
-            .max(applied.as_ref().map_or(0, |ap| ap.plan.n_batch));
-        let o = super::sparse_args::offload_with(ocfg, &model, &path, sp, &engine, n_batch)?;
-        engine.set_offload(Some(o))?;
-    }
-    let cfg = GenerateConfig {
-        max_tokens: if a.n_predict < 0 {
-            None
-        } else {
-            Some(a.n_predict as usize)
-        },
-        ignore_eos: a.ignore_eos,
-    };
+    let mut sampler = sampler(&a.sample);
     let mut stream = Utf8Stream::default();
     let mut stdout = std::io::stdout().lock();
     if !a.json {
@@ -154,56 +100,81 @@ pub fn run(a: RunArgs) -> Result<()> {
             true
         },
     )?;
-    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
-    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
-    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-    let peak = rss::peak_rss_bytes();
     if a.json {
-        let text = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
-        let out = json!({
-            "prompt_ids": prompt,
-            "generated_ids": g.tokens,
-            "text": text,
-            "stop": format!("{:?}", g.stop),
-            "timings": {
-                "prompt_n": g.prompt_n,
-                "prompt_ms": prompt_ms,
-                "prompt_per_second": per_second(g.prompt_n, prompt_ms),
-                "predicted_n": g.tokens.len(),
-                "predicted_ms": predicted_ms,
-                "predicted_per_second": per_second(g.tokens.len(), predicted_ms),
-            },
-            "peak_rss_bytes": peak,
-            "threads": engine.threads(),
-            "kernel_tier": engine.tier().name(),
-            "sparse": sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
-            "offload": engine.offload().map(|o| super::sparse_args::offload_json(o, g.tokens.len(), predicted_ms / 1e3)),
-            "plan": applied.as_ref().map(|ap| json!({
-                "knobs": ap.plan.knobs,
-                "predicted_decode_per_second": ap.plan.predicted.decode_tps,
-                "predicted_prefill_per_second": ap.plan.predicted.prefill_tps,
-                "predicted_memory_bytes": ap.plan.predicted.memory,
-            })),
-        });
+        let out = report_json(&prepared, &engine, &prompt, &g);
         writeln!(stdout, "{}", serde_json::to_string_pretty(&out)?)?;
     } else {
         writeln!(stdout, "{}", stream.finish())?;
-        eprintln!();
-        eprintln!(
-            "prompt eval: {:>8.2} ms / {:>4} tokens ({:>8.2} tokens per second)",
-            prompt_ms,
-            g.prompt_n,
-            per_second(g.prompt_n, prompt_ms)
-        );
-        eprintln!(
-            "       eval: {:>8.2} ms / {:>4} tokens ({:>8.2} tokens per second)",
-            predicted_ms,
-            g.tokens.len(),
-            per_second(g.tokens.len(), predicted_ms)
-        );
-        if let Some(p) = peak {
-            eprintln!("   peak RSS: {}", rss::human(p));
-        }
+        print_timings(&g);
     }
     Ok(())
+}
+
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1e3 / ms
+    } else {
+        0.0
+    }
+}
+
+/// The `--json` object: ids, text, llama-server style timings, peak RSS, sparse and offload
+/// statistics, the plan.
+fn report_json(
+    prepared: &pi2_runtime::Prepared<'_>,
+    engine: &pi2_engine::Engine<'_>,
+    prompt: &[u32],
+    g: &pi2_engine::Generation,
+) -> serde_json::Value {
+    let tok = &prepared.model.tokenizer;
+    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
+    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
+    let text = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
+    json!({
+        "prompt_ids": prompt,
+        "generated_ids": g.tokens,
+        "text": text,
+        "stop": format!("{:?}", g.stop),
+        "timings": {
+            "prompt_n": g.prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_second": per_second(g.prompt_n, prompt_ms),
+            "predicted_n": g.tokens.len(),
+            "predicted_ms": predicted_ms,
+            "predicted_per_second": per_second(g.tokens.len(), predicted_ms),
+        },
+        "peak_rss_bytes": rss::peak_rss_bytes(),
+        "threads": engine.threads(),
+        "kernel_tier": engine.tier().name(),
+        "sparse": prepared.sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
+        "offload": engine.offload().map(|o| super::sparse_args::offload_json(o, g.tokens.len(), predicted_ms / 1e3)),
+        "plan": prepared.applied.as_ref().map(|ap| json!({
+            "knobs": ap.plan.knobs,
+            "predicted_decode_per_second": ap.plan.predicted.decode_tps,
+            "predicted_prefill_per_second": ap.plan.predicted.prefill_tps,
+            "predicted_memory_bytes": ap.plan.predicted.memory,
+        })),
+    })
+}
+
+/// llama.cpp's timing lines, on stderr.
+fn print_timings(g: &pi2_engine::Generation) {
+    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
+    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
+    eprintln!();
+    eprintln!(
+        "prompt eval: {:>8.2} ms / {:>4} tokens ({:>8.2} tokens per second)",
+        prompt_ms,
+        g.prompt_n,
+        per_second(g.prompt_n, prompt_ms)
+    );
+    eprintln!(
+        "       eval: {:>8.2} ms / {:>4} tokens ({:>8.2} tokens per second)",
+        predicted_ms,
+        g.tokens.len(),
+        per_second(g.tokens.len(), predicted_ms)
+    );
+    if let Some(p) = rss::peak_rss_bytes() {
+        eprintln!("   peak RSS: {}", rss::human(p));
+    }
 }

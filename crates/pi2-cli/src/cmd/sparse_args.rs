@@ -1,13 +1,9 @@
-//! The sparse-FFN options shared by `run`, `perplexity` and `bench`, and building the engine's
-//! sparse weights from them.
+//! The sparse-FFN and offloading options shared by `run`, `chat`, `perplexity` and `bench`, as
+//! the runtime's plain options, and how their statistics print.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
-use pi2_engine::SparseFfn;
-use pi2_kernels::QuantType;
-use pi2_model::Model;
-use pi2_sparse::Profile;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SparseArgs {
@@ -38,101 +34,18 @@ pub struct SparseArgs {
 }
 
 impl SparseArgs {
-    /// Whether any option asks for sparsity.
-    pub fn wanted(&self) -> bool {
-        self.sparse || self.sparsity.is_some() || self.threshold.is_some()
-    }
-}
-
-pub fn parse_type(name: &str) -> Result<QuantType> {
-    QuantType::ALL
-        .into_iter()
-        .find(|t| t.to_string().eq_ignore_ascii_case(name))
-        .with_context(|| format!("unknown tensor type `{name}`"))
-}
-
-pub fn check_sparsity(s: f32) -> Result<f32> {
-    if !(0.0..=0.95).contains(&s) {
-        bail!("--sparsity {s} is outside 0..0.95");
-    }
-    Ok(s)
-}
-
-fn load_profile(path: &Path, model: &Model, model_path: &Path) -> Result<Profile> {
-    let p = Profile::load(path)?;
-    p.model
-        .check_compatible(&super::profile::model_info(model, model_path))
-        .with_context(|| format!("profile {}", path.display()))?;
-    Ok(p)
-}
-
-/// Per-layer thresholds for `sparsity` from a profile.
-pub fn thresholds(p: &Profile, sparsity: f32) -> Result<Vec<f32>> {
-    check_sparsity(sparsity)?;
-    Ok(p.layers
-        .iter()
-        .map(|l| l.threshold_for(sparsity))
-        .collect::<Result<_, _>>()?)
-}
-
-/// The sparse FFN the options ask for (`None`: dense). `batches` makes batches sparse too
-/// (perplexity measures the sparse model; prefill otherwise stays dense).
-pub fn build<'m>(
-    a: &SparseArgs,
-    model: &'m Model,
-    model_path: &Path,
-    batches: bool,
-) -> Result<Option<SparseFfn<'m>>> {
-    if a.dense {
-        return Ok(None);
-    }
-    let converted = pi2_engine::load_sparse(model)?;
-    if converted.is_none() && !a.wanted() {
-        return Ok(None);
-    }
-    let n_layer = model.config.n_layer;
-    let chosen: Option<Vec<f32>> = match (a.threshold, a.sparsity) {
-        (Some(t), _) => {
-            if !(t.is_finite() && t >= 0.0) {
-                bail!("--threshold {t} must be a number >= 0");
-            }
-            Some(vec![t; n_layer])
+    /// The runtime's sparse options.
+    pub fn options(&self) -> pi2_runtime::SparseOptions {
+        pi2_runtime::SparseOptions {
+            sparse: self.sparse,
+            dense: self.dense,
+            sparsity: self.sparsity,
+            threshold: self.threshold,
+            profile: self.profile.clone(),
+            no_predictor: self.no_predictor,
+            down_type: self.down_type.clone(),
         }
-        (None, Some(s)) => {
-            let profile = match (&a.profile, &converted) {
-                (Some(p), _) => load_profile(p, model, model_path)?,
-                (None, Some((_, Some(p)))) => p.clone(),
-                _ => bail!(
-                    "--sparsity needs per-layer thresholds: pass --profile (from `pi2 profile`) \
-                     or use a model made by `pi2 convert`"
-                ),
-            };
-            Some(thresholds(&profile, s)?)
-        }
-        (None, None) => None,
-    };
-    let mut sp = match converted {
-        Some((sp, _)) => sp,
-        None => {
-            // ReLU-family FFNs are exactly sparse at threshold 0: nothing to choose.
-            let exact = model
-                .config
-                .ffn_act
-                .exact_sparsity()
-                .then(|| vec![0.0; n_layer]);
-            let Some(t) = chosen.as_ref().or(exact.as_ref()) else {
-                bail!("--sparse on a model that was not converted needs --sparsity with --profile, or --threshold");
-            };
-            let down = a.down_type.as_deref().map(parse_type).transpose()?;
-            SparseFfn::from_dense(model, t, down)?
-        }
-    };
-    if let Some(t) = &chosen {
-        sp.set_thresholds(t)?;
     }
-    sp.use_predictor = sp.has_predictors() && !a.no_predictor;
-    sp.batches_too = batches;
-    Ok(Some(sp))
 }
 
 /// The measured fractions on stderr: candidates, confirmed, FFN bytes, recall per layer.
@@ -211,6 +124,30 @@ pub enum IoEngineArg {
     Uring,
 }
 
+impl OffloadArgs {
+    /// The runtime's offload options (the budget is separate: `bench` takes a list).
+    pub fn options(&self) -> pi2_runtime::OffloadOptions {
+        pi2_runtime::OffloadOptions {
+            hot_share: self.hot_share,
+            direct: !self.no_direct,
+            io_depth: self.io_depth,
+            io_engine: self.io_engine.into(),
+            max_read: self.max_read.clone(),
+            merge_gap: self.merge_gap.clone(),
+            emulate_flash: self.emulate_flash.clone(),
+        }
+    }
+
+    /// The one budget of `run`, `chat` and `serve`.
+    pub fn one_budget(&self, command: &str) -> Result<Option<String>> {
+        match &self.mem_budget[..] {
+            [] => Ok(None),
+            [b] => Ok(Some(b.clone())),
+            _ => bail!("`{command}` takes one --mem-budget (lists are for `pi2 bench`)"),
+        }
+    }
+}
+
 impl From<IoEngineArg> for pi2_engine::IoEngine {
     fn from(a: IoEngineArg) -> Self {
         match a {
@@ -218,95 +155,6 @@ impl From<IoEngineArg> for pi2_engine::IoEngine {
             IoEngineArg::Uring => Self::Uring,
         }
     }
-}
-
-/// `48M`, `1.5G`, `4096`, `512K`, or `50%` of `file_bytes`.
-pub fn parse_size(s: &str, file_bytes: u64) -> Result<u64> {
-    let t = s.trim();
-    let bad = || anyhow::anyhow!("cannot read `{s}` as a size (examples: 48M, 1.5G, 50%)");
-    if let Some(p) = t.strip_suffix('%') {
-        let p: f64 = p.trim().parse().map_err(|_| bad())?;
-        if !(p > 0.0 && p.is_finite()) {
-            bail!("size `{s}` must be a positive percentage");
-        }
-        return Ok((file_bytes as f64 * p / 100.0) as u64);
-    }
-    let (num, mult) = match t.char_indices().last().map(|(_, c)| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    if !(v >= 0.0 && v.is_finite()) {
-        return Err(bad());
-    }
-    Ok((v * mult as f64) as u64)
-}
-
-/// The offloaded FFN for `budget` bytes, for `engine` (its KV cache and buffers for batches of
-/// `n_batch` tokens count against the budget).
-pub fn build_offload(
-    a: &OffloadArgs,
-    budget: u64,
-    model: &Model,
-    path: &Path,
-    sparse: &SparseFfn<'_>,
-    engine: &pi2_engine::Engine<'_>,
-    n_batch: usize,
-) -> Result<pi2_engine::Offload> {
-    let file = model.file.file_size();
-    let cfg = pi2_engine::OffloadConfig {
-        budget,
-        hot_share: a.hot_share,
-        direct: !a.no_direct,
-        engine: a.io_engine.into(),
-        reader: pi2_io::ReaderConfig {
-            max_request: parse_size(&a.max_read, file)? as usize,
-            depth: a.io_depth.max(1),
-            merge_gap: parse_size(&a.merge_gap, file)? as usize,
-        },
-        faults: None,
-        emulate: a
-            .emulate_flash
-            .as_deref()
-            .map(super::plan::parse_emulate)
-            .transpose()?,
-    };
-    if !(0.0..=1.0).contains(&a.hot_share) {
-        bail!("--hot-share {} is outside 0..1", a.hot_share);
-    }
-    offload_with(&cfg, model, path, sparse, engine, n_batch)
-}
-
-/// The hot-neuron frequencies a converted model carries (pinning order across layers).
-pub fn frequencies(model: &Model) -> Result<Option<Vec<Vec<f32>>>> {
-    Ok(pi2_engine::unit_frequencies(model)?)
-}
-
-/// The offloaded FFN for `cfg` (see [`build_offload`]).
-pub fn offload_with(
-    cfg: &pi2_engine::OffloadConfig,
-    model: &Model,
-    path: &Path,
-    sparse: &SparseFfn<'_>,
-    engine: &pi2_engine::Engine<'_>,
-    n_batch: usize,
-) -> Result<pi2_engine::Offload> {
-    let freq = frequencies(model)?;
-    let o = pi2_engine::Offload::new(
-        model,
-        sparse,
-        path,
-        engine.kv_bytes_full() as u64,
-        engine.scratch_bytes(n_batch) as u64,
-        freq.as_deref(),
-        cfg,
-    )?;
-    if let (_, Some(why)) = o.engine() {
-        eprintln!("note: direct I/O is off ({why}); reading buffered and dropping the pages");
-    }
-    Ok(o)
 }
 
 /// What the offloaded FFN did, for `--json` (decode of `tokens` tokens in `decode_secs`).

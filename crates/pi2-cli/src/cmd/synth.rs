@@ -1,12 +1,12 @@
 //! `pi2 synth`: a full-size stand-in model (real shape, real tokenizer, planted activation
 //! statistics) streamed to disk. See `pi2_model::stand_in` for the construction.
 
-use super::sparse_args::parse_type;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pi2_model::stand_in::{Shape, StandIn, StandInSpec, SHAPES};
 use pi2_model::{FfnAct, GgufFile};
+use pi2_runtime::options::parse_type;
 use rayon::prelude::*;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -51,7 +51,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     let spec = StandInSpec {
         shape,
         ffn_act,
-        quant: parse_type(&a.quant)?,
+        quant: parse_type("--quant", &a.quant)?,
         rate: a
             .rate
             .unwrap_or(if ffn_act.exact_sparsity() { 0.1 } else { 0.5 }),

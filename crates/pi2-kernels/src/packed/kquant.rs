@@ -225,6 +225,8 @@ pub type Rows8KFn = fn(&[u8], [&[BlockQ8K]; 4], usize, &mut [[f32; GROUP_ROWS]; 
 /// Scalar reference: every row unpacked and dotted through its format's reference.
 fn rows8k_ref(ty: QuantType, groups: &[u8], x: &[&[BlockQ8K]], out: &mut [[f32; GROUP_ROWS]]) {
     let l = layout(ty).expect("k-quant");
+    // `r` picks a row of every token's output: the index is the clearer form here.
+    #[allow(clippy::needless_range_loop)]
     for r in 0..GROUP_ROWS {
         let row = super::aligned(
             groups

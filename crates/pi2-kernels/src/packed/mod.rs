@@ -120,7 +120,7 @@ impl PackedMat {
                 }
             }
             let rows = ((g + 1) * GROUP_ROWS).min(m.rows);
-            if rows % 1024 == 0 || rows == m.rows {
+            if rows.is_multiple_of(1024) || rows == m.rows {
                 done(rows);
             }
         }
@@ -245,6 +245,8 @@ pub(crate) fn rows8_ref(
     out: &mut [[f32; GROUP_ROWS]],
 ) {
     let layout = group_layout(ty).expect("packable type");
+    // `r` picks a row of every token's output: the index is the clearer form here.
+    #[allow(clippy::needless_range_loop)]
     for r in 0..GROUP_ROWS {
         let row = aligned(
             groups

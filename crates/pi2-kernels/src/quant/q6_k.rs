@@ -76,7 +76,7 @@ mod tests {
         assert_eq!(out[32], 0.5 * 2.0 * (16 - 32) as f32);
         assert_eq!(out[64], 0.5 * 2.0 * (0x2A - 32) as f32);
         assert_eq!(out[96], 0.5 * 2.0 * (48 - 32) as f32);
-        assert_eq!(out[128], 0.5 * -1.0 * (15 - 32) as f32);
+        assert_eq!(out[128], -0.5 * (15 - 32) as f32);
     }
 
     #[test]

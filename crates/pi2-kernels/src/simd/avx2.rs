@@ -2,6 +2,12 @@
 //! weights go through the sign trick (|w| times sign(w)*x). Activations never hold -128, so the
 //! sign flip cannot overflow. The 4-row kernels keep one accumulator chain per row so loads of
 //! four weight streams overlap, and load each activation block once.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes x86 SIMD instructions: call it only on a CPU with the
+//! features its `#[target_feature]` entry point enables (a `KernelSet` of a tier hands these
+//! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
+//! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2_x8::{rows8, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs};
 use super::{KernelSet, RowKernels};

@@ -3,6 +3,12 @@
 //! block sums), so `maddubs` multiplies them with the signed activations directly, and a `madd`
 //! with the sub-block scale turns the i16 pairs into scaled i32 lanes. The per-sub-block mins
 //! (Q4_K, Q5_K) and the Q6_K offset are small scalar sums over `bsums`.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes x86 SIMD instructions: call it only on a CPU with the
+//! features its `#[target_feature]` entry point enables (a `KernelSet` of a tier hands these
+//! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
+//! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2::{f16_scalar, hsum_ps};
 use super::RowKernels;

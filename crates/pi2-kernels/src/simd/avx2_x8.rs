@@ -5,6 +5,12 @@
 //! The byte products go through a [`ByteDot`]: `maddubs` + `madd` on AVX2, or `vpdpbusd` on
 //! CPUs with AVX-VNNI (VEX) or AVX512-VNNI (EVEX, 256-bit) — the same sums, fused. Each
 //! [`ByteDot`] has its own entry point carrying its target features; the bodies are shared.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes x86 SIMD instructions: call it only on a CPU with the
+//! features its `#[target_feature]` entry point enables (a `KernelSet` of a tier hands these
+//! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
+//! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2::PREFETCH;
 use crate::packed::{group_layout, GroupLayout, Rows8Fn, GROUP_ROWS};

@@ -3,6 +3,12 @@
 //! i16 pairs with `maddubs`, finished by a `madd` with the rows' scales before they could
 //! overflow; i32 with VNNI, finished by a multiply), so a sub-block costs one scale operation
 //! for eight rows instead of one per row, and no horizontal sums are needed.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes x86 SIMD instructions: call it only on a CPU with the
+//! features its `#[target_feature]` entry point enables (a `KernelSet` of a tier hands these
+//! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
+//! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2_x8::{bcast4, fifth, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs};
 use crate::packed::{bsum32_pairs, group_layout, GroupLayout, Rows8KFn, GROUP_ROWS};

@@ -2,6 +2,12 @@
 //! `maddubs`/`madd`/convert/FMA covers twice the weights of the AVX2 path. An odd last block goes
 //! through the AVX2 block code (AVX-512 CPUs have AVX2). The VNNI tier swaps `vpdpbusd` into the
 //! 256-bit kernels it shares with AVX2 (see `avx2_x8.rs`).
+//!
+//! # Safety
+//! Every `unsafe fn` here executes x86 SIMD instructions: call it only on a CPU with the
+//! features its `#[target_feature]` entry point enables (a `KernelSet` of a tier hands these
+//! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
+//! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2::{self, Block32, PREFETCH};
 use super::avx2_x8::{Flavour, Maddubs};

@@ -120,14 +120,19 @@ impl Tier {
     }
 }
 
+/// Four rows against one activation row.
+pub type Dot4<B> = fn([&[B]; 4], &[<B as QuantBlock>::Act]) -> [f32; 4];
+/// Four rows against two activation rows: `out[row][token]`.
+pub type Dot4x2<B> = fn([&[B]; 4], [&[<B as QuantBlock>::Act]; 2]) -> [[f32; 2]; 4];
+
 /// The dot products of one weight block type `B` against its activation blocks.
 pub struct RowKernels<B: QuantBlock> {
     /// One row.
     pub dot: fn(&[B], &[B::Act]) -> f32,
     /// Four rows against the same activations (independent accumulators, one activation load).
-    pub dot4: fn([&[B]; 4], &[B::Act]) -> [f32; 4],
+    pub dot4: Dot4<B>,
     /// Four rows against two activation rows (prefill): `out[row][token]`.
-    pub dot4x2: fn([&[B]; 4], [&[B::Act]; 2]) -> [[f32; 2]; 4],
+    pub dot4x2: Dot4x2<B>,
     /// `y += a * row` (a neuron's down column, stored as a row of the transposed down matrix);
     /// `y.len()` is the row's element count.
     pub axpy: fn(&[B], f32, &mut [f32]),

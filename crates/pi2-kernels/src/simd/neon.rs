@@ -1,6 +1,13 @@
 //! aarch64 kernels: plain NEON (widening multiplies, every ARMv8 core) and the dotprod tier
 //! (ARMv8.2 `sdot`, emitted through `asm!` because the Rust dotprod intrinsics are unstable).
 //! Both share one generic body; the const `DOT` picks the integer product.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes NEON (and, for the dotprod tier, `sdot`) instructions:
+//! call it only on a CPU with the features its `#[target_feature]` entry point enables (a
+//! `KernelSet` of a tier hands these out only after `Tier::is_supported`). Slices are read
+//! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
+//! layout defines.
 
 use super::{KernelSet, RowKernels, Tier};
 use crate::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};

@@ -3,6 +3,13 @@
 //! at most 63, so they are valid signed bytes and `sdot` multiplies them with the activations
 //! directly; each sub-block's lanes are scaled with one `mla` by its scale. The per-sub-block mins
 //! (Q4_K, Q5_K) and Q6_K's `-32` offset are small scalar sums over the activation `bsums`.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes NEON (and, for the dotprod tier, `sdot`) instructions:
+//! call it only on a CPU with the features its `#[target_feature]` entry point enables (a
+//! `KernelSet` of a tier hands these out only after `Tier::is_supported`). Slices are read
+//! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
+//! layout defines.
 
 use super::neon::idot;
 use super::RowKernels;

@@ -3,6 +3,13 @@
 //! `r`: exactly what `sdot` consumes (dotprod tier). Plain NEON gets the same lane sums from
 //! widening multiplies and two pairwise adds. One broadcast of four activations serves all
 //! eight rows; the eight f16 scales convert with two `fcvtl`.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes NEON (and, for the dotprod tier, `sdot`) instructions:
+//! call it only on a CPU with the features its `#[target_feature]` entry point enables (a
+//! `KernelSet` of a tier hands these out only after `Tier::is_supported`). Slices are read
+//! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
+//! layout defines.
 
 use crate::packed::{group_layout, GroupLayout, GROUP_ROWS};
 use crate::quant::BlockQ8;

@@ -2,6 +2,13 @@
 //! `neon_x8.rs`, a 32-byte load is rows 0-3 and rows 4-7 and lane `r` is row `r`; a
 //! sub-block's byte products accumulate exactly per lane (`sdot`, or widening multiplies and
 //! pairwise adds) and one multiply-add by the rows' scales finishes it.
+//!
+//! # Safety
+//! Every `unsafe fn` here executes NEON (and, for the dotprod tier, `sdot`) instructions:
+//! call it only on a CPU with the features its `#[target_feature]` entry point enables (a
+//! `KernelSet` of a tier hands these out only after `Tier::is_supported`). Slices are read
+//! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
+//! layout defines.
 
 use super::neon_x8::{bcast4, f16x8, lane_dot};
 use crate::packed::{bsum32_pairs, group_layout, GroupLayout, GROUP_ROWS};

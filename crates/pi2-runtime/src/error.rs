@@ -1,0 +1,38 @@
+//! The runtime's one error type.
+
+use std::path::PathBuf;
+
+/// Why a session could not be built or planned.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// An option's value cannot work; the message says what to pass instead.
+    #[error("{option}: {msg}")]
+    Option { option: &'static str, msg: String },
+    #[error("{0}")]
+    Model(#[from] pi2_model::ModelError),
+    #[error("{0}")]
+    Engine(#[from] pi2_engine::EngineError),
+    #[error("{0}")]
+    Plan(#[from] pi2_planner::PlanError),
+    #[error("{0}")]
+    Sparse(#[from] pi2_sparse::SparseError),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The request needs something the model or device lacks.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl RuntimeError {
+    pub(crate) fn option(option: &'static str, msg: impl Into<String>) -> Self {
+        RuntimeError::Option {
+            option,
+            msg: msg.into(),
+        }
+    }
+}
+
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

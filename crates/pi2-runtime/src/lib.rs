@@ -1,0 +1,29 @@
+//! pi2-runtime: ready sessions from plain options, shared by the CLI and the server.
+//!
+//! - [`options`]: the engine's, the sparse FFN's and offloading's options, and the strings
+//!   users type for sizes and devices;
+//! - [`session`]: [`prepare`] a model (plan, sparse weights) and make engines from it, in the
+//!   one valid order;
+//! - [`plan`], [`device`], [`hardware`]: the engine as the planner sees it (memory accounting,
+//!   a recorded model profile, this device's fingerprint and profiles);
+//! - [`sparse`], [`offload`]: the sparse FFN and the offloaded FFN from options.
+//!
+//! No argument parser's types appear here; the CLI maps its arguments onto these options.
+
+pub mod device;
+mod error;
+pub mod hardware;
+pub mod offload;
+pub mod options;
+pub mod plan;
+pub mod session;
+pub mod sparse;
+
+pub use error::{Result, RuntimeError};
+pub use options::{EngineOptions, OffloadOptions, SparseOptions};
+pub use session::{prepare, Prepared, SessionOptions};
+
+/// Loads the model at `path`.
+pub fn load_model(path: &std::path::Path) -> Result<pi2_model::Model> {
+    Ok(pi2_model::Model::load(path)?)
+}

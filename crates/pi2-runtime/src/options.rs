@@ -1,0 +1,342 @@
+//! Plain options (no argument parser's types): the engine's threads and context, the sparse
+//! FFN, offloading, and the size and device strings users type (`48M`, `50%`,
+//! `100us,800MB/s`).
+
+use crate::error::{Result, RuntimeError};
+use pi2_engine::topology::Topology;
+use pi2_engine::{EngineConfig, IoEngine};
+use pi2_kernels::{QuantType, Tier};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Compute threads (`None`: one per selected core, or every core).
+    pub threads: Option<usize>,
+    /// Context length in tokens (0: the model's training context).
+    pub n_ctx: usize,
+    /// A kernel tier by name (`scalar`, `avx2`, ...), lower than the detected one.
+    pub tier: Option<String>,
+    /// Cores to pin to: clusters (`big`, `mid`, `little`, `all`) or CPU numbers (`0-3,6`).
+    pub cores: Option<String>,
+    /// Row-interleaved copies of the matrices multiplied whole.
+    pub repack: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            threads: None,
+            n_ctx: 4096,
+            tier: None,
+            cores: None,
+            repack: true,
+        }
+    }
+}
+
+/// Most compute threads accepted: far beyond any device, small enough to start.
+pub const MAX_THREADS: usize = 1024;
+
+impl EngineOptions {
+    /// The engine configuration, every option checked.
+    pub fn config(&self) -> Result<EngineConfig> {
+        let tier = match &self.tier {
+            None => None,
+            Some(name) => {
+                let t = Tier::from_name(name).ok_or_else(|| {
+                    let names: Vec<_> = Tier::ALL.iter().map(|t| t.name()).collect();
+                    RuntimeError::option(
+                        "--kernel-tier",
+                        format!("unknown tier `{name}` (known: {})", names.join(", ")),
+                    )
+                })?;
+                if !t.is_supported() {
+                    return Err(RuntimeError::option(
+                        "--kernel-tier",
+                        format!(
+                            "`{name}` is not supported by this CPU (best: {})",
+                            Tier::detect().name()
+                        ),
+                    ));
+                }
+                Some(t)
+            }
+        };
+        let cpus = match &self.cores {
+            None => Vec::new(),
+            Some(spec) => Topology::detect().select(spec)?,
+        };
+        let threads = match self.threads {
+            None if !cpus.is_empty() => cpus.len(),
+            None => EngineConfig::default().threads,
+            Some(0) => return Err(RuntimeError::option("--threads", "must be at least 1")),
+            Some(t) if t > MAX_THREADS => {
+                return Err(RuntimeError::option(
+                    "--threads",
+                    format!("{t} is more than {MAX_THREADS}"),
+                ))
+            }
+            Some(t) => t,
+        };
+        Ok(EngineConfig {
+            threads,
+            n_ctx: self.n_ctx,
+            tier,
+            cpus,
+            repack: self.repack,
+            ..EngineConfig::default()
+        })
+    }
+}
+
+/// The sparse FFN asked for.
+#[derive(Clone, Debug, Default)]
+pub struct SparseOptions {
+    /// Compute the FFN sparsely in decode (automatic for a converted model).
+    pub sparse: bool,
+    /// Compute the FFN densely, even for a converted model.
+    pub dense: bool,
+    /// Target sparsity (0..0.95): per-layer thresholds from the profile.
+    pub sparsity: Option<f32>,
+    /// One threshold for every layer.
+    pub threshold: Option<f32>,
+    /// A profile from `pi2 profile` (thresholds for an unconverted model).
+    pub profile: Option<PathBuf>,
+    /// Every neuron a candidate: no predictor.
+    pub no_predictor: bool,
+    /// Type of transposed down rows built at load for an unconverted model.
+    pub down_type: Option<String>,
+}
+
+impl SparseOptions {
+    /// Whether any option asks for sparsity.
+    pub fn wanted(&self) -> bool {
+        self.sparse || self.sparsity.is_some() || self.threshold.is_some()
+    }
+}
+
+/// Offloading: reads of neurons from flash under a budget.
+#[derive(Clone, Debug)]
+pub struct OffloadOptions {
+    /// Share of the neuron memory pinned to the hottest neurons (0..1).
+    pub hot_share: f64,
+    /// `O_DIRECT` reads (else buffered with dropped pages).
+    pub direct: bool,
+    pub io_depth: usize,
+    pub io_engine: IoEngine,
+    /// Largest merged read, e.g. `128K`.
+    pub max_read: String,
+    /// Reads at most this far apart are merged, e.g. `0`, `16K`.
+    pub merge_gap: String,
+    /// An emulated device, `LATENCYus,BANDWIDTHMB/s`.
+    pub emulate_flash: Option<String>,
+}
+
+impl Default for OffloadOptions {
+    fn default() -> Self {
+        Self {
+            hot_share: 1.0,
+            direct: true,
+            io_depth: 4,
+            io_engine: IoEngine::Pread,
+            max_read: "128K".into(),
+            merge_gap: "0".into(),
+            emulate_flash: None,
+        }
+    }
+}
+
+/// Most reads in flight accepted.
+pub const MAX_IO_DEPTH: usize = 256;
+/// Largest single read accepted.
+pub const MAX_READ_BYTES: u64 = 64 << 20;
+
+impl OffloadOptions {
+    /// The offload configuration for `budget` bytes of a file of `file_bytes`, every option
+    /// checked.
+    pub fn config(&self, budget: u64, file_bytes: u64) -> Result<pi2_engine::OffloadConfig> {
+        if !(0.0..=1.0).contains(&self.hot_share) {
+            return Err(RuntimeError::option(
+                "--hot-share",
+                format!("{} is outside 0..1", self.hot_share),
+            ));
+        }
+        if self.io_depth == 0 || self.io_depth > MAX_IO_DEPTH {
+            return Err(RuntimeError::option(
+                "--io-depth",
+                format!("{} is outside 1..{MAX_IO_DEPTH}", self.io_depth),
+            ));
+        }
+        let max_read = parse_size("--max-read", &self.max_read, file_bytes)?;
+        if !(64..=MAX_READ_BYTES).contains(&max_read) {
+            return Err(RuntimeError::option(
+                "--max-read",
+                format!("{max_read} bytes is outside 64..64M"),
+            ));
+        }
+        let merge_gap = parse_size("--merge-gap", &self.merge_gap, file_bytes)?;
+        if merge_gap > MAX_READ_BYTES {
+            return Err(RuntimeError::option("--merge-gap", "is over 64M"));
+        }
+        Ok(pi2_engine::OffloadConfig {
+            budget,
+            hot_share: self.hot_share,
+            direct: self.direct,
+            engine: self.io_engine,
+            reader: pi2_io::ReaderConfig {
+                max_request: max_read as usize,
+                depth: self.io_depth,
+                merge_gap: merge_gap as usize,
+            },
+            faults: None,
+            emulate: self
+                .emulate_flash
+                .as_deref()
+                .map(parse_emulate)
+                .transpose()?,
+        })
+    }
+}
+
+/// `48M`, `1.5G`, `4096`, `512K`, or `50%` of `file_bytes`; `option` names the option in
+/// errors.
+pub fn parse_size(option: &'static str, s: &str, file_bytes: u64) -> Result<u64> {
+    let t = s.trim();
+    let bad = || {
+        RuntimeError::option(
+            option,
+            format!("cannot read `{s}` as a size (examples: 48M, 1.5G, 50%)"),
+        )
+    };
+    if let Some(p) = t.strip_suffix('%') {
+        let p: f64 = p.trim().parse().map_err(|_| bad())?;
+        if !(p > 0.0 && p.is_finite() && p <= 1e6) {
+            return Err(RuntimeError::option(
+                option,
+                format!("size `{s}` must be a positive percentage"),
+            ));
+        }
+        return Ok((file_bytes as f64 * p / 100.0) as u64);
+    }
+    let (num, mult) = match t.char_indices().last().map(|(_, c)| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let bytes = v * mult as f64;
+    // Sizes past 2^60 bytes mean a typo, and would overflow the arithmetic downstream.
+    if !(v >= 0.0 && v.is_finite() && bytes < (1u64 << 60) as f64) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// An emulated flash device: `LATENCYus,BANDWIDTHMB/s` (e.g. `100us,800MB/s`).
+pub fn parse_emulate(spec: &str) -> Result<pi2_io::FaultPlan> {
+    let bad = || {
+        RuntimeError::option(
+            "--emulate-flash",
+            format!("`{spec}`: expected LATENCYus,BANDWIDTHMB/s (e.g. 100us,800MB/s)"),
+        )
+    };
+    let (lat, bw) = spec.split_once(',').ok_or_else(bad)?;
+    let lat: f64 = lat
+        .trim()
+        .trim_end_matches("us")
+        .parse()
+        .map_err(|_| bad())?;
+    let bw: f64 = bw
+        .trim()
+        .trim_end_matches("MB/s")
+        .parse()
+        .map_err(|_| bad())?;
+    if !(lat >= 0.0 && bw > 0.0 && lat.is_finite() && bw.is_finite() && lat < 1e7 && bw < 1e7) {
+        return Err(bad());
+    }
+    Ok(pi2_io::FaultPlan {
+        latency: Duration::from_nanos((lat * 1e3) as u64),
+        ns_per_byte: 1e3 / bw,
+        ..Default::default()
+    })
+}
+
+/// A tensor type by name (`q8_0`, `Q4_K`, ...).
+pub fn parse_type(option: &'static str, name: &str) -> Result<QuantType> {
+    QuantType::ALL
+        .into_iter()
+        .find(|t| t.to_string().eq_ignore_ascii_case(name))
+        .ok_or_else(|| RuntimeError::option(option, format!("unknown tensor type `{name}`")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_absurd_ones_are_refused() {
+        let f = 1000;
+        assert_eq!(parse_size("x", "48M", f).unwrap(), 48 << 20);
+        assert_eq!(parse_size("x", "1.5G", f).unwrap(), 3 << 29);
+        assert_eq!(parse_size("x", "50%", f).unwrap(), 500);
+        assert_eq!(parse_size("x", "4096", f).unwrap(), 4096);
+        for bad in [
+            "",
+            "-1",
+            "abc",
+            "1e30",
+            "inf",
+            "NaN",
+            "0%",
+            "-5%",
+            "10000000000G",
+            "9e18",
+        ] {
+            let e = parse_size("--mem-budget", bad, f).unwrap_err().to_string();
+            assert!(e.starts_with("--mem-budget:"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn emulated_devices_parse() {
+        let p = parse_emulate("100us,800MB/s").unwrap();
+        assert_eq!(p.latency, Duration::from_micros(100));
+        assert!((p.ns_per_byte - 1.25).abs() < 1e-9);
+        for bad in [
+            "100",
+            "100us",
+            "x,800MB/s",
+            "100us,0MB/s",
+            "-1us,800MB/s",
+            "1e300us,1MB/s",
+        ] {
+            assert!(parse_emulate(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn engine_and_offload_options_are_range_checked() {
+        let e = |threads| EngineOptions {
+            threads,
+            ..Default::default()
+        };
+        assert!(e(Some(0)).config().is_err());
+        assert!(e(Some(3000)).config().is_err());
+        assert_eq!(e(Some(2)).config().unwrap().threads, 2);
+        let o = |f: &dyn Fn(&mut OffloadOptions)| {
+            let mut o = OffloadOptions::default();
+            f(&mut o);
+            o.config(1 << 20, 1 << 30)
+        };
+        assert!(o(&|_| {}).is_ok());
+        assert!(o(&|o| o.io_depth = 100_000_000).is_err());
+        assert!(o(&|o| o.io_depth = 0).is_err());
+        assert!(o(&|o| o.max_read = "1000G".into()).is_err());
+        assert!(o(&|o| o.hot_share = 1.5).is_err());
+        assert!(o(&|o| o.merge_gap = "1G".into()).is_err());
+    }
+}

@@ -1,0 +1,123 @@
+//! Building a ready engine from plain options, in the one valid order: the plan (a file, or
+//! solved now) decides threads, cores and the memory split; the sparse FFN follows the plan's
+//! mode or the options; the engine is made; its sparse weights are set; then the offloaded FFN
+//! (sized with the engine's own KV cache and buffers) is attached. `run`, `chat`, `bench`,
+//! `perplexity` and `serve` all go through here.
+
+use crate::error::{Result, RuntimeError};
+use crate::options::{parse_size, EngineOptions, OffloadOptions, SparseOptions};
+use crate::plan::{apply, Applied};
+use pi2_engine::{Engine, SparseFfn};
+use pi2_model::Model;
+use pi2_planner::cost::Mode;
+use std::path::{Path, PathBuf};
+
+/// Everything a session is built from.
+#[derive(Clone, Debug, Default)]
+pub struct SessionOptions {
+    pub engine: EngineOptions,
+    pub sparse: SparseOptions,
+    /// `--mem-budget`: bytes (`48M`), or a share of the model file (`50%`).
+    pub mem_budget: Option<String>,
+    pub offload: OffloadOptions,
+    /// `--plan`: a plan file from `pi2 plan`, or `auto` to plan now.
+    pub plan: Option<String>,
+    /// Batches run the sparse FFN too (perplexity of the sparse model).
+    pub sparse_batches: bool,
+}
+
+/// A model with its sparse weights and plan, ready to make engines.
+pub struct Prepared<'m> {
+    pub model: &'m Model,
+    pub path: PathBuf,
+    pub sparse: Option<SparseFfn<'m>>,
+    pub applied: Option<Applied>,
+    /// The offload budget in bytes (from the options; a plan carries its own).
+    pub budget: Option<u64>,
+    engine: EngineOptions,
+    offload: OffloadOptions,
+}
+
+/// Checks the options against `model` (at `path`), plans if asked, and loads the sparse
+/// weights.
+pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<Prepared<'m>> {
+    let budget = o
+        .mem_budget
+        .as_deref()
+        .map(|b| parse_size("--mem-budget", b, model.file.file_size()))
+        .transpose()?;
+    let emulate = o.offload.emulate_flash.as_deref();
+    let applied = o
+        .plan
+        .as_deref()
+        .map(|spec| apply(spec, model, path, &o.engine, budget, emulate))
+        .transpose()?;
+    let offloads = budget.is_some() || applied.as_ref().is_some_and(|a| a.offload.is_some());
+    if offloads {
+        // Before anything touches the tensors: see `GgufFile::advise_random`.
+        model.file.advise_random();
+    }
+    // A dense plan turns sparsity off.
+    let mut sparse_opts = o.sparse.clone();
+    if applied
+        .as_ref()
+        .is_some_and(|a| a.plan.knobs.mode == Mode::Dense)
+    {
+        sparse_opts.dense = true;
+    }
+    let sparse = crate::sparse::build(&sparse_opts, model, path, o.sparse_batches)?;
+    if offloads && sparse.is_none() {
+        return Err(RuntimeError::option(
+            "--mem-budget",
+            "reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)",
+        ));
+    }
+    Ok(Prepared {
+        model,
+        path: path.to_path_buf(),
+        sparse,
+        // A plan sets the budget itself (`apply` refuses both).
+        budget: if applied.is_some() { None } else { budget },
+        applied,
+        engine: o.engine.clone(),
+        offload: o.offload.clone(),
+    })
+}
+
+impl<'m> Prepared<'m> {
+    /// The engine configuration: the plan's, or the options'.
+    pub fn engine_config(&self) -> Result<pi2_engine::EngineConfig> {
+        match &self.applied {
+            Some(a) => Ok(a.cfg.clone()),
+            None => self.engine.config(),
+        }
+    }
+
+    /// A ready engine for batches of up to `n_batch` tokens: sparse weights set, offloaded FFN
+    /// attached if the options or the plan offload.
+    pub fn engine(&self, n_batch: usize) -> Result<Engine<'_>> {
+        let mut e = Engine::new(self.model, &self.engine_config()?)?;
+        e.set_sparse(self.sparse.as_ref())?;
+        self.attach_offload(&mut e, n_batch)?;
+        Ok(e)
+    }
+
+    /// Attaches the offloaded FFN the options or plan ask for (nothing if they do not).
+    pub fn attach_offload(&self, e: &mut Engine<'_>, n_batch: usize) -> Result<()> {
+        let Some(sp) = self.sparse.as_ref() else {
+            return Ok(());
+        };
+        let file = self.model.file.file_size();
+        let (cfg, n_batch) = match (&self.applied, self.budget) {
+            (Some(a), _) => match &a.offload {
+                Some(cfg) => (cfg.clone(), n_batch.max(a.plan.n_batch)),
+                None => return Ok(()),
+            },
+            (None, Some(b)) => (self.offload.config(b, file)?, n_batch),
+            (None, None) => return Ok(()),
+        };
+        let o = crate::offload::build(&cfg, self.model, &self.path, sp, e, n_batch)?;
+        e.set_offload(Some(o))?;
+        Ok(())
+    }
+}
