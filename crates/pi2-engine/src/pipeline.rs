@@ -100,7 +100,7 @@ pub(crate) fn token<R: Residency>(
     let nc = b.cand.len();
     let cl = step.cluster;
     let nclust = nc.div_ceil(cl);
-    let [(gty, grb), (uty, _), _] = res.formats(step.units[0].0);
+    let [(gty, _), (uty, _), _] = res.formats(step.units[0].0);
 
     // Where every candidate's rows are; queue the gate reads of missing ones.
     res.begin_step();
@@ -129,7 +129,7 @@ pub(crate) fn token<R: Residency>(
     grow(&mut b.vals, nc);
     grow(&mut b.coeff, nc);
     grow(&mut s.partials, nclust.max(1) * d);
-    let counts = run_clusters(step, s, b, res, d, grb)?;
+    let counts = run_clusters(step, s, b, res, d)?;
 
     if let Some(rec) = record {
         // Experts' neurons numbered expert-major within the layer.
@@ -169,6 +169,30 @@ fn candidates(step: &Step<'_>, s: &mut Scratch, b: &mut StepBuffers, d: usize, f
     }
 }
 
+/// One step's clusters in flight: what every task reads, and the counters they share.
+struct Clusters<'a, R> {
+    step: &'a Step<'a>,
+    res: &'a R,
+    acts: &'a ActBuf,
+    acts_up: &'a ActBuf,
+    cand: &'a [u32],
+    cand_unit: &'a [u32],
+    rows: &'a [NeuronRows],
+    pend_gate: &'a [AtomicU32],
+    pend_updown: &'a [AtomicU32],
+    vals: Disjoint<f32>,
+    coeff: Disjoint<f32>,
+    partials: Disjoint<f32>,
+    /// Width and the rows' formats: (type, bytes) of gate, up, down.
+    d: usize,
+    formats: [(pi2_kernels::QuantType, usize); 3],
+    confirmed: AtomicUsize,
+    updown_reads: AtomicUsize,
+    updown_cached: AtomicUsize,
+    done: AtomicUsize,
+    failed: Mutex<Option<pi2_io::IoError>>,
+}
+
 /// The two phases of every cluster, scheduled as their rows arrive; the calling thread drives
 /// the completions and helps with compute.
 fn run_clusters<R: Residency>(
@@ -177,37 +201,127 @@ fn run_clusters<R: Residency>(
     b: &mut StepBuffers,
     res: &mut R,
     d: usize,
-    grb: usize,
 ) -> Result<StepCounts, EngineError> {
-    let (ks, cl, act) = (step.ks, step.cluster, step.act);
-    let nc = b.cand.len();
-    let nclust = nc.div_ceil(cl);
-    let [(gty, _), (uty, urb), (dty, drb)] = res.formats(step.units[0].0);
-    let (vals, coeff, partials) = (
-        Disjoint(b.vals.as_mut_ptr()),
-        Disjoint(b.coeff.as_mut_ptr()),
-        Disjoint(s.partials.as_mut_ptr()),
-    );
-    let confirmed = AtomicUsize::new(0);
-    let updown_reads = AtomicUsize::new(0);
-    let updown_cached = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
-    let failed: Mutex<Option<pi2_io::IoError>> = Mutex::new(None);
-    let (acts, acts_up) = (&s.acts, &b.acts_up);
-    let (cand, cand_unit, rows) = (&b.cand, &b.cand_unit, &b.rows);
-    let (pend_gate, pend_updown) = (&b.pend_gate, &b.pend_updown);
-    let unit_of = |k: usize| step.units[cand_unit[k] as usize];
-    let range = |c: usize| c * cl..((c + 1) * cl).min(nc);
-    let res_ref: &R = res;
+    let formats = res.formats(step.units[0].0);
+    let cl = Clusters {
+        step,
+        res: &*res,
+        acts: &s.acts,
+        acts_up: &b.acts_up,
+        cand: &b.cand,
+        cand_unit: &b.cand_unit,
+        rows: &b.rows,
+        pend_gate: &b.pend_gate,
+        pend_updown: &b.pend_updown,
+        vals: Disjoint(b.vals.as_mut_ptr()),
+        coeff: Disjoint(b.coeff.as_mut_ptr()),
+        partials: Disjoint(s.partials.as_mut_ptr()),
+        d,
+        formats,
+        confirmed: AtomicUsize::new(0),
+        updown_reads: AtomicUsize::new(0),
+        updown_cached: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        failed: Mutex::new(None),
+    };
+    let io_wait = cl.drive();
+    let Clusters {
+        confirmed,
+        updown_reads,
+        updown_cached,
+        failed,
+        ..
+    } = cl;
+    if let Some(e) = failed.into_inner().unwrap() {
+        res.fail();
+        return Err(e.into());
+    }
+    Ok(StepCounts {
+        updown_reads: updown_reads.into_inner(),
+        updown_cached: updown_cached.into_inner(),
+        confirmed: confirmed.into_inner(),
+        updown_row_bytes: formats[1].1 + formats[2].1,
+        io_wait,
+    })
+}
 
-    // Phase 2 of cluster `c`: up rows and down columns of its confirmed neurons.
-    let updown = |c: usize| {
-        let r = range(c);
+impl<R: Residency> Clusters<'_, R> {
+    fn n_clusters(&self) -> usize {
+        self.cand.len().div_ceil(self.step.cluster)
+    }
+
+    fn range(&self, c: usize) -> std::ops::Range<usize> {
+        let cl = self.step.cluster;
+        c * cl..((c + 1) * cl).min(self.cand.len())
+    }
+
+    /// Candidate `k`'s unit and that unit's output weight.
+    fn unit_of(&self, k: usize) -> (usize, f32) {
+        self.step.units[self.cand_unit[k] as usize]
+    }
+
+    fn fail(&self, e: pi2_io::IoError) {
+        self.failed.lock().unwrap().get_or_insert(e);
+    }
+
+    /// Phase 1 of cluster `c`: gate rows, the threshold, then reads of the confirmed neurons'
+    /// missing up/down rows (phase 2 runs here at once if none are missing).
+    fn gate(&self, c: usize) {
+        let (r, d, act) = (self.range(c), self.d, self.step.act);
+        let [(gty, grb), _, _] = self.formats;
+        // SAFETY: this cluster's ranges, owned by this task.
+        let (v, cf) = unsafe { (self.vals.range(r.clone()), self.coeff.range(r.clone())) };
+        // SAFETY (rows): resident, or their reads have completed.
+        let gate_row = |j: usize| unsafe { row_at(self.rows[r.start + j].gate, grb) };
+        gather_matvec_by(self.step.ks, gty, d, gate_row, self.acts, v);
+        // Not confirmed: NaN (an exact 0 coefficient still belongs to a confirmed neuron).
+        // The unit's output weight is folded into the coefficient.
+        for (j, (a, &g)) in cf.iter_mut().zip(v.iter()).enumerate() {
+            let (u, w) = self.unit_of(r.start + j);
+            let gv = act.gate(g);
+            *a = match fires(gv, self.step.sparse.layers[u].threshold) {
+                true => gv * w,
+                false => f32::NAN,
+            };
+        }
+        CONFIRMED.with_borrow_mut(|(_, _, _, reqs)| {
+            reqs.clear();
+            let mut queued = 0;
+            for (j, &a) in cf.iter().enumerate() {
+                let k = r.start + j;
+                let u = self.unit_of(k).0;
+                let i = self.cand[k] as usize;
+                match self.res.after_gate(u, i, k, &self.rows[k], !a.is_nan(), reqs) {
+                    UpDown::Queued => queued += 1,
+                    UpDown::Cached => {
+                        self.updown_cached.fetch_add(1, AcqRel);
+                    }
+                    UpDown::Resident => {}
+                }
+            }
+            self.updown_reads.fetch_add(queued, AcqRel);
+            // One extra count held by this task, so the driver cannot start phase 2 first.
+            self.pend_updown[c].store(reqs.len() as u32 + 1, Release);
+            // SAFETY: the requests come from `after_gate` in this step.
+            if let Err(e) = unsafe { self.res.submit(reqs) } {
+                self.fail(e);
+            }
+        });
+        if self.pend_updown[c].fetch_sub(1, AcqRel) == 1 {
+            self.updown(c);
+        }
+    }
+
+    /// Phase 2 of cluster `c`: up rows and down columns of its confirmed neurons.
+    fn updown(&self, c: usize) {
+        let (r, d) = (self.range(c), self.d);
+        let [_, (uty, urb), (dty, drb)] = self.formats;
+        let (ks, act, rows) = (self.step.ks, self.step.act, self.rows);
         CONFIRMED.with_borrow_mut(|(pos, coef, u, _)| {
             pos.clear();
             coef.clear();
             // SAFETY: this cluster's range, owned by this task.
-            let cf = unsafe { coeff.range(r.clone()) };
+            let cf = unsafe { self.coeff.range(r.clone()) };
             for (j, &a) in cf.iter().enumerate() {
                 if !a.is_nan() {
                     pos.push((r.start + j) as u32);
@@ -218,140 +332,78 @@ fn run_clusters<R: Residency>(
             u.resize(pos.len(), 0.0);
             // SAFETY (rows): resident, or their reads have completed.
             let up_row = |j: usize| unsafe { row_at(rows[pos[j] as usize].up, urb) };
-            gather_matvec_by(ks, uty, d, up_row, acts_up, u);
+            gather_matvec_by(ks, uty, d, up_row, self.acts_up, u);
             coef.iter_mut()
                 .zip(u.iter())
                 .for_each(|(a, &u)| *a *= act.up(u));
             // SAFETY: this cluster's partial.
-            let y = unsafe { partials.range(c * d..(c + 1) * d) };
+            let y = unsafe { self.partials.range(c * d..(c + 1) * d) };
             y.fill(0.0);
             let down_row = |j: usize| unsafe { row_at(rows[pos[j] as usize].down, drb) };
             axpy_rows_by(ks, dty, down_row, coef, y);
             for &k in pos.iter() {
-                res_ref.after_updown(&rows[k as usize]);
+                self.res.after_updown(&rows[k as usize]);
             }
-            confirmed.fetch_add(pos.len(), AcqRel);
+            self.confirmed.fetch_add(pos.len(), AcqRel);
         });
-        done.fetch_add(1, AcqRel);
-    };
-    // Phase 1 of cluster `c`: gate rows, the threshold, then reads of the confirmed
-    // neurons' missing up/down rows (phase 2 runs here at once if none are missing).
-    let gate = |c: usize| {
-        let r = range(c);
-        // SAFETY: this cluster's ranges, owned by this task.
-        let (v, cf) = unsafe { (vals.range(r.clone()), coeff.range(r.clone())) };
-        // SAFETY (rows): resident, or their reads have completed.
-        let gate_row = |j: usize| unsafe { row_at(rows[r.start + j].gate, grb) };
-        gather_matvec_by(ks, gty, d, gate_row, acts, v);
-        // Not confirmed: NaN (an exact 0 coefficient still belongs to a confirmed neuron).
-        // The unit's output weight is folded into the coefficient.
-        for (j, (a, &g)) in cf.iter_mut().zip(v.iter()).enumerate() {
-            let (u, w) = unit_of(r.start + j);
-            let gv = act.gate(g);
-            *a = if fires(gv, step.sparse.layers[u].threshold) {
-                gv * w
-            } else {
-                f32::NAN
-            };
-        }
-        CONFIRMED.with_borrow_mut(|(_, _, _, reqs)| {
-            reqs.clear();
-            let mut queued = 0;
-            for (j, &a) in cf.iter().enumerate() {
-                let k = r.start + j;
-                let (u, _) = unit_of(k);
-                let i = cand[k] as usize;
-                match res_ref.after_gate(u, i, k, &rows[k], !a.is_nan(), reqs) {
-                    UpDown::Queued => queued += 1,
-                    UpDown::Cached => {
-                        updown_cached.fetch_add(1, AcqRel);
-                    }
-                    UpDown::Resident => {}
-                }
-            }
-            updown_reads.fetch_add(queued, AcqRel);
-            // One extra count held by this task, so the driver cannot start phase 2 first.
-            pend_updown[c].store(reqs.len() as u32 + 1, Release);
-            // SAFETY: the requests come from `after_gate` in this step.
-            if let Err(e) = unsafe { res_ref.submit(reqs) } {
-                failed.lock().unwrap().get_or_insert(e);
-            }
-        });
-        if pend_updown[c].fetch_sub(1, AcqRel) == 1 {
-            updown(c);
-        }
-    };
+        self.done.fetch_add(1, AcqRel);
+    }
 
-    // The driver: start resident clusters, then route completions to their clusters while
-    // helping with compute; block only when nothing but I/O is left to wait for.
-    let mut io_wait = std::time::Duration::ZERO;
-    rayon::scope(|sc| {
-        let (gate, updown) = (&gate, &updown);
-        for (c, pending) in pend_gate.iter().enumerate().take(nclust) {
-            if pending.load(Acquire) == 0 {
-                sc.spawn(move |_| gate(c));
+    /// Starts resident clusters, then routes completions to their clusters while helping with
+    /// compute; blocks only when nothing but I/O is left to wait for. Returns the time blocked.
+    fn drive(&self) -> std::time::Duration {
+        let (n, cl) = (self.n_clusters(), self.step.cluster);
+        let mut io_wait = std::time::Duration::ZERO;
+        rayon::scope(|sc| {
+            for (c, pending) in self.pend_gate.iter().enumerate().take(n) {
+                if pending.load(Acquire) == 0 {
+                    sc.spawn(move |_| self.gate(c));
+                }
             }
-        }
-        let handle = |comp: Completion| match comp.result {
-            Err(e) => {
-                failed.lock().unwrap().get_or_insert(e);
-            }
-            Ok(()) => match Tag::decode(comp.tag) {
-                Tag::Gate(k) => {
-                    if pend_gate[k / cl].fetch_sub(1, AcqRel) == 1 {
-                        sc.spawn(move |_| gate(k / cl));
+            let handle = |comp: Completion| match comp.result {
+                Err(e) => self.fail(e),
+                Ok(()) => match Tag::decode(comp.tag) {
+                    Tag::Gate(k) if self.pend_gate[k / cl].fetch_sub(1, AcqRel) == 1 => {
+                        sc.spawn(move |_| self.gate(k / cl));
+                    }
+                    Tag::UpDown(k) if self.pend_updown[k / cl].fetch_sub(1, AcqRel) == 1 => {
+                        sc.spawn(move |_| self.updown(k / cl));
+                    }
+                    Tag::Gate(_) | Tag::UpDown(_) => {}
+                    // A streamed read (attention, output or embedding rows) read ahead.
+                    other => self.res.received(other),
+                },
+            };
+            while self.done.load(Acquire) < n && self.failed.lock().unwrap().is_none() {
+                match self.res.poll() {
+                    Ok(Some(comp)) => {
+                        handle(comp);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.fail(e);
+                        break;
                     }
                 }
-                Tag::UpDown(k) => {
-                    if pend_updown[k / cl].fetch_sub(1, AcqRel) == 1 {
-                        sc.spawn(move |_| updown(k / cl));
-                    }
-                }
-                // A streamed read (attention, output or embedding rows) read ahead.
-                other => res_ref.received(other),
-            },
-        };
-        while done.load(Acquire) < nclust && failed.lock().unwrap().is_none() {
-            match res_ref.poll() {
-                Ok(Some(comp)) => {
-                    handle(comp);
+                if rayon::yield_now() == Some(rayon::Yield::Executed) {
                     continue;
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    failed.lock().unwrap().get_or_insert(e);
-                    break;
-                }
-            }
-            if rayon::yield_now() == Some(rayon::Yield::Executed) {
-                continue;
-            }
-            if res_ref.outstanding() > 0 {
-                let t0 = std::time::Instant::now();
-                let comp = res_ref.wait();
-                io_wait += t0.elapsed();
-                match comp {
-                    Ok(comp) => handle(comp),
-                    Err(e) => {
-                        failed.lock().unwrap().get_or_insert(e);
+                if self.res.outstanding() > 0 {
+                    let t0 = std::time::Instant::now();
+                    let comp = self.res.wait();
+                    io_wait += t0.elapsed();
+                    match comp {
+                        Ok(comp) => handle(comp),
+                        Err(e) => self.fail(e),
                     }
+                } else {
+                    std::thread::yield_now();
                 }
-            } else {
-                std::thread::yield_now();
             }
-        }
-    });
-    if let Some(e) = failed.into_inner().unwrap() {
-        res.fail();
-        return Err(e.into());
+        });
+        io_wait
     }
-    Ok(StepCounts {
-        updown_reads: updown_reads.into_inner(),
-        updown_cached: updown_cached.into_inner(),
-        confirmed: confirmed.into_inner(),
-        updown_row_bytes: urb + drb,
-        io_wait,
-    })
 }
 
 /// The sparse statistics of a finished step.
