@@ -13,20 +13,21 @@
 //! and the profile (renumbered to the file's neuron order) as JSON. There is no `ffn_down`:
 //! dense prefill reads the transposed rows too, so the file holds each weight once.
 
-use pi2_engine::{check_thresholds, transposed, Engine, EngineError, Logits};
+use pi2_engine::{check_thresholds, transposed, EngineError};
 use pi2_kernels::QuantType;
 use pi2_model::writer::GgufWriter;
-use pi2_model::{Model, TokenId, Value};
-use pi2_sparse::{
-    Activation, FfnObserver, FitConfig, LayerSamples, Predictor, PredictorKind, Profile,
-};
+use pi2_model::{Model, Value};
+use pi2_sparse::{FitConfig, LayerSamples, Predictor, PredictorKind, Profile};
 use rayon::prelude::*;
 use std::path::Path;
 
+mod calibrate;
 pub mod moe;
 
+pub use calibrate::{calibrate, collect_samples, Calibrated};
+
 use pi2_model::bundle::{
-    FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE,
+    Tensor, FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE,
     KEY_PREDICTOR_KIND as KEY_KIND, KEY_PROFILE, KEY_RECALL, KEY_SOURCE, KEY_SPARSITY,
     KEY_THRESHOLDS, KEY_VERSION,
 };
@@ -49,51 +50,6 @@ pub enum ConvertError {
     Refused(String),
     #[error("the written file does not match what was converted: {0}")]
     Verify(String),
-}
-
-/// Records (x, fired) pairs per layer during a dense calibration run.
-struct SampleObserver<'a> {
-    samples: Vec<LayerSamples>,
-    thresholds: &'a [f32],
-    act: Activation,
-}
-
-impl FfnObserver for SampleObserver<'_> {
-    fn observe(&mut self, layer: usize, x: &[f32], gate: &[f32]) {
-        let s = &mut self.samples[layer];
-        let (d, ff) = (s.n_embd, s.n_ff);
-        for (xt, gt) in x.chunks_exact(d).zip(gate.chunks_exact(ff)) {
-            s.push(xt, gt, self.thresholds[layer], self.act);
-        }
-    }
-}
-
-/// Run the dense model over `tokens` in chunks of `chunk` (each from an empty cache) and record
-/// every layer's (input, fired) pairs at `thresholds`; `progress(done)` after each chunk.
-pub fn collect_samples(
-    engine: &mut Engine<'_>,
-    tokens: &[TokenId],
-    chunk: usize,
-    thresholds: &[f32],
-    mut progress: impl FnMut(usize),
-) -> Result<Vec<LayerSamples>, EngineError> {
-    let c = &engine.model().config;
-    let mut obs = SampleObserver {
-        samples: (0..c.n_layer)
-            .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
-            .collect(),
-        thresholds,
-        act: pi2_engine::profile_activation(c.ffn_act),
-    };
-    let mut done = 0;
-    for part in tokens.chunks(chunk.max(1)) {
-        engine.truncate(0);
-        engine.forward_observed(part, Logits::Last, Some(&mut obs))?;
-        done += part.len();
-        progress(done);
-    }
-    engine.truncate(0);
-    Ok(obs.samples)
 }
 
 /// What `convert` chose per layer, measured on the held-out calibration tokens.
@@ -227,9 +183,36 @@ pub fn convert(
     for r in fits {
         layers.push(r?);
     }
-
     let mut w = GgufWriter::new();
-    for (k, v) in &f.metadata {
+    write_metadata(&mut w, model, profile, thresholds, &layers, cfg);
+    let ffn_name = |n: &str| {
+        n.starts_with("blk.")
+            && (n.ends_with(".ffn_gate.weight")
+                || n.ends_with(".ffn_up.weight")
+                || n.ends_with(".ffn_down.weight"))
+    };
+    for t in &f.tensors {
+        if !ffn_name(&t.name) {
+            w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
+        }
+    }
+    for (li, (perm, pred, _)) in layers.iter().enumerate() {
+        write_layer(&mut w, model, li, perm, pred.as_ref(), cfg)?;
+    }
+    Ok((w, layers.into_iter().map(|l| l.2).collect()))
+}
+
+/// The source's metadata (but its `pi2.*` keys) and the format's: version, thresholds,
+/// predictor kind and cuts, measured recall and candidates, the renumbered profile.
+fn write_metadata(
+    w: &mut GgufWriter,
+    model: &Model,
+    profile: &Profile,
+    thresholds: &[f32],
+    layers: &[(Vec<u32>, Option<Predictor>, LayerReport)],
+    cfg: &ConvertConfig,
+) {
+    for (k, v) in &model.file.metadata {
         let ours = k.starts_with("pi2.") && k != pi2_model::KEY_FFN_ACTIVATION;
         if k != "general.alignment" && !ours {
             w.meta(k, v.clone());
@@ -238,7 +221,10 @@ pub fn convert(
     w.meta("general.alignment", Value::U32(cfg.granule));
     w.meta(KEY_VERSION, Value::U32(FORMAT_VERSION));
     w.meta(KEY_SPARSITY, Value::F32(cfg.sparsity));
-    w.meta(KEY_ACTIVATION, Value::String(c.ffn_act.name().into()));
+    w.meta(
+        KEY_ACTIVATION,
+        Value::String(model.config.ffn_act.name().into()),
+    );
     w.meta(KEY_GRANULE, Value::U32(cfg.granule));
     let floats = |v: Vec<f32>| Value::Array(v.into_iter().map(Value::F32).collect());
     w.meta(KEY_THRESHOLDS, floats(thresholds.to_vec()));
@@ -269,87 +255,83 @@ pub fn convert(
         KEY_SOURCE,
         Value::String(model.name.clone().unwrap_or_else(|| "unnamed model".into())),
     );
+}
 
-    let ffn_name = |n: &str| {
-        n.starts_with("blk.")
-            && (n.ends_with(".ffn_gate.weight")
-                || n.ends_with(".ffn_up.weight")
-                || n.ends_with(".ffn_down.weight"))
-    };
-    for t in &f.tensors {
-        if !ffn_name(&t.name) {
-            w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
-        }
-    }
-    for (li, ((perm, pred, _), l)) in layers.iter().zip(&model.weights.layers).enumerate() {
-        let name = |s: &str| format!("blk.{li}.{s}");
-        for (tv, n) in [(&l.gate, "ffn_gate.weight"), (&l.up, "ffn_up.weight")] {
-            let m = tv.mat(f);
-            let mut bytes = Vec::with_capacity(m.bytes().len());
-            for &i in perm {
-                bytes.extend_from_slice(m.row(i as usize));
-            }
-            w.tensor(
-                &name(n),
-                &[c.n_embd as u64, c.n_ff as u64],
-                tv.ty.ggml_id(),
-                bytes,
-            );
-        }
-        let down = l.down.mat(f);
-        let dt = down_type(cfg.down_type, down.ty, c.n_embd)?;
-        let t = transposed(&down);
-        let mut bytes = Vec::new();
+/// Layer `li`'s bundles in `perm` order: gate and up rows, transposed down rows, the
+/// permutation, and the predictor (its output rows permuted the same way).
+fn write_layer(
+    w: &mut GgufWriter,
+    model: &Model,
+    li: usize,
+    perm: &[u32],
+    pred: Option<&Predictor>,
+    cfg: &ConvertConfig,
+) -> Result<(), ConvertError> {
+    let (f, c) = (&model.file, &model.config);
+    let l = &model.weights.layers[li];
+    let shape = [c.n_embd as u64, c.n_ff as u64];
+    for (tv, t) in [(&l.gate, Tensor::Gate), (&l.up, Tensor::Up)] {
+        let m = tv.mat(f);
+        let mut bytes = Vec::with_capacity(m.bytes().len());
         for &i in perm {
-            let row = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
-            bytes.extend(dt.quantize_row(row).expect("type checked by down_type"));
+            bytes.extend_from_slice(m.row(i as usize));
         }
-        w.tensor(
-            &name("ffn_down_t.weight"),
-            &[c.n_embd as u64, c.n_ff as u64],
-            dt.ggml_id(),
-            bytes,
-        );
-        let perm_bytes: Vec<u8> = perm
-            .iter()
-            .flat_map(|&i| (i as i32).to_le_bytes())
-            .collect();
-        w.tensor(&name("ffn_perm"), &[c.n_ff as u64], GGML_I32, perm_bytes);
-        if let Some(p) = pred {
-            let t1 = predictor_type(c.n_embd);
-            let fc1: Vec<u8> = p
-                .fc1
-                .chunks_exact(c.n_embd)
-                .flat_map(|r| t1.quantize_row(r).expect("predictor type fits"))
-                .collect();
-            w.tensor(
-                &name("fc1.weight"),
-                &[c.n_embd as u64, p.rank as u64],
-                t1.ggml_id(),
-                fc1,
-            );
-            let t2 = predictor_type(p.rank);
-            let fc2: Vec<u8> = perm
-                .iter()
-                .flat_map(|&i| {
-                    let r = &p.fc2[i as usize * p.rank..(i as usize + 1) * p.rank];
-                    t2.quantize_row(r).expect("predictor type fits")
-                })
-                .collect();
-            w.tensor(
-                &name("fc2.weight"),
-                &[p.rank as u64, c.n_ff as u64],
-                t2.ggml_id(),
-                fc2,
-            );
-            let bias: Vec<u8> = perm
-                .iter()
-                .flat_map(|&i| p.bias[i as usize].to_le_bytes())
-                .collect();
-            w.tensor(&name("fc2.bias"), &[c.n_ff as u64], 0, bias);
-        }
+        w.tensor(&t.name(li), &shape, tv.ty.ggml_id(), bytes);
     }
-    Ok((w, layers.into_iter().map(|l| l.2).collect()))
+    let down = l.down.mat(f);
+    let dt = down_type(cfg.down_type, down.ty, c.n_embd)?;
+    let t = transposed(&down);
+    let mut bytes = Vec::new();
+    for &i in perm {
+        let row = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
+        bytes.extend(dt.quantize_row(row).expect("type checked by down_type"));
+    }
+    w.tensor(&Tensor::DownT.name(li), &shape, dt.ggml_id(), bytes);
+    let perm_bytes: Vec<u8> = perm
+        .iter()
+        .flat_map(|&i| (i as i32).to_le_bytes())
+        .collect();
+    w.tensor(
+        &Tensor::Perm.name(li),
+        &[c.n_ff as u64],
+        GGML_I32,
+        perm_bytes,
+    );
+    let Some(p) = pred else {
+        return Ok(());
+    };
+    let t1 = predictor_type(c.n_embd);
+    let fc1: Vec<u8> = p
+        .fc1
+        .chunks_exact(c.n_embd)
+        .flat_map(|r| t1.quantize_row(r).expect("predictor type fits"))
+        .collect();
+    w.tensor(
+        &Tensor::Fc1.name(li),
+        &[c.n_embd as u64, p.rank as u64],
+        t1.ggml_id(),
+        fc1,
+    );
+    let t2 = predictor_type(p.rank);
+    let fc2: Vec<u8> = perm
+        .iter()
+        .flat_map(|&i| {
+            let r = &p.fc2[i as usize * p.rank..(i as usize + 1) * p.rank];
+            t2.quantize_row(r).expect("predictor type fits")
+        })
+        .collect();
+    w.tensor(
+        &Tensor::Fc2.name(li),
+        &[p.rank as u64, c.n_ff as u64],
+        t2.ggml_id(),
+        fc2,
+    );
+    let bias: Vec<u8> = perm
+        .iter()
+        .flat_map(|&i| p.bias[i as usize].to_le_bytes())
+        .collect();
+    w.tensor(&Tensor::Fc2Bias.name(li), &[c.n_ff as u64], 0, bias);
+    Ok(())
 }
 
 /// Every tensor of `source` except those `skip` names is in `converted`, byte for byte.
@@ -541,3 +523,8 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
     pi2_engine::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
     Ok(())
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -14,7 +14,7 @@ use super::{ConvertConfig, ConvertError};
 use pi2_engine::{check_thresholds, fires, transposed, Engine, EngineError, Logits};
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::bundle::{
-    FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_GRANULE, KEY_MOE_CALIBRATION_TOKENS,
+    Tensor, FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_GRANULE, KEY_MOE_CALIBRATION_TOKENS,
     KEY_PREDICTOR_KIND as KEY_KIND, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
 };
 use pi2_model::writer::TensorLayout;
@@ -111,6 +111,7 @@ pub fn count_experts(
 }
 
 /// What one tensor of the converted file is made from.
+#[derive(Clone, Copy)]
 enum Source {
     Copy(usize),
     Rows { layer: usize, up: bool },
@@ -133,8 +134,8 @@ pub fn convert(
     force: bool,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<(), ConvertError> {
-    let (f, c) = (&model.file, &model.config);
-    let (ff, d, ne) = (c.n_ff, c.n_embd, c.n_expert);
+    let c = &model.config;
+    let (ff, ne) = (c.n_ff, c.n_expert);
     if ne == 0 {
         return Err(ConvertError::Refused(
             "not a mixture-of-experts model".into(),
@@ -169,7 +170,34 @@ pub fn convert(
         })
         .collect();
 
-    let mut meta: Vec<(String, Value)> = f
+    let meta = metadata(model, counts, thresholds, cfg);
+    let (tensors, sources) = layout(model, cfg)?;
+    let n_tensors = tensors.len();
+    super::write_atomic(out, input, force, |w| {
+        pi2_model::writer::write_streamed(
+            w,
+            *b"GGUF",
+            &meta,
+            cfg.granule as u64,
+            &tensors,
+            |i, w| {
+                write_tensor(w, model, counts, &perms, sources[i])?;
+                progress(i + 1, n_tensors);
+                Ok(())
+            },
+        )
+    })
+}
+
+/// The source's metadata (but its `pi2.*` keys) and the format's.
+fn metadata(
+    model: &Model,
+    counts: &ExpertCounts,
+    thresholds: &[f32],
+    cfg: &ConvertConfig,
+) -> Vec<(String, Value)> {
+    let mut meta: Vec<(String, Value)> = model
+        .file
         .metadata
         .iter()
         .filter(|(k, _)| {
@@ -185,7 +213,7 @@ pub fn convert(
         (KEY_SPARSITY.into(), Value::F32(cfg.sparsity)),
         (
             KEY_ACTIVATION.into(),
-            Value::String(c.ffn_act.name().into()),
+            Value::String(model.config.ffn_act.name().into()),
         ),
         (KEY_GRANULE.into(), Value::U32(cfg.granule)),
         (KEY_THRESHOLDS.into(), floats(thresholds)),
@@ -196,7 +224,18 @@ pub fn convert(
             Value::String(model.name.clone().unwrap_or_else(|| "unnamed model".into())),
         ),
     ]);
+    meta
+}
 
+/// Every tensor of the converted file and where its bytes come from: dense tensors copied,
+/// then per layer the permuted expert gate and up rows, transposed down rows, the
+/// permutations and the frequencies.
+fn layout(
+    model: &Model,
+    cfg: &ConvertConfig,
+) -> Result<(Vec<TensorLayout>, Vec<Source>), ConvertError> {
+    let (f, c) = (&model.file, &model.config);
+    let (ff, d, ne) = (c.n_ff, c.n_embd, c.n_expert);
     let is_expert_ffn = |n: &str| {
         n.starts_with("blk.")
             && [
@@ -209,109 +248,110 @@ pub fn convert(
     };
     let mut tensors = Vec::new();
     let mut sources = Vec::new();
+    let mut add = |name: String, dims: Vec<u64>, ggml_type: u32, bytes: u64, src: Source| {
+        tensors.push(TensorLayout {
+            name,
+            dims,
+            ggml_type,
+            bytes,
+        });
+        sources.push(src);
+    };
     for (i, t) in f.tensors.iter().enumerate() {
         if !is_expert_ffn(&t.name) {
-            tensors.push(TensorLayout {
-                name: t.name.clone(),
-                dims: t.dims.clone(),
-                ggml_type: t.ggml_type,
-                bytes: t.size,
-            });
-            sources.push(Source::Copy(i));
+            add(
+                t.name.clone(),
+                t.dims.clone(),
+                t.ggml_type,
+                t.size,
+                Source::Copy(i),
+            );
         }
     }
     let stacked = [d as u64, ff as u64, ne as u64];
     for (li, l) in model.weights.layers.iter().enumerate() {
-        for (tv, n, up) in [
-            (&l.gate, "ffn_gate_exps.weight", false),
-            (&l.up, "ffn_up_exps.weight", true),
+        for (tv, t, up) in [
+            (&l.gate, Tensor::GateExps, false),
+            (&l.up, Tensor::UpExps, true),
         ] {
-            tensors.push(TensorLayout {
-                name: name(li, n),
-                dims: stacked.to_vec(),
-                ggml_type: tv.ty.ggml_id(),
-                bytes: tv.mat(f).bytes().len() as u64,
-            });
-            sources.push(Source::Rows { layer: li, up });
+            let bytes = tv.mat(f).bytes().len() as u64;
+            let src = Source::Rows { layer: li, up };
+            add(t.name(li), stacked.to_vec(), tv.ty.ggml_id(), bytes, src);
         }
         let dt = super::down_type(cfg.down_type, l.down.ty, d)?;
-        tensors.push(TensorLayout {
-            name: name(li, "ffn_down_t_exps.weight"),
-            dims: stacked.to_vec(),
-            ggml_type: dt.ggml_id(),
-            bytes: (ne * ff * dt.row_bytes(d).expect("checked by down_type")) as u64,
-        });
-        sources.push(Source::DownT { layer: li, ty: dt });
-        for (n, ty, src) in [
-            ("ffn_perm_exps", GGML_I32, Source::Perm(li)),
-            ("ffn_freq_exps", 0, Source::Freq(li)),
+        let bytes = (ne * ff * dt.row_bytes(d).expect("checked by down_type")) as u64;
+        let src = Source::DownT { layer: li, ty: dt };
+        add(
+            Tensor::DownTExps.name(li),
+            stacked.to_vec(),
+            dt.ggml_id(),
+            bytes,
+            src,
+        );
+        for (t, ty, src) in [
+            (Tensor::PermExps, GGML_I32, Source::Perm(li)),
+            (Tensor::FreqExps, 0, Source::Freq(li)),
         ] {
-            tensors.push(TensorLayout {
-                name: name(li, n),
-                dims: vec![ff as u64, ne as u64],
-                ggml_type: ty,
-                bytes: (ff * ne * 4) as u64,
-            });
-            sources.push(src);
+            add(
+                t.name(li),
+                vec![ff as u64, ne as u64],
+                ty,
+                (ff * ne * 4) as u64,
+                src,
+            );
         }
     }
+    Ok((tensors, sources))
+}
 
-    let n_tensors = tensors.len();
-    super::write_atomic(out, input, force, |w| {
-        pi2_model::writer::write_streamed(
-            w,
-            *b"GGUF",
-            &meta,
-            cfg.granule as u64,
-            &tensors,
-            |i, w| {
-                match sources[i] {
-                    Source::Copy(t) => w.write_all(f.tensor_data(&f.tensors[t]))?,
-                    Source::Rows { layer, up } => {
-                        let l = &model.weights.layers[layer];
-                        let m = if up { l.up.mat(f) } else { l.gate.mat(f) };
-                        for e in 0..ne {
-                            let perm = &perms[layer * ne + e];
-                            let rows: Vec<u8> = perm
-                                .iter()
-                                .flat_map(|&i| m.row(e * ff + i as usize).iter().copied())
-                                .collect();
-                            w.write_all(&rows)?;
-                        }
-                    }
-                    Source::DownT { layer, ty } => {
-                        let l = &model.weights.layers[layer];
-                        let down = l.down.mat(f);
-                        for e in 0..ne {
-                            let rows = transposed_rows(
-                                &down.rows(e * d..(e + 1) * d),
-                                &perms[layer * ne + e],
-                                ty,
-                            );
-                            w.write_all(&rows)?;
-                        }
-                    }
-                    Source::Perm(layer) => {
-                        for p in &perms[layer * ne..(layer + 1) * ne] {
-                            for &i in p {
-                                w.write_all(&(i as i32).to_le_bytes())?;
-                            }
-                        }
-                    }
-                    Source::Freq(layer) => {
-                        for (e, p) in perms[layer * ne..(layer + 1) * ne].iter().enumerate() {
-                            let freq = counts.frequency(layer * ne + e);
-                            for &i in p {
-                                w.write_all(&freq[i as usize].to_le_bytes())?;
-                            }
-                        }
-                    }
+/// The bytes of one tensor of the converted file.
+fn write_tensor(
+    w: &mut dyn Write,
+    model: &Model,
+    counts: &ExpertCounts,
+    perms: &[Vec<u32>],
+    src: Source,
+) -> std::io::Result<()> {
+    let (f, c) = (&model.file, &model.config);
+    let (ff, d, ne) = (c.n_ff, c.n_embd, c.n_expert);
+    match src {
+        Source::Copy(t) => w.write_all(f.tensor_data(&f.tensors[t]))?,
+        Source::Rows { layer, up } => {
+            let l = &model.weights.layers[layer];
+            let m = if up { l.up.mat(f) } else { l.gate.mat(f) };
+            for e in 0..ne {
+                let rows: Vec<u8> = perms[layer * ne + e]
+                    .iter()
+                    .flat_map(|&i| m.row(e * ff + i as usize).iter().copied())
+                    .collect();
+                w.write_all(&rows)?;
+            }
+        }
+        Source::DownT { layer, ty } => {
+            let down = model.weights.layers[layer].down.mat(f);
+            for e in 0..ne {
+                let rows =
+                    transposed_rows(&down.rows(e * d..(e + 1) * d), &perms[layer * ne + e], ty);
+                w.write_all(&rows)?;
+            }
+        }
+        Source::Perm(layer) => {
+            for p in &perms[layer * ne..(layer + 1) * ne] {
+                for &i in p {
+                    w.write_all(&(i as i32).to_le_bytes())?;
                 }
-                progress(i + 1, n_tensors);
-                Ok(())
-            },
-        )
-    })
+            }
+        }
+        Source::Freq(layer) => {
+            for (e, p) in perms[layer * ne..(layer + 1) * ne].iter().enumerate() {
+                let freq = counts.frequency(layer * ne + e);
+                for &i in p {
+                    w.write_all(&freq[i as usize].to_le_bytes())?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Columns `perm` of `m` (`n_embd` rows of `n_ff`) as rows of type `ty`, quantized in parallel.

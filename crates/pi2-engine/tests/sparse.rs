@@ -1,9 +1,9 @@
-//! The sparse FFN against the dense one, convert round trips, PowerInfer import, bad input.
+//! The sparse FFN against the dense one, PowerInfer import, bad input (convert round trips are
+//! pi2-convert's tests).
 
 mod common;
 
 use common::max_rel_diff;
-use pi2_convert::{self as convert, ConvertConfig};
 use pi2_engine::{Engine, EngineConfig, Logits, SparseFfn};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
@@ -103,67 +103,6 @@ fn gather_path_equals_masked_dense_batch() {
         bst.confirmed, st.confirmed,
         "batch and decode confirm the same neurons"
     );
-}
-
-#[test]
-fn convert_round_trips_and_runs_sparse() {
-    let m = model(&spec(QuantType::Q4_1));
-    let (profile, th, samples) = common::profile_and_samples(&m, &cfg(), 0.5, 100);
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.gguf");
-    std::fs::write(&input, build(&spec(QuantType::Q4_1)).to_bytes()).unwrap();
-    for kind in [PredictorKind::Lowrank, PredictorKind::Trained] {
-        let cfg_c = ConvertConfig {
-            sparsity: 0.5,
-            predictor: Some(kind),
-            granule: 256,
-            fit: pi2_sparse::FitConfig {
-                max_rank: 64,
-                epochs: 3,
-                ..Default::default()
-            },
-            ..ConvertConfig::default()
-        };
-        let (w, report) = convert::convert(&m, &profile, &th, samples.clone(), &cfg_c).unwrap();
-        assert_eq!(report.len(), 2);
-        let out = dir.path().join(format!("out-{}.gguf", kind.name()));
-        convert::write_file(&w, &out, &input, false).unwrap();
-        // never over an existing file without force, never over the input
-        assert!(convert::write_file(&w, &out, &input, false).is_err());
-        assert!(convert::write_file(&w, &input, &input, true).is_err());
-        let conv = Model::load(&out).unwrap();
-        convert::verify(&m, &conv).unwrap();
-        assert_eq!(conv.file.alignment, 256);
-        let (sp, prof) = pi2_engine::load_sparse(&conv).unwrap().unwrap();
-        assert!(sp.use_predictor && prof.is_some());
-        assert_eq!(sp.layers[0].predictor.as_ref().unwrap().kind, kind);
-        // The converted model runs dense (prefill path) and sparse, and agrees with the source
-        // densely: the permutation does not change the function.
-        let mut e0 = Engine::new(&m, &cfg()).unwrap();
-        let want = e0.forward(&TOKENS, Logits::Last).unwrap().to_vec();
-        let mut e1 = Engine::new(&conv, &cfg()).unwrap();
-        let got = e1.forward(&TOKENS, Logits::Last).unwrap().to_vec();
-        assert!(
-            max_rel_diff(&want, &got) < 5e-2,
-            "{}",
-            max_rel_diff(&want, &got)
-        );
-        e1.set_sparse(Some(&sp)).unwrap();
-        let _ = decode_all(&mut e1, &TOKENS);
-        let st = e1.sparse_stats();
-        assert!(
-            st.candidate_fraction() < 1.0 && st.confirmed_fraction() <= st.candidate_fraction()
-        );
-    }
-    // A corrupted file is refused with a clear error.
-    let out = dir.path().join("out-lowrank.gguf");
-    let mut bytes = std::fs::read(&out).unwrap();
-    let key = b"pi2.sparse.thresholds";
-    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
-    bytes[at + 4] = b'X';
-    let bad = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
-    let err = pi2_engine::load_sparse(&bad).unwrap_err().to_string();
-    assert!(err.contains("pi2.sparse.thresholds"), "{err}");
 }
 
 #[test]

@@ -311,26 +311,7 @@ pub struct StandIn {
 impl StandIn {
     /// Plan a stand-in with the tokenizer (every `tokenizer.*` key) of `tokenizer_source`.
     pub fn new(spec: StandInSpec, tokenizer_source: &GgufFile) -> Result<StandIn, ModelError> {
-        let s = spec.shape;
-        let q = spec.quant;
-        if q.quantize_row(&vec![0.0; q.block_len()]).is_none() {
-            return Err(ModelError::Unsupported(format!(
-                "stand-ins in {q} (pi2 quantizes q4_0, q4_1, q4_k, q8_0, f16, f32)"
-            )));
-        }
-        for (what, cols) in [("n_embd", s.n_embd), ("n_ff", s.n_ff)] {
-            if cols % q.block_len() != 0 {
-                return Err(ModelError::Unsupported(format!(
-                    "{what} {cols} is not a multiple of the {q} block"
-                )));
-            }
-        }
-        if !(0.0..=P_MAX).contains(&spec.rate) || spec.rate <= 0.0 || spec.alpha < 0.0 {
-            return Err(ModelError::Unsupported(format!(
-                "rate {} must be in (0, {P_MAX}] and alpha {} >= 0",
-                spec.rate, spec.alpha
-            )));
-        }
+        check_spec(&spec)?;
         let tok: Vec<(String, Value)> = tokenizer_source
             .metadata
             .iter()
@@ -345,167 +326,16 @@ impl StandIn {
             .ok_or(ModelError::Tokenizer(
                 "the tokenizer source has no `tokenizer.ggml.tokens`".into(),
             ))?;
-        let a = "llama";
-        let mut meta: Vec<(String, Value)> = vec![
-            ("general.architecture".into(), Value::String(a.into())),
-            (
-                "general.name".into(),
-                Value::String(format!(
-                    "pi2 stand-in {} {} {}",
-                    s.name,
-                    spec.ffn_act.name(),
-                    q
-                )),
-            ),
-            ("general.alignment".into(), Value::U32(32)),
-        ];
-        let u = |v: usize| Value::U32(v as u32);
-        for (k, v) in [
-            ("context_length", u(s.n_ctx)),
-            ("embedding_length", u(s.n_embd)),
-            ("block_count", u(s.n_layer)),
-            ("feed_forward_length", u(s.n_ff)),
-            ("attention.head_count", u(s.n_head)),
-            ("attention.head_count_kv", u(s.n_head_kv)),
-            ("rope.dimension_count", u(s.n_embd / s.n_head)),
-            ("rope.freq_base", Value::F32(s.rope_base)),
-            ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-            ("vocab_size", u(n_vocab)),
-        ] {
-            meta.push((format!("{a}.{k}"), v));
-        }
-        if s.n_expert > 0 {
-            meta.push((format!("{a}.expert_count"), u(s.n_expert)));
-            meta.push((format!("{a}.expert_used_count"), u(s.n_expert_used)));
-        }
-        meta.push((
-            KEY_FFN_ACTIVATION.into(),
-            Value::String(spec.ffn_act.name().into()),
-        ));
-        meta.push((KEY_SHAPE.into(), Value::String(s.name.into())));
-        meta.push((KEY_RATE.into(), Value::F32(spec.rate)));
-        meta.push((KEY_ALPHA.into(), Value::F32(spec.alpha)));
-        meta.push((KEY_SEED.into(), Value::U64(spec.seed)));
-        meta.extend(tok);
-
-        let (d, ff, hd) = (s.n_embd, s.n_ff, s.n_embd / s.n_head);
-        let (qd, kvd) = (s.n_head * hd, s.n_head_kv * hd);
+        let mut metadata = metadata(&spec, n_vocab);
+        metadata.extend(tok);
+        let s = spec.shape;
+        let d = s.n_embd;
         let experts = s.n_expert.max(1);
         // Scales (see the module notes): gate and up pre-activations of standard deviation
         // about 1 (the FFN input's non-constant channels carry about half its unit mean
         // square); attention and FFN outputs of standard deviation EPS * sigma_x per channel.
         let sigma_x = EMBD_SCALE / 3f32.sqrt();
-        let w_in = (6.0 / d as f32).sqrt();
-        let firing = if spec.ffn_act == FfnAct::Silu {
-            0.5
-        } else {
-            spec.rate
-        };
-        let w_down = EPS * sigma_x * (3.0 / (ff as f32 * firing * experts.min(2) as f32)).sqrt();
-        let w_o = EPS * sigma_x * (3.0 / qd as f32).sqrt();
-
-        let mut tensors = Vec::new();
-        let mut kinds = Vec::new();
-        let mut geometry = Vec::new();
-        let mut add = |name: String, dims: Vec<u64>, ty: QuantType, kind: Kind| {
-            let cols = dims[0] as usize;
-            let rows = dims[1..].iter().product::<u64>() as usize;
-            let bytes = (ty.row_bytes(cols).expect("checked block multiple") * rows) as u64;
-            tensors.push(TensorLayout {
-                name,
-                dims,
-                ggml_type: ty.ggml_id(),
-                bytes,
-            });
-            kinds.push(kind);
-            geometry.push((rows, cols));
-        };
-        let (d64, ff64, e64) = (d as u64, ff as u64, s.n_expert as u64);
-        add(
-            "token_embd.weight".into(),
-            vec![d64, n_vocab as u64],
-            q,
-            Kind::Embedding,
-        );
-        add(
-            "output_norm.weight".into(),
-            vec![d64],
-            QuantType::F32,
-            Kind::Ones,
-        );
-        add(
-            "output.weight".into(),
-            vec![d64, n_vocab as u64],
-            q,
-            Kind::Uniform {
-                scale: w_in,
-                zero_row0: false,
-            },
-        );
-        let (ffn, ffn_dims, down_dims) = if s.n_expert > 0 {
-            ("_exps", vec![d64, ff64, e64], vec![ff64, d64, e64])
-        } else {
-            ("", vec![d64, ff64], vec![ff64, d64])
-        };
-        for l in 0..s.n_layer {
-            let n = |t: &str| format!("blk.{l}.{t}");
-            let uni = |scale, zero_row0| Kind::Uniform { scale, zero_row0 };
-            add(n("attn_norm.weight"), vec![d64], QuantType::F32, Kind::Ones);
-            add(
-                n("attn_q.weight"),
-                vec![d64, qd as u64],
-                q,
-                uni(w_in, false),
-            );
-            add(
-                n("attn_k.weight"),
-                vec![d64, kvd as u64],
-                q,
-                uni(w_in, false),
-            );
-            add(
-                n("attn_v.weight"),
-                vec![d64, kvd as u64],
-                q,
-                uni(w_in, false),
-            );
-            add(
-                n("attn_output.weight"),
-                vec![qd as u64, d64],
-                q,
-                uni(w_o, true),
-            );
-            add(n("ffn_norm.weight"), vec![d64], QuantType::F32, Kind::Ones);
-            if s.n_expert > 0 {
-                add(
-                    n("ffn_gate_inp.weight"),
-                    vec![d64, e64],
-                    QuantType::F32,
-                    Kind::Router { scale: w_in },
-                );
-            }
-            add(
-                n(&format!("ffn_gate{ffn}.weight")),
-                ffn_dims.clone(),
-                q,
-                Kind::Gate {
-                    layer: l,
-                    scale: w_in,
-                },
-            );
-            add(
-                n(&format!("ffn_up{ffn}.weight")),
-                ffn_dims.clone(),
-                q,
-                uni(w_in, false),
-            );
-            add(
-                n(&format!("ffn_down{ffn}.weight")),
-                down_dims.clone(),
-                q,
-                uni(w_down, true),
-            );
-        }
+        let table = Table::new(&spec, n_vocab, sigma_x);
         let z = (0..s.n_layer * experts)
             .map(|i| {
                 spec.planted_rates(i / experts, i % experts)
@@ -516,10 +346,10 @@ impl StandIn {
             .collect();
         Ok(StandIn {
             spec,
-            metadata: meta,
-            tensors,
-            kinds,
-            geometry,
+            metadata,
+            tensors: table.tensors,
+            kinds: table.kinds,
+            geometry: table.geometry,
             z,
             // The constant channel carries as much energy as the rest of the embedding.
             a: sigma_x * ((d - 1) as f32).sqrt(),
@@ -581,6 +411,191 @@ impl StandIn {
     /// Bytes of the whole file.
     pub fn file_bytes(&self) -> u64 {
         crate::writer::streamed_size(&self.metadata, 32, &self.tensors)
+    }
+}
+
+/// Refuses stand-ins pi2 cannot make.
+fn check_spec(spec: &StandInSpec) -> Result<(), ModelError> {
+    let (s, q) = (spec.shape, spec.quant);
+    if q.quantize_row(&vec![0.0; q.block_len()]).is_none() {
+        return Err(ModelError::Unsupported(format!(
+            "stand-ins in {q} (pi2 quantizes q4_0, q4_1, q5_0, q5_1, q4_k, q8_0, f16, f32)"
+        )));
+    }
+    for (what, cols) in [("n_embd", s.n_embd), ("n_ff", s.n_ff)] {
+        if cols % q.block_len() != 0 {
+            return Err(ModelError::Unsupported(format!(
+                "{what} {cols} is not a multiple of the {q} block"
+            )));
+        }
+    }
+    if !(0.0..=P_MAX).contains(&spec.rate) || spec.rate <= 0.0 || spec.alpha < 0.0 {
+        return Err(ModelError::Unsupported(format!(
+            "rate {} must be in (0, {P_MAX}] and alpha {} >= 0",
+            spec.rate, spec.alpha
+        )));
+    }
+    Ok(())
+}
+
+/// The stand-in's llama metadata and its own `pi2.synth.*` keys (the tokenizer's come after).
+fn metadata(spec: &StandInSpec, n_vocab: usize) -> Vec<(String, Value)> {
+    let (s, q) = (spec.shape, spec.quant);
+    let a = "llama";
+    let name = format!("pi2 stand-in {} {} {}", s.name, spec.ffn_act.name(), q);
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        ("general.name".into(), Value::String(name)),
+        ("general.alignment".into(), Value::U32(32)),
+    ];
+    let u = |v: usize| Value::U32(v as u32);
+    for (k, v) in [
+        ("context_length", u(s.n_ctx)),
+        ("embedding_length", u(s.n_embd)),
+        ("block_count", u(s.n_layer)),
+        ("feed_forward_length", u(s.n_ff)),
+        ("attention.head_count", u(s.n_head)),
+        ("attention.head_count_kv", u(s.n_head_kv)),
+        ("rope.dimension_count", u(s.n_embd / s.n_head)),
+        ("rope.freq_base", Value::F32(s.rope_base)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("vocab_size", u(n_vocab)),
+    ] {
+        meta.push((format!("{a}.{k}"), v));
+    }
+    if s.n_expert > 0 {
+        meta.push((format!("{a}.expert_count"), u(s.n_expert)));
+        meta.push((format!("{a}.expert_used_count"), u(s.n_expert_used)));
+    }
+    meta.extend([
+        (
+            KEY_FFN_ACTIVATION.into(),
+            Value::String(spec.ffn_act.name().into()),
+        ),
+        (KEY_SHAPE.into(), Value::String(s.name.into())),
+        (KEY_RATE.into(), Value::F32(spec.rate)),
+        (KEY_ALPHA.into(), Value::F32(spec.alpha)),
+        (KEY_SEED.into(), Value::U64(spec.seed)),
+    ]);
+    meta
+}
+
+/// The tensor table of a stand-in: layouts, how each is generated, and its geometry.
+#[derive(Default)]
+struct Table {
+    tensors: Vec<TensorLayout>,
+    kinds: Vec<Kind>,
+    geometry: Vec<(usize, usize)>,
+}
+
+impl Table {
+    fn add(&mut self, name: String, dims: Vec<u64>, ty: QuantType, kind: Kind) {
+        let cols = dims[0] as usize;
+        let rows = dims[1..].iter().product::<u64>() as usize;
+        let bytes = (ty.row_bytes(cols).expect("checked block multiple") * rows) as u64;
+        self.tensors.push(TensorLayout {
+            name,
+            dims,
+            ggml_type: ty.ggml_id(),
+            bytes,
+        });
+        self.kinds.push(kind);
+        self.geometry.push((rows, cols));
+    }
+
+    fn new(spec: &StandInSpec, n_vocab: usize, sigma_x: f32) -> Table {
+        let (s, q) = (spec.shape, spec.quant);
+        let (d, ff, hd) = (s.n_embd, s.n_ff, s.n_embd / s.n_head);
+        let (qd, kvd) = (s.n_head * hd, s.n_head_kv * hd);
+        let experts = s.n_expert.max(1);
+        let w_in = (6.0 / d as f32).sqrt();
+        let firing = match spec.ffn_act {
+            FfnAct::Silu => 0.5,
+            _ => spec.rate,
+        };
+        let w_down = EPS * sigma_x * (3.0 / (ff as f32 * firing * experts.min(2) as f32)).sqrt();
+        let w_o = EPS * sigma_x * (3.0 / qd as f32).sqrt();
+        let uni = |scale, zero_row0| Kind::Uniform { scale, zero_row0 };
+        let mut t = Table::default();
+        let (d64, ff64, e64, v64) = (d as u64, ff as u64, s.n_expert as u64, n_vocab as u64);
+        t.add(
+            "token_embd.weight".into(),
+            vec![d64, v64],
+            q,
+            Kind::Embedding,
+        );
+        t.add(
+            "output_norm.weight".into(),
+            vec![d64],
+            QuantType::F32,
+            Kind::Ones,
+        );
+        t.add("output.weight".into(), vec![d64, v64], q, uni(w_in, false));
+        let (ffn, ffn_dims, down_dims) = match s.n_expert > 0 {
+            true => ("_exps", vec![d64, ff64, e64], vec![ff64, d64, e64]),
+            false => ("", vec![d64, ff64], vec![ff64, d64]),
+        };
+        for l in 0..s.n_layer {
+            let n = |t: &str| format!("blk.{l}.{t}");
+            t.add(n("attn_norm.weight"), vec![d64], QuantType::F32, Kind::Ones);
+            t.add(
+                n("attn_q.weight"),
+                vec![d64, qd as u64],
+                q,
+                uni(w_in, false),
+            );
+            t.add(
+                n("attn_k.weight"),
+                vec![d64, kvd as u64],
+                q,
+                uni(w_in, false),
+            );
+            t.add(
+                n("attn_v.weight"),
+                vec![d64, kvd as u64],
+                q,
+                uni(w_in, false),
+            );
+            t.add(
+                n("attn_output.weight"),
+                vec![qd as u64, d64],
+                q,
+                uni(w_o, true),
+            );
+            t.add(n("ffn_norm.weight"), vec![d64], QuantType::F32, Kind::Ones);
+            if s.n_expert > 0 {
+                let router = Kind::Router { scale: w_in };
+                t.add(
+                    n("ffn_gate_inp.weight"),
+                    vec![d64, e64],
+                    QuantType::F32,
+                    router,
+                );
+            }
+            let gate = Kind::Gate {
+                layer: l,
+                scale: w_in,
+            };
+            t.add(
+                n(&format!("ffn_gate{ffn}.weight")),
+                ffn_dims.clone(),
+                q,
+                gate,
+            );
+            t.add(
+                n(&format!("ffn_up{ffn}.weight")),
+                ffn_dims.clone(),
+                q,
+                uni(w_in, false),
+            );
+            t.add(
+                n(&format!("ffn_down{ffn}.weight")),
+                down_dims.clone(),
+                q,
+                uni(w_down, true),
+            );
+        }
+        t
     }
 }
 

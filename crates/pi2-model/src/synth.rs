@@ -142,14 +142,11 @@ pub fn vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
     (tokens, types, merges)
 }
 
-/// Build the GGUF image of a generated model.
-pub fn build(spec: &SynthSpec) -> GgufWriter {
-    let mut rng = Rng::new(spec.seed);
-    let (tokens, types, merges) = vocab();
+/// The architecture's hyper-parameters and the tokenizer.
+fn write_meta(w: &mut GgufWriter, spec: &SynthSpec, vocab: (Vec<String>, Vec<i32>, Vec<String>)) {
+    let (tokens, types, merges) = vocab;
     let n_vocab = tokens.len();
     let a = spec.arch.as_str();
-    let hd = spec.n_embd / spec.n_head;
-    let mut w = GgufWriter::new();
     w.meta("general.architecture", Value::String(a.into()));
     w.meta("general.name", Value::String(format!("synthetic {a}")));
     w.meta(&format!("{a}.context_length"), Value::U32(512));
@@ -214,6 +211,16 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
         Value::U32(n_vocab as u32 - 1),
     );
     w.meta("tokenizer.ggml.add_bos_token", Value::Bool(false));
+}
+
+/// Build the GGUF image of a generated model.
+pub fn build(spec: &SynthSpec) -> GgufWriter {
+    let mut rng = Rng::new(spec.seed);
+    let (tokens, types, merges) = vocab();
+    let n_vocab = tokens.len();
+    let hd = spec.n_embd / spec.n_head;
+    let mut w = GgufWriter::new();
+    write_meta(&mut w, spec, (tokens, types, merges));
     let f32s = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let t = |ty: QuantType| ty.ggml_id();
     let (d, ff, kvd) = (

@@ -90,51 +90,8 @@ pub fn plan(cm: &CostModel<'_>, c: &Constraints, space: &Space) -> Result<Soluti
             mib(c.mem_limit)
         )));
     }
-    // Threads: every count on every allowed class.
-    let mut threads = Vec::new();
-    for (ci, class) in cm.hw.classes.iter().enumerate() {
-        if !c.classes.is_empty() && !c.classes.contains(&ci) {
-            continue;
-        }
-        for r in &class.rates {
-            if (c.max_threads == 0 || r.threads <= c.max_threads)
-                && (space.threads.is_empty() || space.threads.contains(&r.threads))
-            {
-                threads.push((ci, r.threads));
-            }
-        }
-    }
-    if threads.is_empty() {
-        return Err(PlanError::Infeasible(
-            "no allowed cores: the core selection matches no class of the hardware profile".into(),
-        ));
-    }
-    // Modes with their memory: whole model, or offloading budgets (largest first, so fast plans
-    // are found early and bound the rest; smallest first when memory is the objective).
-    let mut modes: Vec<(Mode, u64)> = Vec::new();
-    for &m in &space.modes {
-        match m {
-            Mode::Dense | Mode::Sparse if in_memory <= c.mem_limit => modes.push((m, in_memory)),
-            Mode::Offload if min_budget <= c.mem_limit => {
-                let top = c.mem_limit.min(in_memory.max(min_budget));
-                let n = space.memory_points.max(1);
-                for k in 0..n {
-                    let b = if n == 1 {
-                        top
-                    } else {
-                        top - (top - min_budget) * k as u64 / (n - 1) as u64
-                    };
-                    if !modes.contains(&(Mode::Offload, b)) {
-                        modes.push((Mode::Offload, b));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    if c.objective == Objective::LeastMemory {
-        modes.sort_by_key(|&(_, b)| b);
-    }
+    let threads = thread_choices(cm, c, space)?;
+    let modes = mode_choices(c, space, in_memory, min_budget);
     // An engine that keeps one read in flight gains nothing from depth (and the reader reports
     // completions per group of `depth` reads, so 1 overlaps best): only the smallest is tried.
     let mut space = space.clone();
@@ -232,29 +189,92 @@ pub fn plan(cm: &CostModel<'_>, c: &Constraints, space: &Space) -> Result<Soluti
                 space_size,
             })
         }
-        None => {
-            // The memory limit admits plans, so the speed minimum binds: say how fast the
-            // fastest plan within the limit is.
-            let fastest = plan(
-                cm,
-                &Constraints {
-                    min_decode_tps: 0.0,
-                    objective: Objective::Fastest,
-                    ..c.clone()
-                },
-                space,
-            );
-            Err(PlanError::Infeasible(match fastest {
-                Ok(s) => format!(
-                    "no plan decodes at {:.2} tok/s within {}: the fastest predicted is {:.2} tok/s",
-                    c.min_decode_tps,
-                    mib(c.mem_limit),
-                    s.predicted.decode_tps
-                ),
-                Err(e) => e.to_string(),
-            }))
+        None => Err(speed_infeasible(cm, c, space)),
+    }
+}
+
+/// Every allowed (class, thread count) pair of the profile.
+fn thread_choices(
+    cm: &CostModel<'_>,
+    c: &Constraints,
+    space: &Space,
+) -> Result<Vec<(usize, usize)>, PlanError> {
+    let mut threads = Vec::new();
+    for (ci, class) in cm.hw.classes.iter().enumerate() {
+        if !c.classes.is_empty() && !c.classes.contains(&ci) {
+            continue;
+        }
+        for r in &class.rates {
+            if (c.max_threads == 0 || r.threads <= c.max_threads)
+                && (space.threads.is_empty() || space.threads.contains(&r.threads))
+            {
+                threads.push((ci, r.threads));
+            }
         }
     }
+    if threads.is_empty() {
+        return Err(PlanError::Infeasible(
+            "no allowed cores: the core selection matches no class of the hardware profile".into(),
+        ));
+    }
+    Ok(threads)
+}
+
+/// Modes with their memory: whole model, or offloading budgets (largest first, so fast plans
+/// are found early and bound the rest; smallest first when memory is the objective).
+fn mode_choices(
+    c: &Constraints,
+    space: &Space,
+    in_memory: u64,
+    min_budget: u64,
+) -> Vec<(Mode, u64)> {
+    let mut modes: Vec<(Mode, u64)> = Vec::new();
+    for &m in &space.modes {
+        match m {
+            Mode::Dense | Mode::Sparse if in_memory <= c.mem_limit => modes.push((m, in_memory)),
+            Mode::Offload if min_budget <= c.mem_limit => {
+                let top = c.mem_limit.min(in_memory.max(min_budget));
+                let n = space.memory_points.max(1);
+                for k in 0..n {
+                    let b = if n == 1 {
+                        top
+                    } else {
+                        top - (top - min_budget) * k as u64 / (n - 1) as u64
+                    };
+                    if !modes.contains(&(Mode::Offload, b)) {
+                        modes.push((Mode::Offload, b));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if c.objective == Objective::LeastMemory {
+        modes.sort_by_key(|&(_, b)| b);
+    }
+    modes
+}
+
+/// The memory limit admits plans but none is fast enough: say how fast the fastest one is.
+fn speed_infeasible(cm: &CostModel<'_>, c: &Constraints, space: &Space) -> PlanError {
+    let fastest = plan(
+        cm,
+        &Constraints {
+            min_decode_tps: 0.0,
+            objective: Objective::Fastest,
+            ..c.clone()
+        },
+        space,
+    );
+    PlanError::Infeasible(match fastest {
+        Ok(s) => format!(
+            "no plan decodes at {:.2} tok/s within {}: the fastest predicted is {:.2} tok/s",
+            c.min_decode_tps,
+            mib(c.mem_limit),
+            s.predicted.decode_tps
+        ),
+        Err(e) => e.to_string(),
+    })
 }
 
 /// Identity of the model a plan is for.

@@ -1,10 +1,24 @@
-//! Shared by the integration tests: profiling a model over synthetic tokens and recording the
-//! predictor training samples, as `pi2 profile` and `pi2 convert` do.
+//! Shared by the integration tests: calibrating a synthetic model for conversion, comparing
+//! logits.
 
-use pi2_convert as convert;
-use pi2_engine::{Engine, EngineConfig, Logits};
+use pi2_engine::{Engine, EngineConfig};
 use pi2_model::Model;
-use pi2_sparse::{Activation, Calibration, ModelInfo, ProfileConfig, Profiler};
+use pi2_sparse::{Activation, ModelInfo};
+
+/// A model description for profiles of synthetic models.
+#[allow(dead_code)] // not every test crate profiles
+pub fn synth_info(m: &Model) -> ModelInfo {
+    let c = &m.config;
+    ModelInfo {
+        architecture: "llama".into(),
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        n_ff: c.n_ff,
+        activation: Activation::Silu,
+        file_name: "synth".into(),
+        file_bytes: 0,
+    }
+}
 
 /// A profile of `m` over 200 synthetic tokens run in chunks of `chunk`, the per-layer thresholds
 /// for `sparsity`, and the predictor samples.
@@ -15,38 +29,12 @@ pub fn profile_and_samples(
     sparsity: f32,
     chunk: usize,
 ) -> (pi2_sparse::Profile, Vec<f32>, Vec<pi2_sparse::LayerSamples>) {
-    let c = &m.config;
     let toks: Vec<u32> = (0..200u32)
-        .map(|i| (i * 37 + 11) % c.n_vocab as u32)
+        .map(|i| (i * 37 + 11) % m.config.n_vocab as u32)
         .collect();
     let mut e = Engine::new(m, cfg).unwrap();
-    let mut prof = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
-    for part in toks.chunks(chunk) {
-        e.truncate(0);
-        e.forward_observed(part, Logits::Last, Some(&mut prof))
-            .unwrap();
-    }
-    let info = ModelInfo {
-        architecture: "llama".into(),
-        n_layer: c.n_layer,
-        n_embd: c.n_embd,
-        n_ff: c.n_ff,
-        activation: Activation::Silu,
-        file_name: "synth".into(),
-        file_bytes: 0,
-    };
-    let cal = Calibration {
-        file: "synth".into(),
-        tokens: toks.len(),
-    };
-    let (profile, _) = prof.finish(info, cal, &ProfileConfig::default()).unwrap();
-    let th: Vec<f32> = profile
-        .layers
-        .iter()
-        .map(|l| l.threshold_for(sparsity).unwrap())
-        .collect();
-    let samples = convert::collect_samples(&mut e, &toks, chunk, &th, |_| {}).unwrap();
-    (profile, th, samples)
+    let c = pi2_convert::calibrate(&mut e, &toks, chunk, sparsity, synth_info(m)).unwrap();
+    (c.profile, c.thresholds, c.samples)
 }
 
 /// Largest absolute difference between `a` and `b`, relative to `a`'s largest magnitude.

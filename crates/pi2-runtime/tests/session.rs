@@ -1,0 +1,212 @@
+//! Sessions built from plain options on synthetic model files: dense, sparse, offloaded under a
+//! budget, and the clear refusals of options that cannot work.
+
+use pi2_convert::{calibrate, convert, write_file, ConvertConfig};
+use pi2_engine::{Engine, Logits};
+use pi2_kernels::QuantType;
+use pi2_model::synth::{build, SynthSpec};
+use pi2_model::Model;
+use pi2_runtime::{prepare, EngineOptions, RuntimeError, SessionOptions, SparseOptions};
+use pi2_sparse::{Activation, ModelInfo};
+use std::path::{Path, PathBuf};
+
+const TOKENS: [u32; 10] = [5, 17, 42, 3, 99, 7, 64, 12, 8, 150];
+
+fn spec() -> SynthSpec {
+    SynthSpec {
+        n_embd: 64,
+        n_ff: 1024,
+        n_layer: 8,
+        n_head: 4,
+        n_head_kv: 2,
+        weight_type: QuantType::Q8_0,
+        embd_type: QuantType::F32,
+        ..SynthSpec::default()
+    }
+}
+
+fn options() -> SessionOptions {
+    SessionOptions {
+        engine: EngineOptions {
+            threads: Some(2),
+            n_ctx: 32,
+            // Offloaded engines read the mapping's row layout: compare like with like.
+            repack: false,
+            ..EngineOptions::default()
+        },
+        ..SessionOptions::default()
+    }
+}
+
+/// A synthetic model file, and its conversion (50% sparsity, low-rank predictors).
+fn model_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let src = dir.join("src.gguf");
+    std::fs::write(&src, build(&spec()).to_bytes()).unwrap();
+    let m = Model::load(&src).unwrap();
+    let c = &m.config;
+    let info = ModelInfo {
+        architecture: "llama".into(),
+        n_layer: c.n_layer,
+        n_embd: c.n_embd,
+        n_ff: c.n_ff,
+        activation: Activation::Silu,
+        file_name: "src.gguf".into(),
+        file_bytes: 0,
+    };
+    let toks: Vec<u32> = (0..200u32)
+        .map(|i| (i * 37 + 11) % c.n_vocab as u32)
+        .collect();
+    let mut e = Engine::new(&m, &options().engine.config().unwrap()).unwrap();
+    let cal = calibrate(&mut e, &toks, 25, 0.5, info).unwrap();
+    let cfg = ConvertConfig {
+        granule: 512,
+        ..ConvertConfig::default()
+    };
+    let (w, _) = convert(&m, &cal.profile, &cal.thresholds, cal.samples, &cfg).unwrap();
+    let out = dir.join("conv.gguf");
+    write_file(&w, &out, &src, false).unwrap();
+    (src, out)
+}
+
+/// Decodes `TOKENS` one at a time; the logits of every step.
+fn decode(e: &mut Engine<'_>) -> Vec<Vec<f32>> {
+    TOKENS
+        .iter()
+        .map(|&t| e.forward(&[t], Logits::Last).unwrap().to_vec())
+        .collect()
+}
+
+#[test]
+fn sessions_run_dense_sparse_and_offloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, conv) = model_files(dir.path());
+    // Dense: the same logits as an engine made by hand.
+    let m = Model::load(&src).unwrap();
+    let p = prepare(&m, &src, &options()).unwrap();
+    assert!(p.sparse.is_none());
+    let by_session = decode(&mut p.engine(4).unwrap());
+    let mut by_hand = Engine::new(&m, &options().engine.config().unwrap()).unwrap();
+    assert_eq!(by_session, decode(&mut by_hand));
+    // A converted model decodes sparsely by itself; offloaded under a budget between the
+    // minimum and the file's size it gives the same logits bit for bit, having read neurons
+    // from the file.
+    let cm = Model::load(&conv).unwrap();
+    let p = prepare(&cm, &conv, &options()).unwrap();
+    assert!(p.sparse.is_some());
+    let mut e = p.engine(4).unwrap();
+    let in_memory = decode(&mut e);
+    assert!(e.sparse_stats().candidate_fraction() < 1.0);
+    let min = pi2_runtime::offload::min_budget(&cm, p.sparse.as_ref().unwrap(), &e, 4).unwrap();
+    let file = cm.file.file_size();
+    assert!(
+        min < file,
+        "the test model is too small to offload: {min} of {file}"
+    );
+    let offloaded_opts = SessionOptions {
+        mem_budget: Some(format!("{}K", (min + (file - min) / 3) >> 10)),
+        ..options()
+    };
+    let p = prepare(&cm, &conv, &offloaded_opts).unwrap();
+    let mut e = p.engine(4).unwrap();
+    assert_eq!(decode(&mut e), in_memory);
+    let st = e.offload().unwrap().stats();
+    assert!(st.updown_reads + st.gate_reads > 0, "{st:?}");
+    // --dense turns a converted model's sparsity off.
+    let dense = SessionOptions {
+        sparse: SparseOptions {
+            dense: true,
+            ..SparseOptions::default()
+        },
+        ..options()
+    };
+    assert!(prepare(&cm, &conv, &dense).unwrap().sparse.is_none());
+}
+
+/// Every refusal names the option and says what to do.
+#[test]
+fn options_that_cannot_work_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, conv) = model_files(dir.path());
+    let m = Model::load(&src).unwrap();
+    let cm = Model::load(&conv).unwrap();
+    let with = |f: &dyn Fn(&mut SessionOptions)| {
+        let mut o = options();
+        f(&mut o);
+        o
+    };
+    let refused = |m: &Model, path: &Path, o: SessionOptions, option: &str, hint: &str| {
+        let err = match prepare(m, path, &o).and_then(|p| p.engine(4).map(|_| ())) {
+            Ok(()) => panic!("{option}: accepted"),
+            Err(e) => e,
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains(option) && text.contains(hint),
+            "{option}: `{text}` should name `{hint}`"
+        );
+        err
+    };
+    // Offloading an unconverted model: convert it first.
+    let e = refused(
+        &m,
+        &src,
+        with(&|o| o.mem_budget = Some("50%".into())),
+        "--mem-budget",
+        "pi2 convert",
+    );
+    assert!(matches!(e, RuntimeError::Option { .. }));
+    refused(
+        &m,
+        &src,
+        with(&|o| o.mem_budget = Some("lots".into())),
+        "--mem-budget",
+        "48M",
+    );
+    // Sparsity of an unconverted model needs thresholds from somewhere.
+    refused(
+        &m,
+        &src,
+        with(&|o| o.sparse.sparsity = Some(0.5)),
+        "--sparsity",
+        "--profile",
+    );
+    refused(
+        &m,
+        &src,
+        with(&|o| o.sparse.threshold = Some(f32::NAN)),
+        "--threshold",
+        ">= 0",
+    );
+    refused(
+        &m,
+        &src,
+        with(&|o| o.engine.threads = Some(0)),
+        "--threads",
+        "at least 1",
+    );
+    refused(
+        &m,
+        &src,
+        with(&|o| o.engine.tier = Some("avx9".into())),
+        "--kernel-tier",
+        "known:",
+    );
+    // A budget below what the fixed region needs says how much is needed.
+    let e = refused(
+        &cm,
+        &conv,
+        with(&|o| o.mem_budget = Some("4K".into())),
+        "budget",
+        "",
+    );
+    assert!(!matches!(e, RuntimeError::Option { .. }), "{e}");
+    // A plan file that does not exist names the file.
+    let missing = dir.path().join("no-such.plan.json");
+    refused(
+        &cm,
+        &conv,
+        with(&|o| o.plan = Some(missing.display().to_string())),
+        "no-such.plan.json",
+        "",
+    );
+}
