@@ -206,7 +206,8 @@ impl<P: EvictionPolicy> SlotCache<P> {
     /// # Safety
     /// Nothing may write the slot's bytes while the returned slice lives.
     pub unsafe fn slot(&self, s: Slot) -> &[u8] {
-        std::slice::from_raw_parts(self.slot_ptr(s), self.slot_bytes)
+        // SAFETY: the slot lies within the arena; the caller excludes writers.
+        unsafe { std::slice::from_raw_parts(self.slot_ptr(s), self.slot_bytes) }
     }
 
     /// A slot's bytes, exclusively.

@@ -63,7 +63,8 @@ impl<T> Disjoint<T> {
     /// No other live reference may overlap `r`.
     #[allow(clippy::mut_from_ref)]
     unsafe fn range(&self, r: std::ops::Range<usize>) -> &mut [T] {
-        std::slice::from_raw_parts_mut(self.0.add(r.start), r.len())
+        // SAFETY: `r` lies within the buffer; the caller excludes overlapping references.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(r.start), r.len()) }
     }
 }
 
@@ -72,7 +73,8 @@ impl<T> Disjoint<T> {
 /// # Safety
 /// `at` must be the address of `len` readable bytes that nothing writes meanwhile.
 unsafe fn row_at<'a>(at: usize, len: usize) -> &'a [u8] {
-    std::slice::from_raw_parts(at as *const u8, len)
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(at as *const u8, len) }
 }
 
 /// Confirmed positions of the cluster a task is computing, their coefficients, up values,
@@ -291,7 +293,10 @@ impl<R: Residency> Clusters<'_, R> {
                 let k = r.start + j;
                 let u = self.unit_of(k).0;
                 let i = self.cand[k] as usize;
-                match self.res.after_gate(u, i, k, &self.rows[k], !a.is_nan(), reqs) {
+                match self
+                    .res
+                    .after_gate(u, i, k, &self.rows[k], !a.is_nan(), reqs)
+                {
                     UpDown::Queued => queued += 1,
                     UpDown::Cached => {
                         self.updown_cached.fetch_add(1, AcqRel);

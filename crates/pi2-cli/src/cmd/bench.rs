@@ -446,6 +446,9 @@ fn bench_threads(a: &BenchArgs, s: &Setup<'_>, t: usize, rows: &mut Vec<Row>) ->
     Ok(())
 }
 
+/// What one mode's offload reported over a test (JSON), if it offloads.
+type IoReport = Option<serde_json::Value>;
+
 /// Samples and statistics of every mode for one test, modes interleaved repetition by
 /// repetition (repetition 0 warms up).
 fn measure_test<'s>(
@@ -455,7 +458,7 @@ fn measure_test<'s>(
     offloads: &mut [Option<Offload>],
     np: usize,
     ng: usize,
-) -> Result<(Vec<Vec<f64>>, Vec<Option<serde_json::Value>>)> {
+) -> Result<(Vec<Vec<f64>>, Vec<IoReport>)> {
     let toks = bench_tokens(s.model, np.max(ng));
     let base_cluster = s.base.cluster.max(4).div_ceil(4) * 4;
     let mut samples = vec![Vec::new(); s.modes.len()];

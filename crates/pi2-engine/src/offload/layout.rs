@@ -3,13 +3,15 @@
 //! fixed region, and the choice of what streams from flash when the budget is short (the mix
 //! that reads the fewest bytes per token). Nothing here allocates buffers or reads.
 
-use super::vocab::EMBD_BATCH;
 use crate::sparse::SparseFfn;
 use crate::EngineError;
 use pi2_cache::{Budget, Lru, Region, SlotCache};
 use pi2_io::AlignedBuf;
 use pi2_kernels::QuantType;
 use pi2_model::{bundle, Model};
+
+/// Token rows a streamed embedding reads per lookup round (its buffer is fixed memory).
+pub(crate) const EMBD_BATCH: usize = 64;
 
 /// Where one FFN matrix of a layer lies in the file.
 #[derive(Clone, Copy, Debug)]

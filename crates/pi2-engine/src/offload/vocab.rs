@@ -9,7 +9,7 @@
 //! Resident and streamed rows start at multiples of 8, where a whole-matrix product groups
 //! rows too, so the logits are bit-identical to the in-memory ones.
 
-use super::layout::{pad, VocabLayout, PAD};
+use super::layout::{pad, VocabLayout, EMBD_BATCH, PAD};
 use super::Offload;
 use crate::residency::Tag;
 use pi2_io::{AlignedBuf, IoError, Request};
@@ -18,9 +18,6 @@ use std::sync::atomic::{
     AtomicU64,
     Ordering::{AcqRel, Acquire, Release},
 };
-
-/// Token rows read per lookup round.
-pub(crate) const EMBD_BATCH: usize = 64;
 
 /// Embedding row requests of one lookup round, kept to reuse their allocation.
 struct Requests(Vec<Request>);

@@ -9,7 +9,8 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::avx2_x8::{rows8, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs};
+use super::avx2_x8::rows8;
+use super::x86::{f16_scalar, hsum_ps, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs, PREFETCH};
 use super::{KernelSet, RowKernels};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
@@ -79,30 +80,6 @@ pub(super) fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(
             axpy,
         },
     }
-}
-
-#[inline(always)]
-pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// f16 -> f32 through F16C. Written as `vmovd` + `vcvtph2ps` in asm because LLVM otherwise
-/// loads the bits with `vpinsrw` into a register holding a live accumulator, a false dependency
-/// that chains every loop iteration to the previous one (measured: 2.5x slower Q4_1 matvec).
-#[inline(always)]
-pub(super) unsafe fn f16_scalar(bits: u16) -> f32 {
-    let v: __m128;
-    std::arch::asm!(
-        "vmovd {v}, {b:e}",
-        "vcvtph2ps {v}, {v}",
-        b = in(reg) bits as u32,
-        v = out(xmm_reg) v,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    _mm_cvtss_f32(v)
 }
 
 /// The 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..16) then high (16..32).
@@ -302,9 +279,6 @@ unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
         }
     }
 }
-
-/// Prefetch distance for weight streams (bytes).
-pub(super) const PREFETCH: usize = 2048;
 
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.

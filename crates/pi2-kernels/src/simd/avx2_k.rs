@@ -10,7 +10,7 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::avx2::{f16_scalar, hsum_ps};
+use super::x86::{f16_scalar, hsum_ps};
 use super::RowKernels;
 use crate::quant::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
 use std::arch::x86_64::*;

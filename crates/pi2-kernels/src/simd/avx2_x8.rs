@@ -12,108 +12,11 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::avx2::PREFETCH;
+use super::x86::{bcast4, fifth, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs, PREFETCH};
 use crate::packed::{group_layout, GroupLayout, Rows8Fn, GROUP_ROWS};
 use crate::quant::BlockQ8;
 use crate::QuantType;
 use std::arch::x86_64::*;
-
-/// Eight lanes of `acc + sum(u_i * s_i)` over each lane's four byte pairs (`u` unsigned, `s`
-/// signed).
-pub(super) trait ByteDot {
-    unsafe fn udot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-    /// `acc + u1.s1 + u2.s2`; the caller guarantees each lane pair of the two products sums
-    /// within i16 (weights below 64), which lets `maddubs` add them before widening.
-    unsafe fn udot2(acc: __m256i, u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i;
-    /// Accumulates products that one scale multiplies later: i16 lane pairs for `maddubs`
-    /// (the caller finishes before they can overflow), i32 lanes for VNNI.
-    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-    /// `isum + scale * acc`, `sc` holding each lane's scale in both of its i16 halves.
-    unsafe fn finish(isum: __m256i, acc: __m256i, sc: __m256i) -> __m256i;
-}
-
-/// AVX2: `maddubs` (u8 x i8 -> i16 pairs) then `madd` with ones (-> i32).
-pub(super) struct Maddubs;
-impl ByteDot for Maddubs {
-    #[inline(always)]
-    unsafe fn udot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-        _mm256_add_epi32(acc, p)
-    }
-    #[inline(always)]
-    unsafe fn udot2(acc: __m256i, u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i {
-        let p = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
-        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-    }
-    #[inline(always)]
-    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
-    }
-    #[inline(always)]
-    unsafe fn finish(isum: __m256i, acc: __m256i, sc: __m256i) -> __m256i {
-        _mm256_add_epi32(isum, _mm256_madd_epi16(acc, sc))
-    }
-}
-
-/// AVX-VNNI (VEX-encoded `vpdpbusd`, e.g. Alder Lake, Zen 5).
-pub(super) struct AvxVnni;
-impl ByteDot for AvxVnni {
-    #[inline(always)]
-    unsafe fn udot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(acc, u, s)
-    }
-    #[inline(always)]
-    unsafe fn udot2(acc: __m256i, u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, u1, s1), u2, s2)
-    }
-    #[inline(always)]
-    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(acc, u, s)
-    }
-    #[inline(always)]
-    unsafe fn finish(isum: __m256i, acc: __m256i, sc: __m256i) -> __m256i {
-        _mm256_add_epi32(isum, _mm256_mullo_epi32(acc, _mm256_srai_epi32::<16>(sc)))
-    }
-}
-
-/// AVX512-VNNI with VL (EVEX-encoded 256-bit `vpdpbusd`, e.g. Ice Lake, Zen 4).
-pub(super) struct Avx512Vnni;
-impl ByteDot for Avx512Vnni {
-    #[inline(always)]
-    unsafe fn udot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
-    }
-    #[inline(always)]
-    unsafe fn udot2(acc: __m256i, u1: __m256i, s1: __m256i, u2: __m256i, s2: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u1, s1), u2, s2)
-    }
-    #[inline(always)]
-    unsafe fn acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
-    }
-    #[inline(always)]
-    unsafe fn finish(isum: __m256i, acc: __m256i, sc: __m256i) -> __m256i {
-        _mm256_add_epi32(isum, _mm256_mullo_epi32(acc, _mm256_srai_epi32::<16>(sc)))
-    }
-}
-
-/// Four activations (bytes `at..at + 4` of a block) in every lane.
-#[inline(always)]
-pub(super) unsafe fn bcast4(y: *const i8, at: usize) -> __m256i {
-    _mm256_set1_epi32(std::ptr::read_unaligned(y.add(at) as *const i32))
-}
-
-/// 0x10 in every byte whose bit `k` is set in the packed `qh` vector: the fifth bits of
-/// activation group `k` (see the layout in `crate::packed`).
-#[inline(always)]
-pub(super) unsafe fn fifth(h: __m256i, k: i32) -> __m256i {
-    let moved = if k <= 4 {
-        _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - k))
-    } else {
-        _mm256_srl_epi16(h, _mm_cvtsi32_si128(k - 4))
-    };
-    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
-}
 
 /// One packable format as the interleaved kernels see it.
 pub(super) trait X8 {
@@ -311,14 +214,6 @@ unsafe fn rows8_avx512vnni<G: X8>(
     out: &mut [[f32; GROUP_ROWS]; 4],
 ) {
     rows8_n::<G, Avx512Vnni>(g, x, s, n, out)
-}
-
-/// The byte-product flavour of a tier's interleaved kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Flavour {
-    Avx2,
-    AvxVnni,
-    Avx512Vnni,
 }
 
 /// The interleaved kernel of block type `G` for `flavour` (the caller checked the CPU).

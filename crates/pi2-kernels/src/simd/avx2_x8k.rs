@@ -10,7 +10,7 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::avx2_x8::{bcast4, fifth, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs};
+use super::x86::{bcast4, fifth, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs, PREFETCH};
 use crate::packed::{bsum32_pairs, group_layout, GroupLayout, Rows8KFn, GROUP_ROWS};
 use crate::quant::BlockQ8K;
 use crate::QuantType;
@@ -175,7 +175,7 @@ unsafe fn rows8k_body<D: ByteDot, const T: usize>(
         // Two groups ahead: a k-quant group is 1.2-1.7 KB.
         let mut line = 0;
         while line < l.bytes {
-            _mm_prefetch::<_MM_HINT_T0>(grp.wrapping_add(super::avx2::PREFETCH + line) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(grp.wrapping_add(PREFETCH + line) as *const i8);
             line += 64;
         }
         let xb: [&BlockQ8K; T] = std::array::from_fn(|t| x[t].get_unchecked(b));

@@ -9,8 +9,8 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::avx2::{self, Block32, PREFETCH};
-use super::avx2_x8::{Flavour, Maddubs};
+use super::avx2::{self, Block32};
+use super::x86::{Flavour, Maddubs, PREFETCH};
 use super::{KernelSet, RowKernels, Tier};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
@@ -222,7 +222,7 @@ unsafe fn tile<B: Pair, const R: usize, const T: usize>(
             for r in 0..R {
                 let wb = w[r].get_unchecked(i);
                 let p = _mm256_cvtepi32_ps(wb.idot::<Maddubs>(yv, sh));
-                out[r][t] += avx2::hsum_ps(p) * wb.scale() * xb.d + wb.min_term(xb);
+                out[r][t] += super::x86::hsum_ps(p) * wb.scale() * xb.d + wb.min_term(xb);
             }
         }
     }

@@ -9,24 +9,43 @@ use crate::quant::{
 use crate::QuantType;
 use std::sync::OnceLock;
 
+// The kernel modules: `unsafe fn`s whose whole bodies are intrinsics and raw loads under each
+// module's `# Safety` contract (the tier's features detected, lengths checked by the safe
+// dispatcher); an `unsafe {}` around every body would add nothing.
+
+#[cfg(target_arch = "aarch64")]
+#[allow(unsafe_op_in_unsafe_fn)]
+mod arm;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod avx2_k;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod avx2_x8;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod avx2_x8k;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod neon;
 #[cfg(target_arch = "aarch64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod neon_k;
 #[cfg(target_arch = "aarch64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod neon_x8;
 #[cfg(target_arch = "aarch64")]
+#[allow(unsafe_op_in_unsafe_fn)]
 mod neon_x8k;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
+mod x86;
 
 /// An instruction-set tier, lowest first within each architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

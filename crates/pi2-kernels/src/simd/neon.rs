@@ -9,6 +9,7 @@
 //! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
 //! layout defines.
 
+use super::arm::idot;
 use super::{KernelSet, RowKernels, Tier};
 use crate::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::aarch64::*;
@@ -48,30 +49,6 @@ fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(dot: bool) -> Row
             dot4x2: |w, x| unsafe { tile_neon::<B, 4, 2>(w, x) },
             axpy: |w, a, y| unsafe { axpy::<B>(w, a, y) },
         }
-    }
-}
-
-/// `acc += a . b` in four i32 lanes (each lane sums 4 byte products).
-#[inline(always)]
-pub(super) unsafe fn idot<const DOT: bool>(
-    acc: int32x4_t,
-    a: int8x16_t,
-    b: int8x16_t,
-) -> int32x4_t {
-    if DOT {
-        let mut acc = acc;
-        std::arch::asm!(
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-        acc
-    } else {
-        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-        let hi = vmull_high_s8(a, b);
-        vpadalq_s16(vpadalq_s16(acc, lo), hi)
     }
 }
 

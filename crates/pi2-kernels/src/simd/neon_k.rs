@@ -11,7 +11,7 @@
 //! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
 //! layout defines.
 
-use super::neon::idot;
+use super::arm::idot;
 use super::RowKernels;
 use crate::quant::{f16_to_f32, scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
 use std::arch::aarch64::*;

@@ -11,59 +11,11 @@
 //! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
 //! layout defines.
 
+use super::arm::{bcast4, f16x8, lane_dot};
 use crate::packed::{group_layout, GroupLayout, GROUP_ROWS};
 use crate::quant::BlockQ8;
 use crate::QuantType;
 use std::arch::aarch64::*;
-
-/// `acc + a.b` lane by lane: lane `i` adds the products of bytes `4i..4i+4`.
-#[inline(always)]
-pub(super) unsafe fn lane_dot<const DOT: bool>(
-    acc: int32x4_t,
-    a: int8x16_t,
-    b: int8x16_t,
-) -> int32x4_t {
-    if DOT {
-        let mut acc = acc;
-        std::arch::asm!(
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-        acc
-    } else {
-        let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-        let hi = vmull_high_s8(a, b);
-        vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)))
-    }
-}
-
-/// Four activations (bytes `at..at + 4`) in every lane.
-#[inline(always)]
-pub(super) unsafe fn bcast4(y: *const i8, at: usize) -> int8x16_t {
-    vreinterpretq_s8_s32(vdupq_n_s32(std::ptr::read_unaligned(
-        y.add(at) as *const i32
-    )))
-}
-
-/// Eight f16 values as two f32 vectors (`fcvtl`, ARMv8.0; the Rust f16 vector types are
-/// unstable).
-#[inline(always)]
-pub(super) unsafe fn f16x8(p: *const u8) -> (float32x4_t, float32x4_t) {
-    let raw = vld1q_u16(p as *const u16);
-    let (lo, hi): (float32x4_t, float32x4_t);
-    std::arch::asm!(
-        "fcvtl {lo:v}.4s, {raw:v}.4h",
-        "fcvtl2 {hi:v}.4s, {raw:v}.8h",
-        raw = in(vreg) raw,
-        lo = out(vreg) lo,
-        hi = out(vreg) hi,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    (lo, hi)
-}
 
 /// 0x10 in every byte whose bit `k` is set in the packed `qh` bytes.
 #[inline(always)]

@@ -10,7 +10,7 @@
 //! within their bounds; raw pointers point into blocks the caller passed, at offsets the block
 //! layout defines.
 
-use super::neon_x8::{bcast4, f16x8, lane_dot};
+use super::arm::{bcast4, f16x8, lane_dot};
 use crate::packed::{bsum32_pairs, group_layout, GroupLayout, GROUP_ROWS};
 use crate::quant::BlockQ8K;
 use crate::QuantType;
