@@ -34,3 +34,8 @@ pub enum CacheError {
     #[error("a slot cache needs at least one slot of at least one byte")]
     Empty,
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -24,10 +24,15 @@ pub use engine::{Engine, EngineConfig, Logits, NeuronStep};
 pub use error::EngineError;
 pub use ffn::fires;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
-pub use offload::{min_budget, regions, IoEngine, Offload, OffloadConfig, OffloadStats, Regions};
+pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
     check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies, Blob,
     PredictorWeights, SparseFfn, SparseLayer, SparseStats, Weight,
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

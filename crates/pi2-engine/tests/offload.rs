@@ -5,8 +5,9 @@
 mod common;
 
 use pi2_convert::{self as convert, ConvertConfig};
-use pi2_engine::{Engine, EngineConfig, IoEngine, Logits, Offload, OffloadConfig, SparseFfn};
+use pi2_engine::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_io::FaultPlan;
+use pi2_io::IoEngine;
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};

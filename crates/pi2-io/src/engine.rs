@@ -349,3 +349,63 @@ impl<E: ReadEngine> ReadEngine for FaultEngine<E> {
         Ok(())
     }
 }
+
+/// Which read engine to open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoEngine {
+    /// `pread`, one read at a time: portable (Android apps cannot count on io_uring).
+    #[default]
+    Pread,
+    /// io_uring (Linux): the reader's `depth` reads in flight together.
+    Uring,
+}
+
+/// An opened read engine, whether it reads with `O_DIRECT`, and why not if that was refused.
+pub struct OpenedEngine {
+    pub engine: Box<dyn ReadEngine>,
+    pub direct: bool,
+    pub fallback: Option<String>,
+}
+
+impl IoEngine {
+    /// Opens `path` with this engine (`direct`: try `O_DIRECT`; `depth`: reads in flight, for
+    /// io_uring's queue).
+    pub fn open(self, path: &Path, direct: bool, depth: usize) -> Result<OpenedEngine, IoError> {
+        match self {
+            IoEngine::Pread => Ok(OpenedEngine::from_pread(PreadEngine::open(path, direct)?)),
+            #[cfg(target_os = "linux")]
+            IoEngine::Uring => {
+                let e = crate::UringEngine::open(path, direct, depth)?;
+                let (direct, fallback) = (e.is_direct(), e.fallback_reason().map(String::from));
+                Ok(OpenedEngine {
+                    engine: Box::new(e),
+                    direct,
+                    fallback,
+                })
+            }
+            #[cfg(not(target_os = "linux"))]
+            IoEngine::Uring => {
+                let _ = depth;
+                Err(IoError::Open {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::Unsupported,
+                        "the io_uring engine needs Linux; use the pread engine",
+                    ),
+                })
+            }
+        }
+    }
+}
+
+impl OpenedEngine {
+    /// A `pread` engine, as opened.
+    pub fn from_pread(e: PreadEngine) -> Self {
+        let (direct, fallback) = (e.is_direct(), e.fallback_reason().map(String::from));
+        OpenedEngine {
+            engine: Box::new(e),
+            direct,
+            fallback,
+        }
+    }
+}

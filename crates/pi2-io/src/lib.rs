@@ -11,18 +11,20 @@
 //!   throughput when several cores submit). It sorts what is pending by offset, merges nearby
 //!   requests into reads of at most `max_request` bytes, keeps at most `depth` reads in flight
 //!   per engine call and reports each request as soon as its read lands.
-//! - [`profile`]: throughput and latency against read size, queue depth and file span
+//! - [`measure`]: throughput and latency against read size, queue depth and file span
 //!   (`pi2 profile-io`), for the planner.
 
 mod buf;
 mod engine;
-pub mod profile;
+pub mod measure;
 mod reader;
 #[cfg(target_os = "linux")]
 mod uring;
 
 pub use buf::AlignedBuf;
-pub use engine::{emulated, FaultEngine, FaultPlan, PreadEngine, ReadEngine, ReadOp};
+pub use engine::{
+    emulated, FaultEngine, FaultPlan, IoEngine, OpenedEngine, PreadEngine, ReadEngine, ReadOp,
+};
 pub use reader::{
     device_reads, for_each_device_read, Completion, Reader, ReaderConfig, ReaderStats, Request,
 };
@@ -104,3 +106,8 @@ impl IoError {
         }
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -338,7 +338,7 @@ fn latency_injection_slows_reads() {
 #[test]
 fn profile_measures_a_point() {
     let (_d, path, _) = file(1 << 20);
-    let p = pi2_io::profile::measure(&path, 4096, 2, 1 << 20, Duration::from_millis(30)).unwrap();
+    let p = pi2_io::measure::measure(&path, 4096, 2, 1 << 20, Duration::from_millis(30)).unwrap();
     assert_eq!((p.read_size, p.depth), (4096, 2));
     assert!(p.reads >= 16 && p.bytes_per_sec > 0.0 && p.lat_p99_us >= p.lat_p50_us);
 }
@@ -347,7 +347,7 @@ fn profile_measures_a_point() {
 #[test]
 fn profile_measures_a_uring_point() {
     let (_d, path, _) = file(1 << 20);
-    match pi2_io::profile::measure_uring(&path, 4096, 4, 1 << 20, Duration::from_millis(30)) {
+    match pi2_io::measure::measure_uring(&path, 4096, 4, 1 << 20, Duration::from_millis(30)) {
         Ok(p) => {
             assert_eq!((p.read_size, p.depth), (4096, 4));
             assert!(p.engine.starts_with("uring"), "{}", p.engine);

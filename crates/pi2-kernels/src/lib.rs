@@ -21,3 +21,8 @@ pub use ops::{
 pub use packed::PackedMat;
 pub use simd::{cpu_features, KernelSet, RowKernels, Tier, X8Kernels};
 pub use types::{ActKind, KernelError, QuantType};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

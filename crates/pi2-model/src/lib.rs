@@ -100,3 +100,8 @@ impl Model {
         self.file.tensors.iter().map(|t| t.n_elements()).sum()
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

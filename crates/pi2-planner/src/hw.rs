@@ -524,7 +524,7 @@ fn flash_points(
         .map(|m| m.len())
         .unwrap_or(0);
     let mut engine = String::new();
-    let mut samples: Vec<Vec<pi2_io::profile::IoPoint>> = Vec::new();
+    let mut samples: Vec<Vec<pi2_io::measure::IoPoint>> = Vec::new();
     for round in 0..ROUNDS {
         let mut k = 0;
         for &depth in depths {
@@ -536,7 +536,7 @@ fn flash_points(
                 let time = o.read_time / ROUNDS as u32;
                 let p = match (o.uring, &o.emulate) {
                     (true, None) => measure_uring(o.flash_file, size, depth, size_of, time)?,
-                    _ => pi2_io::profile::measure_with(
+                    _ => pi2_io::measure::measure_with(
                         o.flash_file,
                         size,
                         depth,
@@ -581,8 +581,8 @@ fn measure_uring(
     depth: usize,
     span: u64,
     time: Duration,
-) -> Result<pi2_io::profile::IoPoint, PlanError> {
-    Ok(pi2_io::profile::measure_uring(
+) -> Result<pi2_io::measure::IoPoint, PlanError> {
+    Ok(pi2_io::measure::measure_uring(
         path, size, depth, span, time,
     )?)
 }
@@ -594,7 +594,7 @@ fn measure_uring(
     _: usize,
     _: u64,
     _: Duration,
-) -> Result<pi2_io::profile::IoPoint, PlanError> {
+) -> Result<pi2_io::measure::IoPoint, PlanError> {
     Err(PlanError::Hardware(
         "the io_uring engine needs Linux".into(),
     ))
@@ -618,7 +618,7 @@ fn page_cache_rate(o: &HwOptions<'_>) -> Result<f64, PlanError> {
     let span = size.min(64 << 20);
     let no_delay = pi2_io::FaultPlan::default();
     let pass = || {
-        pi2_io::profile::measure_with(
+        pi2_io::measure::measure_with(
             o.flash_file,
             1 << 20,
             1,

@@ -45,3 +45,8 @@ pub enum PlanError {
     #[error(transparent)]
     Io(#[from] pi2_io::IoError),
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

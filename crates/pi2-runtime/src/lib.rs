@@ -27,3 +27,8 @@ pub use session::{prepare, Prepared, SessionOptions};
 pub fn load_model(path: &std::path::Path) -> Result<pi2_model::Model> {
     Ok(pi2_model::Model::load(path)?)
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -4,7 +4,8 @@
 
 use crate::error::{Result, RuntimeError};
 use pi2_engine::topology::Topology;
-use pi2_engine::{EngineConfig, IoEngine};
+use pi2_engine::EngineConfig;
+use pi2_io::IoEngine;
 use pi2_kernels::{QuantType, Tier};
 use std::path::PathBuf;
 use std::time::Duration;

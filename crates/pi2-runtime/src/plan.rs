@@ -488,8 +488,8 @@ pub fn apply(
             direct: true,
             // The engine the hardware profile measured.
             engine: match plan.device.engine.starts_with("uring") {
-                true => pi2_engine::IoEngine::Uring,
-                false => pi2_engine::IoEngine::Pread,
+                true => pi2_io::IoEngine::Uring,
+                false => pi2_io::IoEngine::Pread,
             },
             reader: pi2_io::ReaderConfig {
                 max_request: k.max_read,

@@ -113,3 +113,8 @@ mod tests {
         assert_eq!(score_code(1e30), 255);
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

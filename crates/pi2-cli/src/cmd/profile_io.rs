@@ -48,7 +48,7 @@ pub fn run(a: ProfileIoArgs) -> Result<()> {
     for &span in &spans {
         for &rs in &sizes {
             for &depth in &a.depths {
-                let p = pi2_io::profile::measure(
+                let p = pi2_io::measure::measure(
                     &a.path,
                     rs as usize,
                     depth,

@@ -148,7 +148,7 @@ impl OffloadArgs {
     }
 }
 
-impl From<IoEngineArg> for pi2_engine::IoEngine {
+impl From<IoEngineArg> for pi2_io::IoEngine {
     fn from(a: IoEngineArg) -> Self {
         match a {
             IoEngineArg::Pread => Self::Pread,

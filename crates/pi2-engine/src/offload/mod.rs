@@ -33,22 +33,14 @@ pub(crate) use layout::Part;
 use layout::{hot_block, AttnLayout, FfnLayout, HotLayer, PAD};
 pub use layout::{min_budget, regions, Regions};
 use pi2_cache::{Budget, Lru, SlotCache};
-use pi2_io::{AlignedBuf, IoError, PreadEngine, ReadEngine, Reader, ReaderConfig};
+use pi2_io::{
+    AlignedBuf, IoEngine, IoError, OpenedEngine, PreadEngine, ReadEngine, Reader, ReaderConfig,
+};
 use pi2_model::Model;
 use std::path::Path;
 use vocab::VocabStream;
 
 use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Release};
-
-/// How reads reach the device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum IoEngine {
-    /// `pread`, one read at a time: portable (Android apps cannot count on io_uring).
-    #[default]
-    Pread,
-    /// io_uring (Linux): the reader's `depth` reads in flight together.
-    Uring,
-}
 
 /// How to offload.
 #[derive(Clone, Debug)]
@@ -184,7 +176,11 @@ impl Offload {
         let n_units = p.ffn.len();
         let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
-        let (engine, direct, fallback) = open_engine(path, cfg)?;
+        let OpenedEngine {
+            engine,
+            direct,
+            fallback,
+        } = open_engine(path, cfg)?;
         if engine.size() != model.file.file_size() {
             return Err(EngineError::Offload(format!(
                 "{} is not the file the model was loaded from",
@@ -358,30 +354,11 @@ impl Offload {
     }
 }
 
-type OpenedEngine = (Box<dyn ReadEngine>, bool, Option<String>);
-
-/// The configured read engine, whether it reads direct, and why not if `O_DIRECT` was refused.
-/// An emulated device always reads through `pread` from the page cache (its delays model the
-/// device one read at a time).
+/// The configured read engine. An emulated device always reads through `pread` from the page
+/// cache (its delays model the device one read at a time).
 fn open_engine(path: &Path, cfg: &OffloadConfig) -> Result<OpenedEngine, EngineError> {
-    let pread = |e: PreadEngine| {
-        let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
-        (Box::new(e) as Box<dyn ReadEngine>, d, f)
-    };
-    Ok(match (&cfg.emulate, cfg.engine) {
-        (Some(_), _) => pread(PreadEngine::open_cached(path)?),
-        (None, IoEngine::Pread) => pread(PreadEngine::open(path, cfg.direct)?),
-        #[cfg(target_os = "linux")]
-        (None, IoEngine::Uring) => {
-            let e = pi2_io::UringEngine::open(path, cfg.direct, cfg.reader.depth)?;
-            let (d, f) = (e.is_direct(), e.fallback_reason().map(String::from));
-            (Box::new(e), d, f)
-        }
-        #[cfg(not(target_os = "linux"))]
-        (None, IoEngine::Uring) => {
-            return Err(EngineError::Offload(
-                "the io_uring engine needs Linux; use the pread engine".into(),
-            ))
-        }
+    Ok(match cfg.emulate {
+        Some(_) => OpenedEngine::from_pread(PreadEngine::open_cached(path)?),
+        None => cfg.engine.open(path, cfg.direct, cfg.reader.depth)?,
     })
 }

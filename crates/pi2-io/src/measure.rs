@@ -1,4 +1,4 @@
-//! Device profiling: throughput and latency of random reads against read size, queue depth
+//! Device measurement: throughput and latency of random reads against read size, queue depth
 //! (concurrent submitters) and the span of the file they fall in. The planner reads these.
 
 use crate::{AlignedBuf, IoError, PreadEngine, ReadEngine, ReadOp};
