@@ -286,6 +286,9 @@ impl<R: Residency> Clusters<'_, R> {
                 false => f32::NAN,
             };
         }
+        if R::ALWAYS_RESIDENT {
+            return self.updown(c);
+        }
         CONFIRMED.with_borrow_mut(|(_, _, _, reqs)| {
             reqs.clear();
             let mut queued = 0;
@@ -346,8 +349,10 @@ impl<R: Residency> Clusters<'_, R> {
             y.fill(0.0);
             let down_row = |j: usize| unsafe { row_at(rows[pos[j] as usize].down, drb) };
             axpy_rows_by(ks, dty, down_row, coef, y);
-            for &k in pos.iter() {
-                self.res.after_updown(&rows[k as usize]);
+            if !R::ALWAYS_RESIDENT {
+                for &k in pos.iter() {
+                    self.res.after_updown(&rows[k as usize]);
+                }
             }
             self.confirmed.fetch_add(pos.len(), AcqRel);
         });

@@ -102,6 +102,9 @@ pub(crate) struct StepCounts {
 /// Where the rows of a sparse step are. `locate` runs on the driver (it claims rows);
 /// `after_gate` and `after_updown` run on the compute tasks, concurrently.
 pub(crate) trait Residency: Sync {
+    /// Every row is always resident (nothing is read or tracked): the pipeline skips the
+    /// per-neuron `after_gate` / `after_updown` calls.
+    const ALWAYS_RESIDENT: bool = false;
     /// Formats and row bytes of unit `u`'s gate, up and (transposed) down rows.
     fn formats(&self, u: usize) -> [(QuantType, usize); 3];
     /// Starts a step: rows claimed by `locate` stay valid until the next `begin_step`.
@@ -154,6 +157,8 @@ pub(crate) struct Mapped<'a> {
     up: MatRef<'a>,
     sparse: &'a SparseFfn<'a>,
     n_ff: usize,
+    /// The last unit's down rows (a step's candidates come unit by unit).
+    down: Option<(usize, MatRef<'a>)>,
 }
 
 impl<'a> Mapped<'a> {
@@ -164,6 +169,7 @@ impl<'a> Mapped<'a> {
             up: l.up.mat(f),
             sparse,
             n_ff,
+            down: None,
         }
     }
 
@@ -174,6 +180,8 @@ impl<'a> Mapped<'a> {
 }
 
 impl Residency for Mapped<'_> {
+    const ALWAYS_RESIDENT: bool = true;
+
     fn formats(&self, u: usize) -> [(QuantType, usize); 3] {
         let down = self.sparse.layers[u].down_t.mat();
         [
@@ -183,6 +191,7 @@ impl Residency for Mapped<'_> {
         ]
     }
 
+    #[inline]
     fn locate(
         &mut self,
         u: usize,
@@ -191,7 +200,14 @@ impl Residency for Mapped<'_> {
         _reqs: &mut Vec<Request>,
     ) -> Result<NeuronRows, EngineError> {
         let r = self.row(u, i);
-        let down = self.sparse.layers[u].down_t.mat();
+        let down = match self.down {
+            Some((at, m)) if at == u => m,
+            _ => {
+                let m = self.sparse.layers[u].down_t.mat();
+                self.down = Some((u, m));
+                m
+            }
+        };
         Ok(NeuronRows {
             gate: self.gate.row(r).as_ptr() as usize,
             up: self.up.row(r).as_ptr() as usize,
