@@ -1,6 +1,7 @@
 //! Calibration: what a dense run of the model over a text tells the converter (which neurons
 //! fire how often, and (input, fired) pairs to fit predictors on).
 
+use crate::head::HiddenMoment;
 use crate::ConvertError;
 use pi2_engine::{Engine, EngineError, Logits};
 use pi2_model::TokenId;
@@ -8,37 +9,53 @@ use pi2_sparse::{
     Activation, Calibration, FfnObserver, LayerSamples, ModelInfo, Profile, ProfileConfig, Profiler,
 };
 
+/// What a calibration run recorded: per layer (input, fired) pairs, and the final hidden
+/// states' second moment (the sparse output head's basis).
+#[derive(Clone, Debug)]
+pub struct Samples {
+    pub layers: Vec<LayerSamples>,
+    pub hidden: HiddenMoment,
+}
+
 /// Records (x, fired) pairs per layer during a dense calibration run.
 struct SampleObserver<'a> {
-    samples: Vec<LayerSamples>,
+    samples: Samples,
     thresholds: &'a [f32],
     act: Activation,
 }
 
 impl FfnObserver for SampleObserver<'_> {
     fn observe(&mut self, layer: usize, x: &[f32], gate: &[f32]) {
-        let s = &mut self.samples[layer];
+        let s = &mut self.samples.layers[layer];
         let (d, ff) = (s.n_embd, s.n_ff);
         for (xt, gt) in x.chunks_exact(d).zip(gate.chunks_exact(ff)) {
             s.push(xt, gt, self.thresholds[layer], self.act);
         }
     }
+
+    fn observe_head(&mut self, h: &[f32]) {
+        self.samples.hidden.add(h);
+    }
 }
 
 /// Run the dense model over `tokens` in chunks of `chunk` (each from an empty cache) and record
-/// every layer's (input, fired) pairs at `thresholds`; `progress(done)` after each chunk.
+/// every layer's (input, fired) pairs at `thresholds` and the final hidden states' moment;
+/// `progress(done)` after each chunk.
 pub fn collect_samples(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
     chunk: usize,
     thresholds: &[f32],
     mut progress: impl FnMut(usize),
-) -> Result<Vec<LayerSamples>, EngineError> {
+) -> Result<Samples, EngineError> {
     let c = &engine.model().config;
     let mut obs = SampleObserver {
-        samples: (0..c.n_layer)
-            .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
-            .collect(),
+        samples: Samples {
+            layers: (0..c.n_layer)
+                .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
+                .collect(),
+            hidden: HiddenMoment::new(c.n_embd),
+        },
         thresholds,
         act: pi2_engine::profile_activation(c.ffn_act),
     };
@@ -58,7 +75,7 @@ pub fn collect_samples(
 pub struct Calibrated {
     pub profile: Profile,
     pub thresholds: Vec<f32>,
-    pub samples: Vec<LayerSamples>,
+    pub samples: Samples,
 }
 
 /// Profiles the dense model over `tokens` (chunks of `chunk`, each from an empty cache), sets

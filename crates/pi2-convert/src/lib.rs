@@ -17,19 +17,20 @@ use pi2_engine::{check_thresholds, transposed, EngineError};
 use pi2_kernels::QuantType;
 use pi2_model::writer::GgufWriter;
 use pi2_model::{Model, Value};
-use pi2_sparse::{FitConfig, LayerSamples, Predictor, PredictorKind, Profile};
+use pi2_sparse::{FitConfig, Predictor, PredictorKind, Profile};
 use rayon::prelude::*;
 use std::path::Path;
 
 mod calibrate;
+pub mod head;
 pub mod moe;
 
-pub use calibrate::{calibrate, collect_samples, Calibrated};
+pub use calibrate::{calibrate, collect_samples, Calibrated, Samples};
 
 use pi2_model::bundle::{
-    Tensor, FORMAT_VERSION, GGML_I32, KEY_ACTIVATION, KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE,
-    KEY_PREDICTOR_KIND as KEY_KIND, KEY_PROFILE, KEY_RECALL, KEY_SOURCE, KEY_SPARSITY,
-    KEY_THRESHOLDS, KEY_VERSION,
+    Tensor, FORMAT_VERSION, GGML_I32, HEAD_BASIS, HEAD_BOUNDS, HEAD_COEF, KEY_ACTIVATION,
+    KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE, KEY_HEAD_GROUPS, KEY_PREDICTOR_KIND as KEY_KIND,
+    KEY_PROFILE, KEY_RECALL, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
 };
 
 /// Conversion errors.
@@ -77,6 +78,26 @@ pub struct ConvertConfig {
     /// Fraction of calibration tokens held out for early stopping and cut calibration.
     pub held_out: f32,
     pub fit: FitConfig,
+    /// Build a sparse output head whose resident factors take about this share of the output
+    /// matrix (`None`: no head; decode then always computes the whole output matrix).
+    pub head_share: Option<f32>,
+}
+
+/// What [`convert`] built: per layer, and the sparse head.
+#[derive(Clone, Debug)]
+pub struct ConvertReport {
+    pub layers: Vec<LayerReport>,
+    pub head: Option<HeadReport>,
+}
+
+/// The sparse head's size.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadReport {
+    pub rank: usize,
+    pub groups: usize,
+    /// Resident bytes of the factors, and of the output matrix they bound.
+    pub bytes: usize,
+    pub output_bytes: usize,
 }
 
 impl Default for ConvertConfig {
@@ -88,6 +109,9 @@ impl Default for ConvertConfig {
             granule: 4096,
             held_out: 0.2,
             fit: FitConfig::default(),
+            // Opt-in: on the models measured so far the bound does not separate at this share
+            // (see the README's sparse-head section), and a head that always falls back costs time.
+            head_share: None,
         }
     }
 }
@@ -107,9 +131,13 @@ pub fn convert(
     model: &Model,
     profile: &Profile,
     thresholds: &[f32],
-    mut samples: Vec<LayerSamples>,
+    samples: Samples,
     cfg: &ConvertConfig,
-) -> Result<(GgufWriter, Vec<LayerReport>), ConvertError> {
+) -> Result<(GgufWriter, ConvertReport), ConvertError> {
+    let Samples {
+        layers: mut samples,
+        hidden,
+    } = samples;
     let f = &model.file;
     let c = &model.config;
     if c.n_expert > 0 {
@@ -199,7 +227,67 @@ pub fn convert(
     for (li, (perm, pred, _)) in layers.iter().enumerate() {
         write_layer(&mut w, model, li, perm, pred.as_ref(), cfg)?;
     }
-    Ok((w, layers.into_iter().map(|l| l.2).collect()))
+    let head = match cfg.head_share {
+        Some(share) => write_head(&mut w, model, &hidden, share)?,
+        None => None,
+    };
+    let layers = layers.into_iter().map(|l| l.2).collect();
+    Ok((w, ConvertReport { layers, head }))
+}
+
+/// The sparse output head's factors (see [`head`]), if the output matrix's width allows them.
+fn write_head(
+    w: &mut GgufWriter,
+    model: &Model,
+    hidden: &head::HiddenMoment,
+    share: f32,
+) -> Result<Option<HeadReport>, ConvertError> {
+    let out = model.weights.output.mat(&model.file);
+    if !out.cols.is_multiple_of(32) || out.cols < 64 {
+        return Ok(None);
+    }
+    if !(share > 0.0 && share < 1.0) {
+        return Err(ConvertError::Refused(format!(
+            "sparse head share {share} must lie between 0 and 1"
+        )));
+    }
+    let rank = head::choose_rank(&out, share);
+    let h = head::build_head(&out, hidden, rank)?;
+    let (d, v) = (out.cols as u64, out.rows as u64);
+    let f16s = |x: &[half::f16]| -> Vec<u8> { bytemuck_f16(x) };
+    w.meta(
+        KEY_HEAD_GROUPS,
+        Value::Array(h.groups.iter().map(|&g| Value::U32(g)).collect()),
+    );
+    w.tensor(
+        HEAD_BASIS,
+        &[d, d],
+        QuantType::F16.ggml_id(),
+        f16s(&h.basis),
+    );
+    w.tensor(
+        HEAD_COEF,
+        &[rank as u64, v],
+        QuantType::Q8_0.ggml_id(),
+        h.coef.clone(),
+    );
+    let n_stats = 3 + h.groups.len() as u64;
+    w.tensor(
+        HEAD_BOUNDS,
+        &[v, n_stats],
+        QuantType::F16.ggml_id(),
+        f16s(&h.bounds),
+    );
+    Ok(Some(HeadReport {
+        rank,
+        groups: h.groups.len(),
+        bytes: h.bytes(),
+        output_bytes: out.rows * out.row_bytes(),
+    }))
+}
+
+fn bytemuck_f16(x: &[half::f16]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// The source's metadata (but its `pi2.*` keys) and the format's: version, thresholds,

@@ -6,7 +6,7 @@ use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
-use pi2_sparse::{Activation, LayerSamples, ModelInfo, PredictorKind, Profile};
+use pi2_sparse::{Activation, ModelInfo, PredictorKind, Profile};
 
 fn spec() -> SynthSpec {
     SynthSpec {
@@ -32,7 +32,7 @@ fn cfg() -> EngineConfig {
 const TOKENS: [u32; 12] = [5, 17, 42, 3, 99, 7, 64, 12, 8, 150, 33, 2];
 
 /// Calibration over 200 synthetic tokens, thresholds for 50% sparsity.
-fn calibrate(m: &Model) -> (Profile, Vec<f32>, Vec<LayerSamples>) {
+fn calibrate(m: &Model) -> (Profile, Vec<f32>, convert::Samples) {
     let c = &m.config;
     let toks: Vec<u32> = (0..200u32)
         .map(|i| (i * 37 + 11) % c.n_vocab as u32)
@@ -83,7 +83,7 @@ fn convert_round_trips_and_runs_sparse() {
     for kind in [PredictorKind::Lowrank, PredictorKind::Trained] {
         let (w, report) =
             convert::convert(&m, &profile, &th, samples.clone(), &config(kind)).unwrap();
-        assert_eq!(report.len(), 2);
+        assert_eq!(report.layers.len(), 2);
         let out = dir.path().join(format!("out-{}.gguf", kind.name()));
         convert::write_file(&w, &out, &input, false).unwrap();
         // Never over an existing file without force, never over the input.
@@ -185,7 +185,10 @@ fn bad_requests_are_refused() {
         &mm,
         &profile,
         &th,
-        Vec::new(),
+        convert::Samples {
+            layers: Vec::new(),
+            hidden: convert::head::HiddenMoment::new(mm.config.n_embd),
+        },
         &config(PredictorKind::Lowrank),
     )
     .err()

@@ -3,6 +3,7 @@
 //! (`attention.rs`, `ffn.rs`, `moe.rs`, `pipeline.rs`), working in `scratch.rs`'s buffers.
 
 use crate::error::EngineError;
+use crate::head::{HeadNeed, HeadState, HeadStats, SparseHead};
 use crate::moe::Routes;
 use crate::offload::Offload;
 use crate::packed::PackedWeights;
@@ -92,6 +93,7 @@ pub struct Engine<'m> {
     repack: bool,
     /// Row-interleaved copies of the whole-matrix tensors (see [`Engine::prepare`]).
     packed: Option<PackedWeights>,
+    head: HeadState<'m>,
 }
 
 impl<'m> Engine<'m> {
@@ -158,6 +160,7 @@ impl<'m> Engine<'m> {
             cluster: cfg.cluster.max(4).div_ceil(4) * 4,
             repack: cfg.repack,
             packed: None,
+            head: HeadState::default(),
         })
     }
 
@@ -293,12 +296,34 @@ impl<'m> Engine<'m> {
         self.record.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// Compute one token's logits (decode) through the sparse head `head` (`None`: dense), for
+    /// what [`Engine::set_head_need`] says the sampler needs.
+    pub fn set_head(&mut self, head: Option<&'m SparseHead<'m>>) -> Result<(), EngineError> {
+        if let Some(h) = head {
+            h.check(&self.model.weights.output.mat(&self.model.file))?;
+        }
+        self.head.head = head;
+        Ok(())
+    }
+
+    /// What the sampler needs of the head (`None`: the dense product). Batches with several
+    /// rows of logits (perplexity) always take the dense product.
+    pub fn set_head_need(&mut self, need: Option<HeadNeed>) {
+        self.head.need = need;
+    }
+
+    /// What the sparse head has done since [`Engine::set_head`] or [`Engine::reset_stats`].
+    pub fn head_stats(&self) -> HeadStats {
+        self.head.stats
+    }
+
     /// What the sparse FFN has done since [`Engine::set_sparse`] or [`Engine::reset_stats`].
     pub fn sparse_stats(&self) -> &SparseStats {
         &self.stats
     }
 
     pub fn reset_stats(&mut self) {
+        self.head.stats = HeadStats::default();
         let s = &mut self.stats;
         *s = SparseStats {
             n_ff: s.n_ff,
@@ -429,7 +454,7 @@ impl<'m> Engine<'m> {
             self.ffn_layer(li, l, n, observer.as_deref_mut())?;
         }
         self.kv.len = pos0 + n;
-        self.head(n, first_logit)
+        self.head(n, first_logit, observer)
     }
 
     /// Embedding rows of `tokens` into `s.x`: from the mapping, or (offloaded) from flash where
@@ -450,21 +475,32 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    /// Final norm and LM head for the rows from `first_logit` on, into `s.logits`.
-    fn head(&mut self, n: usize, first_logit: usize) -> Result<(), EngineError> {
+    /// Final norm and LM head for the rows from `first_logit` on, into `s.logits`. An
+    /// observer sees every row's normalized state.
+    fn head<'o>(
+        &mut self,
+        n: usize,
+        first_logit: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
         let d = c.n_embd;
         let rows = n - first_logit;
         let s = &mut self.s;
+        let normed = if observer.is_some() { 0 } else { first_logit };
         rms_norm_rows(
-            &s.x[first_logit * d..],
+            &s.x[normed * d..],
             m.weights.output_norm.f32s(f),
             c.rms_eps,
             d,
-            rows,
+            n - normed,
             &mut s.xn,
         );
+        if let Some(o) = observer {
+            o.observe_head(&s.xn[..n * d]);
+            s.xn.copy_within(first_logit * d..n * d, 0);
+        }
         let out = match &self.packed {
             Some(p) => p.output(&m.weights.output, f),
             None => m.weights.output.mat(f),
@@ -473,6 +509,7 @@ impl<'m> Engine<'m> {
         s.acts.quantize(out.ty.act_kind(), &s.xn[..rows * d], d);
         match self.offload.as_mut() {
             Some(o) if o.streams_output() => o.lm_head(&self.ks, &out, &s.acts, rows, logits)?,
+            _ if rows == 1 && self.head.active() => self.head.run(&self.ks, &out, &s.acts, logits),
             _ => matmul(&self.ks, &out, &s.acts, logits),
         }
         Ok(())

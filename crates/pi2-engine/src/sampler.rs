@@ -62,6 +62,11 @@ impl Sampler {
         }
     }
 
+    /// The settings this sampler draws with.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
     /// Record a token (prompt or generated) for the repetition penalty.
     pub fn accept(&mut self, t: TokenId) {
         if self.cfg.repeat_last_n == 0 {

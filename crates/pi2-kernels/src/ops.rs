@@ -135,8 +135,30 @@ impl<'a> MatRef<'a> {
     }
 
     /// Rows `r` as a matrix of their own (one expert of a stacked mixture-of-experts tensor).
+    /// On an interleaved matrix `r` must cover whole groups: start at a multiple of
+    /// [`crate::packed::GROUP_ROWS`] and end at one or at the last row. Products over a range
+    /// that starts at a multiple of 8 and ends at one (or at the last row) give bit for bit the
+    /// values of the whole matrix's product, in either layout.
     pub fn rows(&self, r: std::ops::Range<usize>) -> MatRef<'a> {
-        assert!(!self.packed, "MatRef::rows on an interleaved matrix");
+        assert!(
+            r.start <= r.end && r.end <= self.rows,
+            "MatRef::rows out of range"
+        );
+        if self.packed {
+            use crate::packed::GROUP_ROWS;
+            assert!(
+                r.start.is_multiple_of(GROUP_ROWS)
+                    && (r.end.is_multiple_of(GROUP_ROWS) || r.end == self.rows),
+                "MatRef::rows on an interleaved matrix must cover whole groups"
+            );
+            let group = self.data.len() / self.rows.div_ceil(GROUP_ROWS).max(1);
+            let (g0, g1) = (r.start / GROUP_ROWS, r.end.div_ceil(GROUP_ROWS));
+            return MatRef {
+                rows: r.len(),
+                data: &self.data[g0 * group..g1 * group],
+                ..*self
+            };
+        }
         MatRef {
             rows: r.len(),
             data: &self.data[r.start * self.row_bytes..r.end * self.row_bytes],
@@ -252,6 +274,30 @@ impl ActBuf {
             ActKind::Q8 => bytemuck::cast_slice(&self.q8[..self.n * self.cols / QK]),
             ActKind::Q8K => bytemuck::cast_slice(&self.q8k[..self.n * self.cols / QK_K]),
             ActKind::F32 => &[],
+        }
+    }
+
+    /// Token `t`'s activations as the kernels see them, widened to f64 exactly: each
+    /// quantized element is `d * q` (an f32 times an i8, exact in f64). A dot product of these
+    /// with a dequantized weight row is the real-number value the integer kernels round.
+    pub fn dequantize_row(&self, t: usize, out: &mut [f64]) {
+        assert_eq!(out.len(), self.cols, "ActBuf::dequantize_row: width");
+        match self.row(t) {
+            ActRow::F32(x) => out.iter_mut().zip(x).for_each(|(o, &v)| *o = v as f64),
+            ActRow::Q8(bs) => {
+                for (o, b) in out.chunks_exact_mut(QK).zip(bs) {
+                    o.iter_mut()
+                        .zip(&b.qs)
+                        .for_each(|(o, &q)| *o = b.d as f64 * q as f64);
+                }
+            }
+            ActRow::Q8K(bs) => {
+                for (o, b) in out.chunks_exact_mut(QK_K).zip(bs) {
+                    o.iter_mut()
+                        .zip(&b.qs)
+                        .for_each(|(o, &q)| *o = b.d as f64 * q as f64);
+                }
+            }
         }
     }
 

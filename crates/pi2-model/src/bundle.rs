@@ -8,6 +8,9 @@
 //! tensors. Metadata `pi2.*` holds the format version, thresholds, predictor cuts and the
 //! profile.
 //!
+//! The sparse output head, when `pi2 convert` made one, is `head.basis`, `head.coef` and
+//! `head.bounds` with the group boundaries in `pi2.head.groups`.
+//!
 //! PowerInfer's sparse GGUF files (predictors `blk.N.fc1/fc2`, `ffn_down_t`, no `pi2.version`)
 //! are read as bundles too.
 //!
@@ -32,6 +35,18 @@ pub const KEY_CANDIDATES: &str = "pi2.predictor.candidates";
 pub const KEY_PROFILE: &str = "pi2.profile";
 pub const KEY_SOURCE: &str = "pi2.source";
 pub const KEY_MOE_CALIBRATION_TOKENS: &str = "pi2.moe.calibration_tokens";
+/// The sparse output head (optional; see `pi2_engine::SparseHead`): group boundaries of the
+/// basis after the scored coordinates (`rank, .., n_embd`, U32 array).
+pub const KEY_HEAD_GROUPS: &str = "pi2.head.groups";
+/// The head's basis, F16 `n_embd x n_embd`: row `j` is basis vector `j` (`y = basis * h`).
+pub const HEAD_BASIS: &str = "head.basis";
+/// The head's scored coefficients, Q8_0 `n_vocab x rank`: row `i` is output row `i`'s first
+/// `rank` coordinates in the basis' dual.
+pub const HEAD_COEF: &str = "head.coef";
+/// The head's per-row bounds, F16 `(3 + groups) x n_vocab`, each rounded up: the norm of the
+/// stored coefficients, the norm of the output row, the coefficients' quantization error,
+/// then the row's norm in each further group of coordinates.
+pub const HEAD_BOUNDS: &str = "head.bounds";
 /// PowerInfer's predictor threshold (a probability).
 pub const KEY_POWERINFER_THRESHOLD: &str = "powerinfer.sparse_threshold";
 /// GGML's I32 type id (neuron permutations).

@@ -109,6 +109,8 @@ pub struct SparseOptions {
     pub no_predictor: bool,
     /// Type of transposed down rows built at load for an unconverted model.
     pub down_type: Option<String>,
+    /// Compute the whole output matrix, even with a sparse output head in the file.
+    pub dense_head: bool,
 }
 
 impl SparseOptions {

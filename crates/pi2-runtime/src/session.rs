@@ -7,7 +7,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::options::{parse_size, EngineOptions, OffloadOptions, SparseOptions};
 use crate::plan::{apply, Applied};
-use pi2_engine::{Engine, SparseFfn};
+use pi2_engine::{Engine, SparseFfn, SparseHead};
 use pi2_model::Model;
 use pi2_planner::cost::Mode;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,8 @@ pub struct Prepared<'m> {
     pub model: &'m Model,
     pub path: PathBuf,
     pub sparse: Option<SparseFfn<'m>>,
+    /// The converted file's sparse output head (unless `--dense-head`).
+    pub head: Option<SparseHead<'m>>,
     pub applied: Option<Applied>,
     /// The offload budget in bytes (from the options; a plan carries its own).
     pub budget: Option<u64>,
@@ -72,10 +74,15 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
             "reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)",
         ));
     }
+    let head = match o.sparse.dense_head {
+        true => None,
+        false => SparseHead::load(model)?,
+    };
     Ok(Prepared {
         model,
         path: path.to_path_buf(),
         sparse,
+        head,
         // A plan sets the budget itself (`apply` refuses both).
         budget: if applied.is_some() { None } else { budget },
         applied,
@@ -98,6 +105,7 @@ impl<'m> Prepared<'m> {
     pub fn engine(&self, n_batch: usize) -> Result<Engine<'_>> {
         let mut e = Engine::new(self.model, &self.engine_config()?)?;
         e.set_sparse(self.sparse.as_ref())?;
+        e.set_head(self.head.as_ref())?;
         self.attach_offload(&mut e, n_batch)?;
         Ok(e)
     }

@@ -2,7 +2,7 @@
 //! budget, and the clear refusals of options that cannot work.
 
 use pi2_convert::{calibrate, convert, write_file, ConvertConfig};
-use pi2_engine::{Engine, Logits};
+use pi2_engine::{generate, Engine, GenerateConfig, Logits, Sampler, SamplerConfig};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::Model;
@@ -60,6 +60,7 @@ fn model_files(dir: &Path) -> (PathBuf, PathBuf) {
     let cal = calibrate(&mut e, &toks, 25, 0.5, info).unwrap();
     let cfg = ConvertConfig {
         granule: 512,
+        head_share: Some(0.5),
         ..ConvertConfig::default()
     };
     let (w, _) = convert(&m, &cal.profile, &cal.thresholds, cal.samples, &cfg).unwrap();
@@ -120,6 +121,40 @@ fn sessions_run_dense_sparse_and_offloaded() {
         ..options()
     };
     assert!(prepare(&cm, &conv, &dense).unwrap().sparse.is_none());
+}
+
+/// A converted model's sparse output head decodes the tokens of the dense head, and
+/// `dense_head` turns it off.
+#[test]
+fn sparse_head_decodes_the_dense_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, conv) = model_files(dir.path());
+    let cm = Model::load(&conv).unwrap();
+    let run = |dense_head: bool| {
+        let o = SessionOptions {
+            sparse: SparseOptions {
+                dense_head,
+                ..SparseOptions::default()
+            },
+            ..options()
+        };
+        let p = prepare(&cm, &conv, &o).unwrap();
+        assert_eq!(p.head.is_some(), !dense_head);
+        let mut e = p.engine(4).unwrap();
+        let mut s = Sampler::new(SamplerConfig::greedy());
+        let cfg = GenerateConfig {
+            max_tokens: Some(20),
+            ignore_eos: true,
+            ..GenerateConfig::default()
+        };
+        let g = generate(&mut e, &mut s, &mut vec![], &TOKENS[..4], &cfg, |_| true).unwrap();
+        (g.tokens, e.head_stats())
+    };
+    let (dense, off) = run(true);
+    let (sparse, on) = run(false);
+    assert_eq!(sparse, dense);
+    assert_eq!(off.steps, 0);
+    assert!(on.steps >= 19, "{on:?}");
 }
 
 /// Every refusal names the option and says what to do.

@@ -60,6 +60,10 @@ pub trait FfnObserver {
     /// their normalized inputs (`m * n_embd`), `gate` the expert's gate pre-activations
     /// (`m * n_ff`). Ignored unless an observer needs experts.
     fn observe_expert(&mut self, _layer: usize, _expert: usize, _x: &[f32], _gate: &[f32]) {}
+
+    /// The final normalized hidden states of every token of the batch (`n * n_embd`), what
+    /// the output matrix multiplies (the sparse head's calibration). Ignored unless needed.
+    fn observe_head(&mut self, _h: &[f32]) {}
 }
 
 /// Activation scores on a log scale in one byte: code `c >= 1` covers `[2^((c-128)/16),

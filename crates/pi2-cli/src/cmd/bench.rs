@@ -86,6 +86,11 @@ struct Row {
     /// Sparse runs: measured fractions (candidates, confirmed, FFN bytes).
     #[serde(skip_serializing_if = "Option::is_none")]
     sparse: Option<serde_json::Value>,
+    /// `sparse` when decode ran the sparse output head, else `dense`.
+    head: &'static str,
+    /// The sparse head's rows, bytes and fallbacks per token (when it ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    head_stats: Option<serde_json::Value>,
     /// With --plan: the plan's predicted tokens/s for this test.
     #[serde(skip_serializing_if = "Option::is_none")]
     predicted_ts: Option<f64>,
@@ -131,7 +136,7 @@ struct Budget {
 }
 
 /// How the FFN of a row runs: dense, sparse in memory, or sparse under budget `j`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Dense,
     Sparse,
@@ -145,7 +150,9 @@ struct Setup<'m> {
     sparse: Option<SparseFfn<'m>>,
     applied: Option<Applied>,
     budgets: Vec<Budget>,
-    modes: Vec<Mode>,
+    /// FFN modes, each with the sparse output head (true) or the dense one.
+    modes: Vec<(Mode, bool)>,
+    head: Option<pi2_engine::SparseHead<'m>>,
     base: EngineConfig,
     threads: Vec<usize>,
     name: String,
@@ -242,7 +249,24 @@ fn setup<'m>(a: &BenchArgs, model: &'m Model, path: std::path::PathBuf) -> Resul
         }
         budgets = ladder(model, sparse.as_ref().expect("checked"), &budgets[0]);
     }
-    let modes = modes(a, sparse.is_some(), budgets.len(), applied.is_some())?;
+    let head = match a.sparse.dense_head {
+        true => None,
+        false => pi2_engine::SparseHead::load(model)?,
+    };
+    // With a sparse head, in-memory modes run with each head (the dense one first), in the
+    // same interleaved repetitions; offloaded modes with the sparse head.
+    let modes = modes(a, sparse.is_some(), budgets.len(), applied.is_some())?
+        .into_iter()
+        .flat_map(|m| {
+            let both = head.is_some() && !matches!(m, Mode::Offload(_));
+            let heads: &[bool] = match (head.is_some(), both) {
+                (false, _) => &[false],
+                (true, true) => &[false, true],
+                (true, false) => &[true],
+            };
+            heads.iter().map(move |&h| (m, h))
+        })
+        .collect();
     let base = match &applied {
         Some(ap) => ap.cfg.clone(),
         None => a.model.engine_options_first()?.config()?,
@@ -260,6 +284,7 @@ fn setup<'m>(a: &BenchArgs, model: &'m Model, path: std::path::PathBuf) -> Resul
         applied,
         budgets,
         modes,
+        head,
         base,
         threads,
     })
@@ -463,15 +488,17 @@ fn measure_test<'s>(
     let base_cluster = s.base.cluster.max(4).div_ceil(4) * 4;
     let mut samples = vec![Vec::new(); s.modes.len()];
     let mut stats = vec![None; s.modes.len()];
+    e.set_head_need(Some(pi2_engine::HeadNeed::greedy()));
     for rep in 0..=a.reps {
-        for (k, mode) in s.modes.iter().enumerate() {
+        for (k, &(mode, head)) in s.modes.iter().enumerate() {
+            e.set_head(if head { s.head.as_ref() } else { None })?;
             e.set_sparse(match mode {
                 Mode::Dense => None,
                 _ => s.sparse.as_ref(),
             })?;
             if let Mode::Offload(j) = mode {
-                e.set_cluster(s.budgets[*j].cluster.unwrap_or(base_cluster));
-                e.set_offload(offloads[*j].take())?;
+                e.set_cluster(s.budgets[j].cluster.unwrap_or(base_cluster));
+                e.set_offload(offloads[j].take())?;
                 e.offload_mut().expect("set").reset_stats();
             }
             e.reset_stats();
@@ -493,7 +520,12 @@ fn measure_test<'s>(
                 );
             }
             if let Mode::Offload(j) = mode {
-                offloads[*j] = o;
+                offloads[j] = o;
+            }
+            if let (true, Some(serde_json::Value::Object(m))) = (head, stat.as_mut()) {
+                m.insert("head".into(), head_stats(e));
+            } else if head {
+                stat = Some(serde_json::json!({ "head": head_stats(e) }));
             }
             let ts = ts?;
             if rep > 0 {
@@ -503,7 +535,12 @@ fn measure_test<'s>(
         }
     }
     e.set_sparse(None)?;
+    e.set_head(None)?;
     Ok((samples, stats))
+}
+
+fn head_stats(e: &Engine<'_>) -> serde_json::Value {
+    super::sparse_args::head_json(&e.head_stats(), e.model().config.n_vocab)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -515,7 +552,7 @@ fn row(
     ng: usize,
     samples: Vec<f64>,
     stat: Option<serde_json::Value>,
-    mode: Mode,
+    (mode, head): (Mode, bool),
     now: Option<(f64, f64)>,
 ) -> Row {
     let (avg, sd) = mean_sd(&samples);
@@ -541,7 +578,9 @@ fn row(
             Mode::Sparse => "sparse".into(),
             Mode::Offload(j) => format!("sparse@{}", s.budgets[j].label),
         },
-        sparse: stat,
+        head: if head { "sparse" } else { "dense" },
+        head_stats: stat.as_ref().and_then(|v| v.get("head").cloned()),
+        sparse: stat.filter(|_| mode != Mode::Dense),
         predicted_ts: s
             .applied
             .as_ref()
@@ -583,7 +622,10 @@ fn print_row(row: &Row, first: bool, planned: bool) {
         row.params as f64 / 1e6,
         row.backend,
         row.threads,
-        row.ffn,
+        match row.head {
+            "sparse" => format!("{} +head", row.ffn),
+            _ => row.ffn.clone(),
+        },
         row.test,
         row.avg_ts,
         row.stddev_ts

@@ -57,6 +57,14 @@ pub struct ConvertArgs {
     /// I/O granule the tensors are aligned to (bytes, power of two)
     #[arg(long, default_value_t = 4096)]
     pub granule: u32,
+    /// Build a sparse output head: decode computes exactly only the output rows that could
+    /// be the sampled token, proven by a bound (it falls back to the whole matrix when the
+    /// bound cannot separate; see the README)
+    #[arg(long)]
+    pub head: bool,
+    /// Share of the output matrix the sparse head's resident factors may take (0..1)
+    #[arg(long, default_value_t = 0.10)]
+    pub head_share: f32,
     /// Output GGUF file
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
@@ -67,6 +75,9 @@ pub struct ConvertArgs {
 
 pub fn run(a: ConvertArgs) -> Result<()> {
     let sparsity = check_sparsity(a.sparsity)?;
+    if !(a.head_share > 0.0 && a.head_share < 1.0) {
+        bail!("--head-share {} is outside 0..1", a.head_share);
+    }
     if !(0.5..=1.0).contains(&a.recall) {
         bail!("--recall {} is outside 0.5..1", a.recall);
     }
@@ -141,6 +152,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             max_rank: a.max_rank,
             ..FitConfig::default()
         },
+        head_share: a.head.then_some(a.head_share),
     };
     let t1 = Instant::now();
     let (writer, report) = convert::convert(&model, &profile, &th, samples, &cfg)?;
@@ -152,6 +164,8 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         let _ = std::fs::remove_file(&a.output);
         return Err(e).context("verification failed; the output was removed");
     }
+    let head = report.head;
+    let report = report.layers;
     println!("layer  threshold  fired  rank  recall  candidates");
     for (i, r) in report.iter().enumerate() {
         println!(
@@ -168,6 +182,17 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         report.iter().map(|r| r.recall).sum::<f32>() / n,
         report.iter().map(|r| r.candidates).sum::<f32>() / n
     );
+    match head {
+        Some(h) => println!(
+            "sparse head: rank {}, {} bound groups, {:.1} MB resident ({:.1}% of the output matrix)",
+            h.rank,
+            h.groups,
+            h.bytes as f64 / 1e6,
+            100.0 * h.bytes as f64 / h.output_bytes as f64
+        ),
+        None if !a.head => {}
+        None => println!("sparse head: none (the output matrix's width is not a multiple of 32 of at least 64)"),
+    }
     eprintln!(
         "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
         a.output.display(),

@@ -46,6 +46,9 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let sparse = prepared.sparse.as_ref();
     let mut engine = prepared.engine(a.batch.min(n_ctx))?;
+    if prepared.head.is_some() {
+        eprintln!("perplexity: the output matrix is computed whole (the exact dense head); the sparse head serves decode only");
+    }
     eprintln!("perplexity: tokenizing the input ..");
     let tokens = model.tokenizer.encode(&text, true, false);
     if tokens.len() < 2 * n_ctx {

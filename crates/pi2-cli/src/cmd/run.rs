@@ -106,6 +106,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else {
         writeln!(stdout, "{}", stream.finish())?;
         print_timings(&g);
+        super::sparse_args::print_head_stats(&engine.head_stats(), model.config.n_vocab);
     }
     Ok(())
 }
@@ -147,6 +148,7 @@ fn report_json(
         "threads": engine.threads(),
         "kernel_tier": engine.tier().name(),
         "sparse": prepared.sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
+        "head": super::sparse_args::head_json(&engine.head_stats(), prepared.model.config.n_vocab),
         "offload": engine.offload().map(|o| super::sparse_args::offload_json(o, g.tokens.len(), predicted_ms / 1e3)),
         "plan": prepared.applied.as_ref().map(|ap| json!({
             "knobs": ap.plan.knobs,

@@ -31,6 +31,10 @@ pub struct SparseArgs {
     /// (q8_0, q4_1, q4_0, f16, f32; default: the model's down type)
     #[arg(long)]
     pub down_type: Option<String>,
+    /// Compute the whole output matrix every token, even when the converted model has a sparse
+    /// output head (perplexity always does)
+    #[arg(long)]
+    pub dense_head: bool,
 }
 
 impl SparseArgs {
@@ -44,6 +48,7 @@ impl SparseArgs {
             profile: self.profile.clone(),
             no_predictor: self.no_predictor,
             down_type: self.down_type.clone(),
+            dense_head: self.dense_head,
         }
     }
 }
@@ -79,6 +84,36 @@ pub fn stats_json(st: &pi2_engine::SparseStats) -> serde_json::Value {
         "ffn_bytes_per_token": st.ffn_bytes as f64 / (st.token_layers.max(1) as f64 / st.layer_tokens.len().max(1) as f64),
         "ffn_bytes_fraction": st.byte_fraction(),
         "recall": st.total_recall(),
+    })
+}
+
+/// The sparse head's counts on stderr (nothing when it did not run).
+pub fn print_head_stats(st: &pi2_engine::HeadStats, n_vocab: usize) {
+    if st.steps == 0 {
+        return;
+    }
+    eprintln!(
+        "sparse head: {:.1} rows ({:.2}% of the vocabulary) and {:.0} KB per token, {} fallbacks in {} steps",
+        st.rows as f64 / st.steps as f64,
+        100.0 * st.rows as f64 / (st.steps as f64 * n_vocab as f64),
+        st.bytes as f64 / st.steps as f64 / 1e3,
+        st.fallbacks,
+        st.steps
+    );
+}
+
+/// The sparse head's counts as JSON (`null` when it did not run).
+pub fn head_json(st: &pi2_engine::HeadStats, n_vocab: usize) -> serde_json::Value {
+    if st.steps == 0 {
+        return serde_json::Value::Null;
+    }
+    let per = |x: u64| x as f64 / st.steps as f64;
+    serde_json::json!({
+        "steps": st.steps,
+        "rows_per_token": per(st.rows),
+        "rows_fraction": per(st.rows) / n_vocab as f64,
+        "bytes_per_token": per(st.bytes),
+        "fallbacks": st.fallbacks,
     })
 }
 

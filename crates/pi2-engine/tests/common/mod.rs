@@ -28,7 +28,7 @@ pub fn profile_and_samples(
     cfg: &EngineConfig,
     sparsity: f32,
     chunk: usize,
-) -> (pi2_sparse::Profile, Vec<f32>, Vec<pi2_sparse::LayerSamples>) {
+) -> (pi2_sparse::Profile, Vec<f32>, pi2_convert::Samples) {
     let toks: Vec<u32> = (0..200u32)
         .map(|i| (i * 37 + 11) % m.config.n_vocab as u32)
         .collect();
