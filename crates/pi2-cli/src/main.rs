@@ -61,6 +61,9 @@ pub struct SampleArgs {
     /// Top-p (1.0 = off)
     #[arg(long = "top-p", default_value_t = 0.95)]
     pub top_p: f32,
+    /// Min-p: keep tokens at least this share as probable as the top one (0 = off)
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
     /// Repetition penalty (1.0 = off)
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
@@ -112,6 +115,11 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Before clap, which would read `-ngl 99` as `-n gl`.
+    if let Some(why) = std::env::args().skip(1).find_map(|a| llama_cpp_only(&a)) {
+        eprintln!("error: {why}");
+        std::process::exit(2);
+    }
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Run(a) => cmd::run::run(a),
@@ -133,4 +141,37 @@ fn main() {
         eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
         std::process::exit(1);
     }
+}
+
+/// llama.cpp flags pi2 has no use for, with why: one clear line instead of clap's suggestion.
+const LLAMA_CPP_ONLY: &[(&[&str], &str)] = &[
+    (
+        &["-ngl", "--n-gpu-layers", "--gpu-layers"],
+        "pi2 runs on the CPU: there are no GPU layers to offload (--mem-budget offloads to flash)",
+    ),
+    (
+        &["-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"],
+        "pi2 downloads nothing from Hugging Face at run time: pass a local GGUF file to -m, or a catalogue name (`pi2 fetch-model --list`)",
+    ),
+    (
+        &["-fa", "--flash-attn"],
+        "pi2 has no flash-attention switch: its CPU attention is one kernel",
+    ),
+    (
+        &["-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"],
+        "pi2 runs on the CPU: there are no GPUs to split the model over",
+    ),
+    (
+        &["-cnv", "--conversation"],
+        "use `pi2 chat` for a conversation (or `pi2 run --chat` for one turn)",
+    ),
+];
+
+/// The one-line reason when `arg` is a llama.cpp-only flag (alone or as `--flag=value`).
+fn llama_cpp_only(arg: &str) -> Option<String> {
+    let flag = arg.split('=').next().unwrap_or(arg);
+    LLAMA_CPP_ONLY
+        .iter()
+        .find(|(flags, _)| flags.contains(&flag))
+        .map(|(_, why)| format!("{flag} is a llama.cpp option that pi2 does not support: {why}"))
 }

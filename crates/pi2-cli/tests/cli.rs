@@ -1,66 +1,12 @@
 //! The `pi2` binary end to end: outputs on the real model, and one clear error line (exit code 1,
 //! no panic) for every kind of bad input. Needs `cargo xtask fetch-model`.
 
+mod common;
+
+use common::{fails_with, m, model, ok, pi2_with_stdin, root};
 use serde_json::Value;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> PathBuf {
-    let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "test model missing at {}: run `cargo xtask fetch-model` first",
-        p.display()
-    );
-    p
-}
-
-fn pi2(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pi2"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run pi2")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = pi2(args);
-    assert!(
-        out.status.success(),
-        "pi2 {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The command fails with exit code 1, and its stderr ends with exactly one `error:` line
-/// containing `needle` (progress lines may come before it).
-fn fails_with(args: &[&str], needle: &str) {
-    let out = pi2(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "pi2 {args:?}: {err}");
-    assert!(!err.contains("panicked"), "pi2 {args:?} panicked: {err}");
-    let errors: Vec<_> = err.lines().filter(|l| l.starts_with("error")).collect();
-    assert_eq!(
-        errors.len(),
-        1,
-        "pi2 {args:?}: expected one error line, got {err}"
-    );
-    let last = err.lines().rfind(|l| !l.trim().is_empty()).unwrap();
-    assert!(
-        last.starts_with("error: ") && last.contains(needle),
-        "pi2 {args:?}: {err}"
-    );
-}
-
-fn m() -> String {
-    model().display().to_string()
-}
+use std::path::Path;
+use std::process::{Command, Output};
 
 #[test]
 fn run_json_reports_ids_text_timings_and_memory() {
@@ -213,20 +159,10 @@ fn perplexity_prints_llama_style_output() {
 
 #[test]
 fn chat_answers_and_exits() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pi2"))
-        .args(["chat", "-m", &m(), "--temp", "0", "-n", "12"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is the capital of France?\nAnd of Italy?\n/exit\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = pi2_with_stdin(
+        &["chat", "-m", &m(), "--temp", "0", "-n", "12"],
+        b"What is the capital of France?\nAnd of Italy?\n/exit\n",
+    );
     assert!(
         out.status.success(),
         "{}",

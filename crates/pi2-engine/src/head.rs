@@ -50,9 +50,11 @@ impl HeadNeed {
         }
     }
 
-    /// What `cfg` samples from: exactly its top-k when it has one (top-p then works inside
-    /// it), else the rows within `temperature * ln(1e6)` of the top. `None` (dense) with a
-    /// repetition penalty, which can lower the top rows below ones the bound left out.
+    /// What `cfg` samples from: exactly its top-k when it has one (top-p and min-p then work
+    /// inside it); else exactly the rows min-p keeps (within `ln(1 / min_p)` of the top); else
+    /// the rows within `temperature * ln(1e6)` of the top (an approximation: rows further down
+    /// have under a millionth of the top's probability each). `None` (dense) with a repetition
+    /// penalty, which can lower the top rows below ones the bound left out.
     pub fn for_sampler(cfg: &SamplerConfig) -> Option<Self> {
         if cfg.repeat_penalty != 1.0 {
             return None;
@@ -60,9 +62,13 @@ impl HeadNeed {
         if cfg.temperature <= 0.0 {
             return Some(Self::greedy());
         }
+        let margin = match cfg.min_p > 0.0 {
+            true => -cfg.min_p.ln(),
+            false => cfg.temperature * 1e6f32.ln(),
+        };
         Some(match cfg.top_k {
             0 => Self {
-                margin: cfg.temperature * 1e6f32.ln(),
+                margin,
                 ..Self::greedy()
             },
             k => Self {

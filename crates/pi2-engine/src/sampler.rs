@@ -1,4 +1,5 @@
-//! Sampling: repetition penalty, top-k, top-p, temperature, then a seeded draw (llama.cpp order).
+//! Sampling: repetition penalty, top-k, top-p, min-p, temperature, then a seeded draw (llama.cpp
+//! order).
 //! Temperature <= 0 is greedy (argmax, lowest id on ties).
 
 use pi2_model::TokenId;
@@ -12,6 +13,8 @@ pub struct SamplerConfig {
     pub top_k: usize,
     /// 1.0 = off.
     pub top_p: f32,
+    /// Keep tokens whose probability is at least this share of the top one's (0 = off).
+    pub min_p: f32,
     /// 1.0 = off.
     pub repeat_penalty: f32,
     /// How many recent tokens the penalty looks at.
@@ -25,6 +28,7 @@ impl Default for SamplerConfig {
             temperature: 0.8,
             top_k: 40,
             top_p: 0.95,
+            min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 0x5eed,
@@ -132,6 +136,13 @@ impl Sampler {
             c.truncate(keep);
             probs.truncate(keep);
         }
+        if self.cfg.min_p > 0.0 {
+            // On the untempered logits, as llama.cpp's min-p: within ln(min_p) of the top.
+            let cut = max + self.cfg.min_p.ln();
+            let keep = c.iter().take_while(|&&(_, l)| l >= cut).count().max(1);
+            c.truncate(keep);
+            probs.truncate(keep);
+        }
         let t = self.cfg.temperature as f64;
         for (p, &(_, l)) in probs.iter_mut().zip(c.iter()) {
             *p = ((l - max) as f64 / t).exp();
@@ -216,6 +227,24 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(s.sample(&mut [2.0, 0.0, -20.0]), 0);
         }
+    }
+
+    #[test]
+    fn min_p_drops_tokens_far_below_the_top() {
+        // exp(-4) = 0.018 of the top: below min_p 0.05, never drawn; exp(-2) = 0.135 stays.
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.05,
+            ..Default::default()
+        });
+        let mut seen = [0usize; 3];
+        for _ in 0..2000 {
+            seen[s.sample(&mut [0.0, -2.0, -4.0]) as usize] += 1;
+        }
+        assert_eq!(seen[2], 0, "{seen:?}");
+        assert!(seen[1] > 100, "{seen:?}");
     }
 
     #[test]

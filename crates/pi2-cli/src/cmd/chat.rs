@@ -38,7 +38,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens: buffers for those.
     let mut engine = prepared.engine(GenerateConfig::default().n_batch)?;
-    let mut sampler = sampler(&a.sample);
+    let mut sampler = sampler(&a.sample)?;
     let tok = &model.tokenizer;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {

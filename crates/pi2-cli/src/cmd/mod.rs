@@ -152,11 +152,41 @@ pub fn engine<'m>(model: &'m Model, a: &ModelArgs) -> Result<Engine<'m>> {
     Ok(Engine::new(model, &engine_config(a)?)?)
 }
 
-pub fn sampler(a: &SampleArgs) -> Sampler {
-    Sampler::new(SamplerConfig {
+pub fn sampler(a: &SampleArgs) -> anyhow::Result<Sampler> {
+    let checks = [
+        (
+            "--temp",
+            a.temp,
+            a.temp.is_finite() && a.temp >= 0.0,
+            "a number >= 0",
+        ),
+        (
+            "--top-p",
+            a.top_p,
+            a.top_p > 0.0 && a.top_p <= 1.0,
+            "in (0, 1]",
+        ),
+        (
+            "--min-p",
+            a.min_p,
+            (0.0..=1.0).contains(&a.min_p),
+            "in [0, 1]",
+        ),
+        (
+            "--repeat-penalty",
+            a.repeat_penalty,
+            a.repeat_penalty.is_finite() && a.repeat_penalty > 0.0,
+            "a number > 0",
+        ),
+    ];
+    if let Some((flag, v, _, want)) = checks.iter().find(|c| !c.2) {
+        anyhow::bail!("{flag} {v} must be {want}");
+    }
+    Ok(Sampler::new(SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
         top_p: a.top_p,
+        min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
         repeat_last_n: a.repeat_last_n,
         seed: a.seed.unwrap_or_else(|| {
@@ -165,5 +195,5 @@ pub fn sampler(a: &SampleArgs) -> Sampler {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0)
         }),
-    })
+    }))
 }

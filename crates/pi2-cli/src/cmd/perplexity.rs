@@ -22,6 +22,10 @@ pub struct PerplexityArgs {
     /// Evaluate only the first N chunks
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
+    /// Tokenize special-token text in the file as plain text (by default it is parsed, the
+    /// same rule as `run`)
+    #[arg(long)]
+    pub no_parse_special: bool,
     #[command(flatten)]
     pub sparse: super::sparse_args::SparseArgs,
 }
@@ -50,7 +54,7 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         eprintln!("perplexity: the output matrix is computed whole (the exact dense head); the sparse head serves decode only");
     }
     eprintln!("perplexity: tokenizing the input ..");
-    let tokens = model.tokenizer.encode(&text, true, false);
+    let tokens = model.tokenizer.encode(&text, true, !a.no_parse_special);
     if tokens.len() < 2 * n_ctx {
         bail!("you need at least {} tokens to evaluate perplexity with a context of {n_ctx} (the file has {})", 2 * n_ctx, tokens.len());
     }

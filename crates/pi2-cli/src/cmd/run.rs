@@ -15,9 +15,15 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
-    /// Prompt text
-    #[arg(short = 'p', long = "prompt")]
-    pub prompt: String,
+    /// Prompt text (special tokens such as `<|im_start|>` are parsed, as llama.cpp does)
+    #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file (`-` for standard input)
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<std::path::PathBuf>,
+    /// Tokenize special-token text in the prompt as plain text
+    #[arg(long)]
+    pub no_parse_special: bool,
     /// Tokens to generate (-1 = until end of generation or a full context)
     #[arg(
         short = 'n',
@@ -51,15 +57,17 @@ pub fn run(a: RunArgs) -> Result<()> {
     let opts = super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "run")?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let tok = &model.tokenizer;
+    let user_text = prompt_text(&a)?;
     let prompt_text = if a.chat {
         model
             .chat_template()?
-            .render(&[Message::new("user", &a.prompt)], true)?
+            .render(&[Message::new("user", &user_text)], true)?
     } else {
-        a.prompt.clone()
+        user_text.clone()
     };
-    // Chat-rendered text carries control tokens; plain prompts are tokenized as text.
-    let prompt = tok.encode(&prompt_text, true, a.chat);
+    // Chat-rendered text carries control tokens; so may a hand-written prompt (llama.cpp
+    // parses them too) unless told otherwise.
+    let prompt = tok.encode(&prompt_text, true, a.chat || !a.no_parse_special);
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
@@ -77,11 +85,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             engine.n_ctx()
         );
     }
-    let mut sampler = sampler(&a.sample);
+    let mut sampler = sampler(&a.sample)?;
     let mut stream = Utf8Stream::default();
     let mut stdout = std::io::stdout().lock();
     if !a.json {
-        write!(stdout, "{}", a.prompt)?;
+        write!(stdout, "{user_text}")?;
         stdout.flush()?;
     }
     let mut cached = Vec::new();
@@ -108,7 +116,56 @@ pub fn run(a: RunArgs) -> Result<()> {
         print_timings(&g);
         super::sparse_args::print_head_stats(&engine.head_stats(), model.config.n_vocab);
     }
+    if g.stop == pi2_engine::StopReason::ContextFull {
+        eprintln!(
+            "run: stopped: the context of {} tokens is full (raise -c/--ctx-size)",
+            engine.n_ctx()
+        );
+    }
     Ok(())
+}
+
+/// Largest prompt file read (a prompt longer than any context is refused later anyway).
+const MAX_PROMPT_BYTES: u64 = 64 << 20;
+
+/// The prompt from -p, or from -f (a file, or standard input for `-`).
+fn prompt_text(a: &RunArgs) -> Result<String> {
+    use std::io::Read;
+    let (name, reader): (String, Box<dyn Read>) = match (&a.prompt, &a.file) {
+        (Some(p), _) => return Ok(p.clone()),
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            ("standard input".into(), Box::new(std::io::stdin().lock()))
+        }
+        (None, Some(f)) => {
+            let file = std::fs::File::open(f)
+                .map_err(|e| anyhow::anyhow!("cannot read the prompt file {}: {e}", f.display()))?;
+            if !file.metadata()?.is_file() {
+                bail!(
+                    "{} is not a regular file (use -f - for standard input)",
+                    f.display()
+                );
+            }
+            (f.display().to_string(), Box::new(file))
+        }
+        (None, None) => bail!("no prompt: give -p TEXT or -f FILE (-f - reads standard input)"),
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_PROMPT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| anyhow::anyhow!("cannot read the prompt from {name}: {e}"))?;
+    if bytes.len() as u64 > MAX_PROMPT_BYTES {
+        bail!(
+            "the prompt in {name} is over {} MiB",
+            MAX_PROMPT_BYTES >> 20
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the prompt in {name} is not UTF-8 (byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 fn per_second(n: usize, ms: f64) -> f64 {
