@@ -115,6 +115,7 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    exit_cleanly_when_output_fails();
     // Before clap, which would read `-ngl 99` as `-n gl`.
     if let Some(why) = std::env::args().skip(1).find_map(|a| llama_cpp_only(&a)) {
         eprintln!("error: {why}");
@@ -174,4 +175,27 @@ fn llama_cpp_only(arg: &str) -> Option<String> {
         .iter()
         .find(|(flags, _)| flags.contains(&flag))
         .map(|(_, why)| format!("{flag} is a llama.cpp option that pi2 does not support: {why}"))
+}
+
+/// `println!` and `eprintln!` panic when their stream cannot be written (a full disk,
+/// `> /dev/full`, a closed descriptor): end with one error line (on stderr, if it still works)
+/// and exit code 1 instead of a panic, wherever the print was.
+fn exit_cleanly_when_output_fails() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(rest) = msg.strip_prefix("failed printing to ") {
+            if let Some(why) = rest.strip_prefix("stdout: ") {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "error: cannot write the output: {why}");
+            }
+            std::process::exit(1);
+        }
+        default(info);
+    }));
 }

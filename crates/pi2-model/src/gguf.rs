@@ -15,6 +15,11 @@ use std::path::Path;
 pub const MAX_STRING_LEN: u64 = 1 << 26;
 /// Most elements accepted in one metadata array (vocabularies are ~2^18).
 pub const MAX_ARRAY_LEN: u64 = 1 << 24;
+/// Most memory the parsed metadata may take (every value and string byte counted): a value
+/// takes tens of bytes in memory for one byte of file, so a huge array would otherwise cost
+/// many times the file's size. Real vocabularies (262k tokens with scores and types, 300k
+/// merges) take well under 100 MiB.
+pub const MAX_METADATA_BYTES: u64 = 512 << 20;
 /// Most tensors / metadata entries accepted.
 pub const MAX_TENSORS: u64 = 1 << 16;
 pub const MAX_KV: u64 = 1 << 16;
@@ -209,6 +214,8 @@ impl std::fmt::Debug for GgufFile {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Memory the metadata parsed so far takes (see [`MAX_METADATA_BYTES`]).
+    meta_bytes: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -255,11 +262,29 @@ impl<'a> Cursor<'a> {
             });
         }
         let bytes = self.take(len, what)?;
+        self.charge(len)?;
         String::from_utf8(bytes.to_vec())
             .map_err(|_| ModelError::Corrupt(format!("{what} is not valid UTF-8")))
     }
 
+    /// Counts `bytes` of parsed metadata against [`MAX_METADATA_BYTES`].
+    fn charge(&mut self, bytes: u64) -> Result<()> {
+        self.meta_bytes += bytes;
+        if self.meta_bytes > MAX_METADATA_BYTES {
+            return Err(ModelError::LimitExceeded {
+                what: "metadata size in memory",
+                value: self.meta_bytes,
+                limit: MAX_METADATA_BYTES,
+            });
+        }
+        Ok(())
+    }
+
     fn value(&mut self, ty: u32, what: &str, depth: u32) -> Result<Value> {
+        // An array's elements are charged with the array, before it allocates them.
+        if depth == 0 {
+            self.charge(std::mem::size_of::<Value>() as u64)?;
+        }
         Ok(match ty {
             0 => Value::U8(self.u8(what)?),
             1 => Value::I8(self.u8(what)? as i8),
@@ -298,6 +323,7 @@ impl<'a> Cursor<'a> {
                         len: self.buf.len() as u64,
                     });
                 }
+                self.charge(n * std::mem::size_of::<Value>() as u64)?;
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     items.push(self.value(elem_ty, what, depth + 1)?);
@@ -342,7 +368,11 @@ impl GgufFile {
 
     fn parse(mmap: Mmap) -> Result<Self> {
         let buf: &[u8] = &mmap;
-        let mut c = Cursor { buf, pos: 0 };
+        let mut c = Cursor {
+            buf,
+            pos: 0,
+            meta_bytes: 0,
+        };
         let magic: [u8; 4] = match buf.get(..4) {
             Some(m) => m.try_into().unwrap(),
             None => {

@@ -303,3 +303,41 @@ fn real_model_truncated_and_flipped() {
     b[4] = 1; // version 1
     assert!(matches!(load(&b), Err(ModelError::UnsupportedVersion(1))));
 }
+
+/// A GGUF v3 header with `arrays` I8 metadata arrays of `n` elements each and no tensors.
+fn array_file(arrays: usize, n: u64) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.extend((arrays as u64).to_le_bytes());
+    for i in 0..arrays {
+        let key = format!("junk.{i}");
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key.as_bytes());
+        b.extend(9u32.to_le_bytes()); // array
+        b.extend(1u32.to_le_bytes()); // of I8
+        b.extend(n.to_le_bytes());
+        b.resize(b.len() + n as usize, 7);
+    }
+    b
+}
+
+#[test]
+fn metadata_cannot_cost_many_times_its_file_size() {
+    // Each one-byte element would take a whole `Value` in memory: 3 x 6M elements of file
+    // (18 MB) would need over 500 MiB. Refused once the parsed metadata passes the cap, before
+    // the array that would pass it is allocated.
+    let err = GgufFile::from_bytes(&array_file(3, 6 << 20)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::LimitExceeded {
+                what: "metadata size in memory",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Well under the cap: parsed.
+    assert!(GgufFile::from_bytes(&array_file(2, 1 << 20)).is_ok());
+}

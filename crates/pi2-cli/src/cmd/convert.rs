@@ -90,17 +90,15 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     };
     let input = model_path(&a.model)?;
     // Refuse early, before minutes of work.
-    if a.output.exists() && !a.force {
-        bail!("{} exists; pass --force to replace it", a.output.display());
-    }
-    if let (Ok(x), Ok(y)) = (a.output.canonicalize(), input.canonicalize()) {
-        if x == y {
-            bail!(
-                "{} is the input model; choose another output file",
-                a.output.display()
-            );
-        }
-    }
+    let inputs: Vec<&Path> = [
+        Some(input.as_path()),
+        Some(a.file.as_path()),
+        a.profile.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    super::check_outputs(&[&a.output], &inputs, a.force)?;
     let model = load_model(&a.model)?;
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;

@@ -85,6 +85,39 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
 
 /// The model path from `-m` (a file, or a catalogue name fetched on first use), or the
 /// default model.
+/// Refuses outputs that would replace a file this command reads (whatever `force` says: paths
+/// compared after resolving links), or an existing file without `force`. Every command that
+/// writes files checks its outputs here before any work.
+pub fn check_outputs(
+    outputs: &[&std::path::Path],
+    inputs: &[&std::path::Path],
+    force: bool,
+) -> Result<()> {
+    let resolved: Vec<PathBuf> = inputs
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    for out in outputs {
+        if let Ok(o) = out.canonicalize() {
+            if let Some(i) = inputs.iter().zip(&resolved).find(|(_, r)| **r == o) {
+                bail!(
+                    "{} is {} this command reads; choose another output file",
+                    out.display(),
+                    if i.0 == out {
+                        "a file".to_string()
+                    } else {
+                        format!("{} (a file)", i.0.display())
+                    }
+                );
+            }
+        }
+        if out.exists() && !force {
+            bail!("{} exists; pass --force to replace it", out.display());
+        }
+    }
+    Ok(())
+}
+
 pub fn model_path(a: &ModelArgs) -> Result<PathBuf> {
     fetch::resolve(a.model.as_deref())
 }

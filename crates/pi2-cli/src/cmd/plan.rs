@@ -2,7 +2,7 @@
 //! accounting, the recorded model profile, solving and applying plans) is `pi2_runtime::plan`.
 
 use crate::ModelArgs;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use pi2_planner::cost::Mode;
 use pi2_planner::{Objective, PlanFile};
@@ -93,9 +93,7 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
     let emulate = a.emulate_flash.as_deref();
     let out = match &a.output {
         Some(o) => {
-            if o.exists() && !a.force {
-                bail!("{} exists; pass --force to replace it", o.display());
-            }
+            super::check_outputs(&[o], &[&path], a.force)?;
             o.clone()
         }
         None => pi2_runtime::device::hw_path(&path, emulate)?,
@@ -249,9 +247,12 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     let path = super::model_path(&a.model)?;
     let model = pi2_runtime::load_model(&path)?;
     if let Some(o) = &a.output {
-        if o.exists() && !a.force {
-            bail!("{} exists; pass --force to replace it", o.display());
-        }
+        let inputs: Vec<&std::path::Path> =
+            [Some(path.as_path()), a.hw.as_deref(), a.file.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+        super::check_outputs(&[o], &inputs, a.force)?;
     }
     // The user's own arguments are checked before anything is read for them.
     let file_bytes = model.file.file_size();

@@ -58,14 +58,14 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         bail!("--tokens and --chunk must be at least 1");
     }
     let [trace_path, hot_svg, hit_svg] = companions(&a.output);
-    for p in [&a.output, &trace_path, &hot_svg, &hit_svg] {
-        if p.exists() && !a.force {
-            bail!("{} exists; pass --force to replace it", p.display());
-        }
-    }
+    let path = super::model_path(&a.model)?;
+    super::check_outputs(
+        &[&a.output, &trace_path, &hot_svg, &hit_svg],
+        &[&path, &a.file],
+        a.force,
+    )?;
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
-    let path = super::model_path(&a.model)?;
     let model = load_model(&a.model)?;
     let c = &model.config;
     let mut engine = engine(&model, &a.model)?;

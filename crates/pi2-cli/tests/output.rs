@@ -1,0 +1,134 @@
+//! Output that cannot be written (a full device) ends the process with one error line and exit
+//! code 1, never a panic. Needs `cargo xtask fetch-model` and Linux's `/dev/full`.
+
+mod common;
+
+use common::{m, root};
+use std::process::{Command, Stdio};
+
+#[test]
+fn a_full_device_ends_in_one_error_line() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    };
+    let cases: [&[&str]; 3] = [
+        &["info", "-m", &m()],
+        &["tokenize", "-m", &m(), "hello"],
+        &["run", "-m", &m(), "-p", "hi", "-n", "4", "--temp", "0"],
+    ];
+    for args in cases {
+        // Standard output on the full device: one error line on stderr.
+        let out = Command::new(env!("CARGO_BIN_EXE_pi2"))
+            .args(args)
+            .current_dir(root())
+            .stdout(full.try_clone().unwrap())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        let last = err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+        assert!(
+            last.starts_with("error: ") && last.contains("No space left"),
+            "{args:?}: {err}"
+        );
+    }
+    // Standard error on the full device too (a failing command): exit 1, no panic's 101.
+    let out = Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(["info", "-m", "/nonexistent/model.gguf"])
+        .stdout(Stdio::null())
+        .stderr(full)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn no_command_writes_over_a_file_it_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).display().to_string();
+    std::fs::copy(common::model(), d("model.gguf")).unwrap();
+    std::fs::copy(common::model(), d("X.trace")).unwrap();
+    std::fs::write(
+        d("cal.txt"),
+        "In the beginning God created the heaven and the earth. ".repeat(40),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(d("model.gguf"), d("link.json")).unwrap();
+    let before = std::fs::metadata(d("model.gguf")).unwrap().len();
+    let cases: [Vec<String>; 5] = [
+        // The output is the model, with --force.
+        [
+            "profile",
+            "-m",
+            &d("model.gguf"),
+            "-f",
+            &d("cal.txt"),
+            "-o",
+            &d("model.gguf"),
+            "--force",
+        ]
+        .map(String::from)
+        .to_vec(),
+        // A companion output (X.trace of X.json) is the model.
+        [
+            "profile",
+            "-m",
+            &d("X.trace"),
+            "-f",
+            &d("cal.txt"),
+            "-o",
+            &d("X.json"),
+            "--force",
+        ]
+        .map(String::from)
+        .to_vec(),
+        // Through a symbolic link.
+        [
+            "profile",
+            "-m",
+            &d("model.gguf"),
+            "-f",
+            &d("cal.txt"),
+            "-o",
+            &d("link.json"),
+            "--force",
+        ]
+        .map(String::from)
+        .to_vec(),
+        [
+            "plan",
+            "-m",
+            &d("model.gguf"),
+            "--mem-limit",
+            "1G",
+            "-o",
+            &d("model.gguf"),
+            "--force",
+        ]
+        .map(String::from)
+        .to_vec(),
+        [
+            "convert",
+            "-m",
+            &d("model.gguf"),
+            "-f",
+            &d("cal.txt"),
+            "--profile",
+            &d("cal.txt"),
+            "-o",
+            &d("cal.txt"),
+            "--force",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for args in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::fails_with(&args, "this command reads; choose another output file");
+    }
+    assert_eq!(std::fs::metadata(d("model.gguf")).unwrap().len(), before);
+    assert_eq!(std::fs::metadata(d("X.trace")).unwrap().len(), before);
+}
