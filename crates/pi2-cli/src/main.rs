@@ -138,8 +138,7 @@ fn main() {
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {
-        // One line: the context chain joined.
-        eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
     }
 }
@@ -198,4 +197,21 @@ fn exit_cleanly_when_output_fails() {
         }
         default(info);
     }));
+}
+
+/// The error and its causes on one line, each cause once: a library error that already
+/// prints its source is not followed by that source again.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', " ")
 }

@@ -132,3 +132,27 @@ fn no_command_writes_over_a_file_it_reads() {
     assert_eq!(std::fs::metadata(d("model.gguf")).unwrap().len(), before);
     assert_eq!(std::fs::metadata(d("X.trace")).unwrap().len(), before);
 }
+
+#[test]
+fn absurd_contexts_are_refused_and_causes_are_not_repeated() {
+    for c in ["9223372036854775808", "100000000"] {
+        common::fails_with(
+            &["run", "-m", &m(), "-p", "hi", "-c", c],
+            "outside 1..16777216",
+        );
+    }
+    let out = common::pi2(&[
+        "run",
+        "-m",
+        &m(),
+        "--sparse",
+        "--sparsity",
+        "0.5",
+        "--profile",
+        "/nonexistent/p.json",
+        "-p",
+        "hi",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+}

@@ -36,11 +36,11 @@ use pi2_model::bundle::{
 /// Conversion errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{0}")]
+    #[error(transparent)]
     Fit(#[from] pi2_sparse::SparseError),
-    #[error("{0}")]
+    #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("{0}")]
+    #[error(transparent)]
     Model(#[from] pi2_model::ModelError),
     #[error("{path}: {source}")]
     Io {

@@ -63,6 +63,10 @@ impl Default for EngineConfig {
     }
 }
 
+/// Most tokens a context may hold: far beyond any model's training context, small enough that
+/// every size computed from it fits in 64 bits.
+pub const MAX_CTX: usize = 1 << 24;
+
 /// Which positions of a batch need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -132,6 +136,12 @@ impl<'m> Engine<'m> {
         } else {
             cfg.n_ctx
         };
+        if n_ctx == 0 || n_ctx > MAX_CTX {
+            return Err(EngineError::ContextSize {
+                n_ctx,
+                max: MAX_CTX,
+            });
+        }
         let freq_factors = model
             .weights
             .rope_freqs

@@ -20,6 +20,8 @@ pub enum EngineError {
     ThreadPool { threads: usize, msg: String },
     #[error("CPU {cpu} is not available to this process (allowed: {allowed})")]
     CpuNotAllowed { cpu: usize, allowed: String },
+    #[error("a context of {n_ctx} tokens is outside 1..{max} (set -c/--ctx-size)")]
+    ContextSize { n_ctx: usize, max: usize },
     #[error("empty input")]
     Empty,
     #[error("sparse weights do not fit the model: {0}")]
@@ -30,7 +32,7 @@ pub enum EngineError {
     Offload(String),
     #[error(transparent)]
     Budget(#[from] pi2_cache::CacheError),
-    #[error("{0}")]
+    #[error(transparent)]
     Model(#[from] pi2_model::ModelError),
     #[error("{0} thresholds given for a model of {1} layers")]
     ThresholdCount(usize, usize),

@@ -49,6 +49,9 @@ impl ChatTemplate {
                 Err(Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        // A template comes from the model file: bound its work (loops cannot run forever) and,
+        // in `render`, its output.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| ModelError::Template(format!("cannot compile: {e}")))?;
         Ok(Self {
@@ -64,19 +67,97 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| ModelError::Template(e.to_string()))?;
-        tmpl.render(context! {
+        let input: usize = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        let mut out = Capped {
+            bytes: Vec::new(),
+            limit: MIN_RENDER_LIMIT + 8 * input,
+        };
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
-        })
-        .map_err(|e| ModelError::Template(format!("cannot render: {e}")))
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|_| ModelError::Template("rendered text is not UTF-8".into())),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ModelError::Template(format!(
+                "the model's chat template ran over {TEMPLATE_FUEL} steps (it may loop forever); pass the prompt already formatted, without --chat"
+            ))),
+            Err(_) if out.bytes.len() >= out.limit => Err(ModelError::Template(format!(
+                "the model's chat template wrote over {} bytes for {input} bytes of messages; pass the prompt already formatted, without --chat",
+                out.limit
+            ))),
+            Err(e) => Err(ModelError::Template(format!("cannot render: {e}"))),
+        }
+    }
+}
+
+/// Template steps (minijinja fuel) one render may take: real templates need a few hundred per
+/// message.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+/// Rendered bytes allowed beyond eight times the messages' own.
+const MIN_RENDER_LIMIT: usize = 1 << 20;
+
+/// A writer that refuses to grow past `limit` bytes.
+struct Capped {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.bytes
+                .extend_from_slice(&buf[..self.limit - self.bytes.len()]);
+            return Err(std::io::Error::other("rendered text too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostile_templates_stop_with_a_clear_error() {
+        let msgs = [Message::new("user", "hi")];
+        // Loops that would never end in practice.
+        let t = ChatTemplate::new(
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let err = t.render(&msgs, true).unwrap_err().to_string();
+        assert!(err.contains("steps"), "{err}");
+        // Output blow-up.
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let err = t.render(&msgs, true).unwrap_err().to_string();
+        assert!(err.contains("bytes"), "{err}");
+        // Recursion.
+        let t = ChatTemplate::new(
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert!(t.render(&msgs, true).is_err());
+    }
 
     #[test]
     fn chatml_renders() {

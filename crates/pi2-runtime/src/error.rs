@@ -8,13 +8,13 @@ pub enum RuntimeError {
     /// An option's value cannot work; the message says what to pass instead.
     #[error("{option}: {msg}")]
     Option { option: &'static str, msg: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Model(#[from] pi2_model::ModelError),
-    #[error("{0}")]
+    #[error(transparent)]
     Engine(#[from] pi2_engine::EngineError),
-    #[error("{0}")]
+    #[error(transparent)]
     Plan(#[from] pi2_planner::PlanError),
-    #[error("{0}")]
+    #[error(transparent)]
     Sparse(#[from] pi2_sparse::SparseError),
     #[error("cannot read {path}: {source}")]
     Read {
