@@ -156,3 +156,31 @@ fn absurd_contexts_are_refused_and_causes_are_not_repeated() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
 }
+
+#[test]
+fn pipes_and_tiny_contexts_are_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        // Opening a FIFO for reading would block until a writer came.
+        common::fails_with(
+            &["info", "-m", fifo.to_str().unwrap()],
+            "not a regular file",
+        );
+    }
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "word ".repeat(400)).unwrap();
+    common::fails_with(
+        &[
+            "perplexity",
+            "-m",
+            &m(),
+            "-f",
+            text.to_str().unwrap(),
+            "-c",
+            "1",
+        ],
+        "too small",
+    );
+}

@@ -504,7 +504,7 @@ pub(crate) fn write_atomic(
     out: &Path,
     input: &Path,
     force: bool,
-    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+    write: impl FnOnce(&mut std::io::BufWriter<tempfile::NamedTempFile>) -> std::io::Result<()>,
 ) -> Result<(), ConvertError> {
     let io = |path: &Path| {
         let p = path.display().to_string();
@@ -528,26 +528,22 @@ pub(crate) fn write_atomic(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.pi2-tmp-{}",
-        out.file_name().and_then(|n| n.to_str()).unwrap_or("out"),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut file = std::io::BufWriter::with_capacity(
-            1 << 20,
-            std::fs::File::create(&tmp).map_err(io(&tmp))?,
-        );
-        write(&mut file).map_err(io(&tmp))?;
-        use std::io::Write;
-        file.flush().map_err(io(&tmp))?;
-        file.get_ref().sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, out).map_err(io(out))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    // A new file of an unpredictable name (created exclusively: nothing planted at that name
+    // is followed), removed on any failure, renamed over `out` only when complete.
+    let tmp = tempfile::Builder::new()
+        .prefix(".pi2-convert-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(io(dir))?;
+    let tmp_path = tmp.path().to_path_buf();
+    let mut file = std::io::BufWriter::with_capacity(1 << 20, tmp);
+    write(&mut file).map_err(io(&tmp_path))?;
+    let tmp = file
+        .into_inner()
+        .map_err(|e| io(&tmp_path)(e.into_error()))?;
+    tmp.as_file().sync_all().map_err(io(&tmp_path))?;
+    tmp.persist(out).map_err(|e| io(out)(e.error))?;
+    Ok(())
 }
 
 /// Re-read a converted file and compare it with its source: dense tensors byte for byte, gate

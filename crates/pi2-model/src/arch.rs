@@ -249,6 +249,7 @@ impl ModelConfig {
         let n_head = get_usize(f, &k("attention.head_count"))?;
         let n_head_kv = get_usize_or(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
+        check_layer_count(f, n_layer, &k("block_count"))?;
         for (name, v) in [
             ("embedding_length", n_embd),
             ("block_count", n_layer),
@@ -299,6 +300,7 @@ impl ModelConfig {
             }
         }
         let rms_eps = get_f32_or(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?;
+        check_hyper_parameters(rms_eps, rope_base, rope_freq_scale)?;
         let n_vocab = match f.get(&k("vocab_size")) {
             Some(_) => get_usize(f, &k("vocab_size"))?,
             None => f
@@ -520,4 +522,47 @@ impl TensorView {
     pub fn bytes(&self, f: &GgufFile) -> u64 {
         f.tensors[self.index].size
     }
+}
+
+/// Layers the metadata does not count would be dropped without a word: refuse them.
+fn check_layer_count(f: &GgufFile, n_layer: usize, key: &str) -> Result<()> {
+    let beyond = f.tensors.iter().find_map(|t| {
+        let li: usize = t
+            .name
+            .strip_prefix("blk.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()?;
+        (li >= n_layer).then_some(li)
+    });
+    match beyond {
+        Some(li) => Err(ModelError::Corrupt(format!(
+            "the file has tensors of layer {li} but `{key}` says {n_layer} layers"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Values that would silently turn every activation into NaN or garbage.
+fn check_hyper_parameters(rms_eps: f32, rope_base: f32, rope_freq_scale: f32) -> Result<()> {
+    let checks = [
+        (
+            "attention.layer_norm_rms_epsilon",
+            rms_eps,
+            rms_eps > 0.0 && rms_eps < 1.0,
+        ),
+        ("rope.freq_base", rope_base, rope_base > 1.0),
+        (
+            "rope scaling factor",
+            rope_freq_scale.recip(),
+            rope_freq_scale.is_finite() && rope_freq_scale > 0.0,
+        ),
+    ];
+    if let Some((key, v, _)) = checks.iter().find(|c| !(c.1.is_finite() && c.2)) {
+        return Err(ModelError::Corrupt(format!(
+            "hyper-parameter `{key}` is {v}, which no model uses"
+        )));
+    }
+    Ok(())
 }

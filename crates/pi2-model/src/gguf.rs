@@ -350,14 +350,20 @@ impl GgufFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if meta.is_dir() {
+        // Checked before opening: opening a FIFO would wait for a writer forever.
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            let what = if meta.is_dir() {
+                "is a directory"
+            } else {
+                "not a regular file (a pipe or device cannot be mapped)"
+            };
             return Err(io(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "is a directory",
+                what,
             )));
         }
+        let file = File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only; pi2 never writes model files it reads, and a file
         // truncated underneath a running process is outside what any mmap reader can defend.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;

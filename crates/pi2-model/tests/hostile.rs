@@ -341,3 +341,31 @@ fn metadata_cannot_cost_many_times_its_file_size() {
     // Well under the cap: parsed.
     assert!(GgufFile::from_bytes(&array_file(2, 1 << 20)).is_ok());
 }
+
+#[test]
+fn hyper_parameters_and_layer_counts_are_checked() {
+    let bad = [
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Value::F32(f32::NAN),
+        ),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(0.0)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(-1e-5)),
+        ("llama.rope.freq_base", Value::F32(-10000.0)),
+        ("llama.rope.freq_base", Value::F32(f32::INFINITY)),
+        ("llama.rope.scale_linear", Value::F32(0.0)),
+    ];
+    for (key, v) in bad {
+        let b = edited(|w| {
+            w.set_meta(key, v.clone());
+        });
+        let err = load(&b).unwrap_err().to_string();
+        assert!(err.contains("hyper-parameter"), "{key} = {v:?}: {err}");
+    }
+    // Fewer layers in the metadata than in the file: refused, not dropped.
+    let b = edited(|w| {
+        w.set_meta("llama.block_count", Value::U32(1));
+    });
+    let err = load(&b).unwrap_err().to_string();
+    assert!(err.contains("tensors of layer 1"), "{err}");
+}

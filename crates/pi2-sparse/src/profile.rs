@@ -173,11 +173,21 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Writes the profile through a new temporary file in the same folder, renamed over `path`
+    /// at the end: an interrupted save never leaves a half-written profile.
     pub fn save(&self, path: &Path) -> Result<(), SparseError> {
-        std::fs::write(path, self.to_json()).map_err(|source| SparseError::Io {
+        let io = |source| SparseError::Io {
             path: path.display().to_string(),
             source,
-        })
+        };
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        std::io::Write::write_all(&mut tmp, self.to_json().as_bytes()).map_err(io)?;
+        tmp.persist(path).map_err(|e| io(e.error))?;
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<Profile, SparseError> {
@@ -227,12 +237,42 @@ impl Profile {
                     && l.mean_abs.len() == m.n_ff
                     && l.max_abs.len() == m.n_ff
                     && l.coactivation.partner.len() == m.n_ff
+                    && l.coactivation.p_partner.len() == m.n_ff
                     && l.histogram.len() == 256
             });
         if !consistent {
             return Err(SparseError::BadProfile {
                 path: p,
                 msg: "per-layer arrays do not match the model's shape".into(),
+            });
+        }
+        // Values the converter and planner index or divide by: in range, finite.
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite() && *x >= 0.0);
+        if let Some((li, what)) = prof.layers.iter().enumerate().find_map(|(li, l)| {
+            let bad = if l.coactivation.partner.iter().any(|&j| j as usize >= m.n_ff) {
+                Some("a co-activation partner outside the layer")
+            } else if !finite(&l.frequency) || l.frequency.iter().any(|&f| f > 1.0) {
+                Some("a frequency outside 0..1")
+            } else if !finite(&l.coactivation.p_partner)
+                || !finite(&l.mean_abs)
+                || !finite(&l.max_abs)
+            {
+                Some("a negative or non-finite statistic")
+            } else if l.thresholds.is_empty()
+                || l.thresholds
+                    .iter()
+                    .any(|&(s, t)| !(0.0..=1.0).contains(&s) || !t.is_finite() || t < 0.0)
+                || !l.reference_threshold.is_finite()
+            {
+                Some("a missing or non-finite threshold")
+            } else {
+                None
+            };
+            bad.map(|w| (li, w))
+        }) {
+            return Err(SparseError::BadProfile {
+                path: p,
+                msg: format!("layer {li} has {what}"),
             });
         }
         Ok(prof)
@@ -554,6 +594,27 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("shape"));
+
+        // Values the converter would index or divide by.
+        let mut far = prof.clone();
+        far.layers[0].coactivation.partner[2] = 4;
+        let mut short_p = prof.clone();
+        short_p.layers[1].coactivation.p_partner.truncate(1);
+        let mut nan = prof.clone();
+        nan.layers[0].thresholds[0].1 = -1.0;
+        let mut freq = prof.clone();
+        freq.layers[1].frequency[0] = 2.0;
+        for (bad, want) in [
+            (far, "partner"),
+            (short_p, "shape"),
+            (nan, "threshold"),
+            (freq, "frequency"),
+        ] {
+            let e = Profile::from_json(&bad.to_json(), "p.json")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
 
         let mut other = info(2, 4);
         other.n_ff = 8;

@@ -40,6 +40,9 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         a.model.ctx_size = model.config.n_ctx_train;
     }
     let n_ctx = a.model.ctx_size;
+    if n_ctx < 4 {
+        bail!("-c {n_ctx} is too small: perplexity scores the second half of each chunk (use at least 4, usually 512)");
+    }
     let path = super::model_path(&a.model)?;
     let opts = pi2_runtime::SessionOptions {
         engine: a.model.engine_options()?,
