@@ -160,6 +160,7 @@ pub fn ggml_type_info(id: u32) -> Option<(&'static str, u64, u64)> {
         30 => ("BF16", 1, 2),
         34 => ("TQ1_0", 256, 54),
         35 => ("TQ2_0", 256, 66),
+        39 => ("MXFP4", 32, 17),
         _ => return None,
     })
 }
@@ -455,7 +456,9 @@ impl GgufFile {
             let ggml_type = c.u32(&format!("type of `{name}`"))?;
             let offset = c.u64(&format!("offset of `{name}`"))?;
             let (tname, blck, bytes) = ggml_type_info(ggml_type).ok_or_else(|| {
-                ModelError::Corrupt(format!("tensor `{name}` has unknown type id {ggml_type}"))
+                ModelError::Unsupported(format!(
+                    "tensor `{name}` has GGML type id {ggml_type}, which this pi2 does not know (a newer llama.cpp type?)"
+                ))
             })?;
             let n_el = dims
                 .iter()

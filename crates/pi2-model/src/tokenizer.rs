@@ -339,6 +339,8 @@ impl Tokenizer {
                     ids.push(id);
                     prev_special = true;
                 }
+                // Empty text is no fragment (llama.cpp adds no space prefix for it either).
+                Err("") => {}
                 Err(s) => {
                     match &self.kind {
                         Kind::Bpe { merges, pre } => self.encode_bpe(s, merges, pre, &mut ids),

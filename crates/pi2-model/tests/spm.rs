@@ -87,3 +87,13 @@ fn control_tokens_parse_only_when_asked() {
     assert_eq!(t.encode("</s>", false, true), vec![2]);
     assert_ne!(t.encode("</s>", false, false), vec![2]);
 }
+
+#[test]
+fn empty_text_is_no_tokens() {
+    // llama.cpp: no fragment, so no space-prefix token either.
+    let t = tokenizer();
+    assert_eq!(t.encode("", false, true), Vec::<u32>::new());
+    assert_eq!(t.encode("", false, false), Vec::<u32>::new());
+    // Between two control tokens too.
+    assert_eq!(t.encode("</s></s>", false, true), vec![2, 2]);
+}
