@@ -533,6 +533,8 @@ pub(crate) fn write_atomic(
     let tmp = tempfile::Builder::new()
         .prefix(".pi2-convert-")
         .suffix(".tmp")
+        // Mode 0666 before the umask, as a plain create would give (not tempfile's 0600).
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
         .tempfile_in(dir)
         .map_err(io(dir))?;
     let tmp_path = tmp.path().to_path_buf();

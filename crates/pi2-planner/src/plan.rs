@@ -325,8 +325,17 @@ impl PlanFile {
             msg,
         };
         let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        Self::from_json(&text, &path.display().to_string())
+    }
+
+    /// Parses a plan's text, refusing other versions; `origin` names it in errors.
+    pub fn from_json(text: &str, origin: &str) -> Result<PlanFile, PlanError> {
+        let file_err = |msg: String| PlanError::File {
+            path: origin.to_string(),
+            msg,
+        };
         let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| file_err(format!("not JSON: {e}")))?;
+            serde_json::from_str(text).map_err(|e| file_err(format!("not JSON: {e}")))?;
         match v.get("version").and_then(|v| v.as_u64()) {
             Some(n) if n == PLAN_VERSION as u64 => {}
             other => {

@@ -184,7 +184,11 @@ impl Profile {
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        // Mode 0666 before the umask, as a plain create would give (not tempfile's 0600).
+        let mut tmp = tempfile::Builder::new()
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .tempfile_in(dir)
+            .map_err(io)?;
         std::io::Write::write_all(&mut tmp, self.to_json().as_bytes()).map_err(io)?;
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())

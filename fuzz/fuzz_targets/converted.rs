@@ -1,0 +1,16 @@
+//! Any bytes as a converted (pi2 bundle) file: the sparse weights and the sparse head load or
+//! fail cleanly.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use pi2_model::{GgufFile, Model};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(f) = GgufFile::from_bytes(data) else {
+        return;
+    };
+    let Ok(m) = Model::from_file(f) else {
+        return;
+    };
+    let _ = pi2_engine::load_sparse(&m);
+    let _ = pi2_engine::SparseHead::load(&m);
+});
