@@ -116,6 +116,7 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     exit_cleanly_when_output_fails();
+    exit_cleanly_on_sigbus();
     // Before clap, which would read `-ngl 99` as `-n gl`.
     if let Some(why) = std::env::args().skip(1).find_map(|a| llama_cpp_only(&a)) {
         eprintln!("error: {why}");
@@ -214,4 +215,25 @@ fn one_line(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line.replace('\n', " ")
+}
+
+/// A mapped model file truncated (or its storage gone) while pi2 reads it raises SIGBUS on the
+/// next access: end with one error line and exit code 1 instead of dying by the signal.
+fn exit_cleanly_on_sigbus() {
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        const MSG: &[u8] = b"error: the model file was truncated or changed while pi2 was reading it (SIGBUS); run again on an unchanged file\n";
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; MSG is static.
+        unsafe {
+            libc::write(2, MSG.as_ptr().cast(), MSG.len());
+            libc::_exit(1);
+        }
+    }
+    // SAFETY: installing a handler that only calls async-signal-safe functions, before any
+    // thread starts.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+    }
 }

@@ -184,3 +184,40 @@ fn pipes_and_tiny_contexts_are_refused_not_waited_on() {
         "too small",
     );
 }
+
+#[test]
+fn a_model_file_truncated_mid_run_ends_in_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("m.gguf");
+    std::fs::copy(common::model(), &copy).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args([
+            "run",
+            "-m",
+            copy.to_str().unwrap(),
+            "-p",
+            "Once",
+            "-n",
+            "4000",
+            "--ignore-eos",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Never killed by the signal: either it finished first, or one clear line and exit 1.
+    match out.status.code() {
+        Some(0) => {}
+        Some(1) => assert!(err.contains("truncated or changed"), "{err}"),
+        other => panic!("exit {other:?}: {err}"),
+    }
+}

@@ -492,22 +492,7 @@ impl GgufFile {
         }
 
         let data_offset = (c.pos as u64).next_multiple_of(alignment);
-        let file_len = buf.len() as u64;
-        for t in &tensors {
-            let end = data_offset
-                .checked_add(t.offset)
-                .and_then(|s| s.checked_add(t.size));
-            if end.is_none_or(|e| e > file_len) {
-                return Err(ModelError::Truncated {
-                    what: format!(
-                        "data of tensor `{}` ({} bytes at data offset {})",
-                        t.name, t.size, t.offset
-                    ),
-                    offset: data_offset.saturating_add(t.offset),
-                    len: file_len,
-                });
-            }
-        }
+        check_spans(&tensors, data_offset, buf.len() as u64)?;
         Ok(Self {
             mmap,
             file_backed: false,
@@ -607,4 +592,36 @@ impl GgufFile {
         }
         Self::parse(mmap)
     }
+}
+
+/// Every tensor's data lies inside the file, and no two overlap: a byte of one tensor changed
+/// through another would be a silent wrong answer (llama.cpp requires them contiguous).
+fn check_spans(tensors: &[TensorInfo], data_offset: u64, file_len: u64) -> Result<()> {
+    for t in tensors {
+        let end = data_offset
+            .checked_add(t.offset)
+            .and_then(|s| s.checked_add(t.size));
+        if end.is_none_or(|e| e > file_len) {
+            return Err(ModelError::Truncated {
+                what: format!(
+                    "data of tensor `{}` ({} bytes at data offset {})",
+                    t.name, t.size, t.offset
+                ),
+                offset: data_offset.saturating_add(t.offset),
+                len: file_len,
+            });
+        }
+    }
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.offset);
+    if let Some(w) = by_offset
+        .windows(2)
+        .find(|w| w[0].offset + w[0].size > w[1].offset)
+    {
+        return Err(ModelError::Corrupt(format!(
+            "tensors `{}` and `{}` overlap in the file",
+            w[0].name, w[1].name
+        )));
+    }
+    Ok(())
 }

@@ -379,3 +379,19 @@ fn hyper_parameters_and_layer_counts_are_checked() {
     let err = load(&b).unwrap_err().to_string();
     assert!(err.contains("tensors of layer 1"), "{err}");
 }
+
+#[test]
+fn overlapping_tensors_are_refused() {
+    let bytes = small();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    // Point the last tensor at the first one's data.
+    let last = f.tensors.last().unwrap();
+    let first_offset = f.tensors.iter().map(|t| t.offset).min().unwrap();
+    let name = last.name.as_bytes();
+    let pos = bytes.windows(name.len()).position(|w| w == name).unwrap();
+    let off_pos = pos + name.len() + 4 + 8 * last.dims.len() + 4;
+    let mut b = bytes.clone();
+    b[off_pos..off_pos + 8].copy_from_slice(&first_offset.to_le_bytes());
+    let err = load(&b).unwrap_err().to_string();
+    assert!(err.contains("overlap"), "{err}");
+}
