@@ -52,7 +52,14 @@ impl ChatTemplate {
         // A template comes from the model file: bound its work (loops cannot run forever) and,
         // in `render`, its output.
         env.set_fuel(Some(TEMPLATE_FUEL));
-        env.add_template_owned("chat", source.to_string())
+        // Llama 3.1 and others stamp today's date (UTC here) into the system prompt.
+        env.add_function("strftime_now", |fmt: String| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            crate::strftime::strftime_utc(&fmt, now)
+        });
+        env.add_template_owned("chat", without_generation_tags(source))
             .map_err(|e| ModelError::Template(format!("cannot compile: {e}")))?;
         Ok(Self {
             env,
@@ -94,6 +101,33 @@ impl ChatTemplate {
             Err(e) => Err(ModelError::Template(format!("cannot render: {e}"))),
         }
     }
+}
+
+/// `source` without `{% generation %}` / `{% endgeneration %}` (HF's markers of the assistant's
+/// text for training masks; they render nothing, and minijinja does not know the tag).
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}") else {
+            break;
+        };
+        let tag = &rest[start..start + len + 2];
+        let inner =
+            tag[2..tag.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..start]);
+        if inner == "generation" || inner == "endgeneration" {
+            // A comment keeps the tag's whitespace control.
+            let lead = if tag.starts_with("{%-") { "-" } else { "" };
+            let trail = if tag.ends_with("-%}") { "-" } else { "" };
+            out.push_str(&format!("{{#{lead} {trail}#}}"));
+        } else {
+            out.push_str(tag);
+        }
+        rest = &rest[start + len + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Template steps (minijinja fuel) one render may take: real templates need a few hundred per
@@ -157,6 +191,38 @@ mod tests {
         )
         .unwrap();
         assert!(t.render(&msgs, true).is_err());
+    }
+
+    #[test]
+    fn loop_controls_dates_and_generation_tags() {
+        let msgs = [
+            Message::new("system", "s"),
+            Message::new("user", "a"),
+            Message::new("assistant", "b"),
+        ];
+        // break / continue.
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{{ m.content }}{% if m.role == 'user' %}{% break %}{% endif %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&msgs, false).unwrap(), "a");
+        // strftime_now gives today's date in the asked format.
+        let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
+        let year: i32 = t.render(&msgs, false).unwrap().parse().unwrap();
+        assert!((2024..2200).contains(&year));
+        // {% generation %} markers render nothing, with whitespace control too.
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%}[{{ m.content }}]{% endgeneration %}{% endif %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&msgs, false).unwrap(), "[b]");
+        // Their whitespace control still applies.
+        let t = ChatTemplate::new("x  {%- generation -%}  y{% endgeneration %}", "", "").unwrap();
+        assert_eq!(t.render(&msgs, false).unwrap(), "xy");
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod error;
 pub mod gguf;
 mod rng;
 pub mod stand_in;
+mod strftime;
 /// Small generated models for tests (feature `synth`): not part of the stable API.
 #[cfg(feature = "synth")]
 pub mod synth;
