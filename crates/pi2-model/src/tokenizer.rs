@@ -43,6 +43,9 @@ enum Kind {
     Bpe {
         merges: HashMap<(TokenId, TokenId), (u32, TokenId)>,
         pre: Vec<Regex>,
+        /// A pre-tokenized piece that is itself a token is that token, merges or not (Llama 3's
+        /// rule, as llama.cpp applies it for its pre-tokenizer family).
+        ignore_merges: bool,
     },
     /// SentencePiece-style BPE by score.
     Spm {
@@ -203,7 +206,22 @@ impl Tokenizer {
                     };
                     merges.entry((ia, ib)).or_insert((rank as u32, im));
                 }
-                Kind::Bpe { merges, pre }
+                let ignore_merges = matches!(
+                    pre_name,
+                    "llama3"
+                        | "llama-v3"
+                        | "llama-bpe"
+                        | "falcon3"
+                        | "falcon-h1"
+                        | "pixtral"
+                        | "midm-2.0"
+                        | "lfm2"
+                );
+                Kind::Bpe {
+                    merges,
+                    pre,
+                    ignore_merges,
+                }
             }
             "llama" => {
                 let scores = match f.get("tokenizer.ggml.scores").and_then(Value::as_array) {
@@ -343,7 +361,11 @@ impl Tokenizer {
                 Err("") => {}
                 Err(s) => {
                     match &self.kind {
-                        Kind::Bpe { merges, pre } => self.encode_bpe(s, merges, pre, &mut ids),
+                        Kind::Bpe {
+                            merges,
+                            pre,
+                            ignore_merges,
+                        } => self.encode_bpe(s, merges, pre, *ignore_merges, &mut ids),
                         Kind::Spm {
                             scores,
                             add_space_prefix,
@@ -368,6 +390,7 @@ impl Tokenizer {
         text: &str,
         merges: &HashMap<(TokenId, TokenId), (u32, TokenId)>,
         pre: &[Regex],
+        ignore_merges: bool,
         out: &mut Vec<TokenId>,
     ) {
         let b2c = byte_to_char();
@@ -382,6 +405,12 @@ impl Tokenizer {
         for piece in pieces {
             word.clear();
             word.extend(piece.bytes().map(|b| b2c[b as usize]));
+            if ignore_merges {
+                if let Some(&id) = self.index.get(word.as_str()) {
+                    out.push(id);
+                    continue;
+                }
+            }
             let mut syms: Vec<TokenId> = Vec::with_capacity(word.len());
             for ch in word.chars() {
                 let mut buf = [0u8; 4];
