@@ -109,7 +109,8 @@ fn without_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else {
+        // The closing `%}` after the opening `{%` (in `{%}` they overlap: not a tag).
+        let Some(len) = rest[start + 2..].find("%}").map(|l| l + 2) else {
             break;
         };
         let tag = &rest[start..start + len + 2];
@@ -220,6 +221,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.render(&msgs, false).unwrap(), "[b]");
+        // `{%}` is no tag (found by the template fuzz target): an error, not a panic.
+        assert!(ChatTemplate::new("a{%}% endif %}", "", "").is_err());
         // Their whitespace control still applies.
         let t = ChatTemplate::new("x  {%- generation -%}  y{% endgeneration %}", "", "").unwrap();
         assert_eq!(t.render(&msgs, false).unwrap(), "xy");
