@@ -298,14 +298,16 @@ pub fn logits(
     // y = basis * h in f64 (the products of f16 and f32 values are exact there).
     s.y.resize(d, 0.0);
     let hq = &s.hq;
-    s.y.par_chunks_mut(64).enumerate().for_each(|(c, ys)| {
-        let mut row = vec![0.0f32; d];
-        for (k, y) in ys.iter_mut().enumerate() {
-            let j = c * 64 + k;
-            head.basis[j * d..(j + 1) * d].convert_to_f32_slice(&mut row);
-            *y = row.iter().zip(hq).map(|(&b, &h)| b as f64 * h).sum();
-        }
-    });
+    let row_buf = || vec![0.0f32; d];
+    s.y.par_chunks_mut(64)
+        .enumerate()
+        .for_each_init(row_buf, |row, (c, ys)| {
+            for (k, y) in ys.iter_mut().enumerate() {
+                let j = c * 64 + k;
+                head.basis[j * d..(j + 1) * d].convert_to_f32_slice(row);
+                *y = row.iter().zip(hq).map(|(&b, &h)| b as f64 * h).sum();
+            }
+        });
     s.y0.clear();
     s.y0.extend(s.y[..r].iter().map(|&v| v as f32));
     s.acts.quantize(ActKind::Q8, &s.y0, r);
@@ -336,8 +338,10 @@ pub fn logits(
         .enumerate()
         .for_each(|(c, (up, lo))| {
             let i0 = c * CHUNK;
-            let mut col = vec![0.0f32; up.len()];
-            let mut e = vec![0.0f32; up.len()];
+            // On the stack: no allocation per token.
+            let mut col_buf = [0.0f32; CHUNK];
+            let mut e_buf = [0.0f32; CHUNK];
+            let (col, e) = (&mut col_buf[..up.len()], &mut e_buf[..up.len()]);
             for k in 0..n_stats {
                 let f = match k {
                     0 => per_cn,
@@ -346,10 +350,10 @@ pub fn logits(
                     g => gn[g - 3],
                 };
                 let b = &head.bounds[k * vocab + i0..k * vocab + i0 + up.len()];
-                b.convert_to_f32_slice(&mut col);
-                e.iter_mut().zip(&col).for_each(|(e, &v)| *e += v * f);
+                b.convert_to_f32_slice(col);
+                e.iter_mut().zip(col.iter()).for_each(|(e, &v)| *e += v * f);
             }
-            for ((u, l), &e) in up.iter_mut().zip(lo.iter_mut()).zip(&e) {
+            for ((u, l), &e) in up.iter_mut().zip(lo.iter_mut()).zip(e.iter()) {
                 // A relative and an absolute hair for this sum's own rounding.
                 let e = e * 1.001 + 1e-6;
                 *l = *u - e;

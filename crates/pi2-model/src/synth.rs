@@ -303,3 +303,41 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
     }
     w
 }
+
+/// A hand-made SentencePiece-style (`llama`) vocabulary, tokenizer metadata only: `<unk>`,
+/// `<s>`, `</s>`, the 256 byte tokens, and pieces of "hello" and "world" scored by length (so
+/// merges build whole words).
+pub fn spm_vocabulary() -> GgufWriter {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for t in [
+        "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "▁he", "▁hel", "▁hell", "▁hello", "▁w",
+        "▁wo", "▁wor", "▁worl", "▁world", "ll",
+    ] {
+        tokens.push(t.into());
+        types.push(1);
+    }
+    // Longer pieces score higher, so merges build whole words.
+    let scores: Vec<Value> = tokens
+        .iter()
+        .map(|t| Value::F32(t.chars().count() as f32))
+        .collect();
+    let mut w = GgufWriter::new();
+    w.meta("tokenizer.ggml.model", Value::String("llama".into()));
+    w.meta(
+        "tokenizer.ggml.tokens",
+        Value::Array(tokens.into_iter().map(Value::String).collect()),
+    );
+    w.meta(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    w.meta("tokenizer.ggml.scores", Value::Array(scores));
+    w.meta("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.meta("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w
+}

@@ -10,6 +10,19 @@
 
 use std::arch::aarch64::*;
 
+/// `sdot`: lane `i` of `acc` plus the products of bytes `4i..4i+4` (dotprod CPUs only).
+#[inline(always)]
+unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    std::arch::asm!(
+        "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+        acc = inout(vreg) acc,
+        a = in(vreg) a,
+        b = in(vreg) b,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    acc
+}
+
 /// `acc += a . b` in four i32 lanes (each lane sums 4 byte products).
 #[inline(always)]
 pub(super) unsafe fn idot<const DOT: bool>(
@@ -18,15 +31,7 @@ pub(super) unsafe fn idot<const DOT: bool>(
     b: int8x16_t,
 ) -> int32x4_t {
     if DOT {
-        let mut acc = acc;
-        std::arch::asm!(
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-        acc
+        sdot(acc, a, b)
     } else {
         let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
         let hi = vmull_high_s8(a, b);
@@ -42,15 +47,7 @@ pub(super) unsafe fn lane_dot<const DOT: bool>(
     b: int8x16_t,
 ) -> int32x4_t {
     if DOT {
-        let mut acc = acc;
-        std::arch::asm!(
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-        acc
+        sdot(acc, a, b)
     } else {
         let lo = vmull_s8(vget_low_s8(a), vget_low_s8(b));
         let hi = vmull_high_s8(a, b);
