@@ -5,7 +5,6 @@ mod catalog;
 mod cmd;
 mod fetch;
 mod rss;
-mod utf8;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -81,6 +80,8 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Interactive chat with the model's chat template
     Chat(cmd::chat::ChatArgs),
+    /// OpenAI-compatible HTTP server (chat and completions, streamed or whole) with a chat page
+    Serve(cmd::serve::ServeArgs),
     /// Print the token ids of a text as JSON
     Tokenize(cmd::tokenize::TokenizeArgs),
     /// Perplexity of a text file (llama-perplexity's method and output)
@@ -126,6 +127,7 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Info(a) => cmd::info::run(a),

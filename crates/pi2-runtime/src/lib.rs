@@ -6,7 +6,8 @@
 //!   one valid order;
 //! - [`plan`], [`device`], [`hardware`]: the engine as the planner sees it (memory accounting,
 //!   a recorded model profile, this device's fingerprint and profiles);
-//! - [`sparse`], [`offload`]: the sparse FFN and the offloaded FFN from options.
+//! - [`sparse`], [`offload`]: the sparse FFN and the offloaded FFN from options;
+//! - [`text`]: generated text as it streams (whole UTF-8 characters, stop strings).
 //!
 //! No argument parser's types appear here; the CLI maps its arguments onto these options.
 
@@ -18,6 +19,7 @@ pub mod options;
 pub mod plan;
 pub mod session;
 pub mod sparse;
+pub mod text;
 
 pub use error::{Result, RuntimeError};
 pub use options::{EngineOptions, OffloadOptions, SparseOptions};

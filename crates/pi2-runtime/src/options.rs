@@ -4,7 +4,7 @@
 
 use crate::error::{Result, RuntimeError};
 use pi2_engine::topology::Topology;
-use pi2_engine::EngineConfig;
+use pi2_engine::{EngineConfig, SamplerConfig};
 use pi2_io::IoEngine;
 use pi2_kernels::{QuantType, Tier};
 use std::path::PathBuf;
@@ -266,6 +266,50 @@ pub fn parse_emulate(spec: &str) -> Result<pi2_io::FaultPlan> {
         ns_per_byte: 1e3 / bw,
         ..Default::default()
     })
+}
+
+/// The first sampling setting out of range, if any: its name (`temperature`, `top_p`,
+/// `min_p`, `repeat_penalty`), its value and what it must be. Front ends name it their way
+/// (`--temp`, a JSON field).
+pub fn sampling_problem(c: &SamplerConfig) -> Option<(&'static str, f32, &'static str)> {
+    let checks = [
+        (
+            "temperature",
+            c.temperature,
+            c.temperature.is_finite() && c.temperature >= 0.0,
+            "a number >= 0",
+        ),
+        (
+            "top_p",
+            c.top_p,
+            c.top_p > 0.0 && c.top_p <= 1.0,
+            "in (0, 1]",
+        ),
+        (
+            "min_p",
+            c.min_p,
+            (0.0..=1.0).contains(&c.min_p),
+            "in [0, 1]",
+        ),
+        (
+            "repeat_penalty",
+            c.repeat_penalty,
+            c.repeat_penalty.is_finite() && c.repeat_penalty > 0.0,
+            "a number > 0",
+        ),
+    ];
+    checks
+        .into_iter()
+        .find(|c| !c.2)
+        .map(|(name, v, _, want)| (name, v, want))
+}
+
+/// A seed from the clock, for sampling without a given seed.
+pub fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// A tensor type by name (`q8_0`, `Q4_K`, ...).

@@ -100,6 +100,11 @@ impl<'m> Prepared<'m> {
         }
     }
 
+    /// Whether engines read FFN neurons from flash (a budget, or a plan that offloads).
+    pub fn offloads(&self) -> bool {
+        self.budget.is_some() || self.applied.as_ref().is_some_and(|a| a.offload.is_some())
+    }
+
     /// A ready engine for batches of up to `n_batch` tokens: sparse weights set, offloaded FFN
     /// attached if the options or the plan offload.
     pub fn engine(&self, n_batch: usize) -> Result<Engine<'_>> {

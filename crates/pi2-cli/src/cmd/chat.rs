@@ -2,11 +2,12 @@
 //! template and evaluates only the tokens that differ from what the KV cache already holds.
 
 use super::sampler;
-use crate::{utf8::Utf8Stream, ModelArgs, SampleArgs};
+use crate::{ModelArgs, SampleArgs};
 use anyhow::Result;
 use clap::Args;
 use pi2_engine::{generate, GenerateConfig, StopReason};
 use pi2_model::Message;
+use pi2_runtime::text::Utf8Stream;
 use std::io::{BufRead, Write};
 
 #[derive(Args)]

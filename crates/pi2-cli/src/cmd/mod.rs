@@ -9,6 +9,7 @@ pub mod plan;
 pub mod profile;
 pub mod profile_io;
 pub mod run;
+pub mod serve;
 pub mod sparse_args;
 pub mod synth;
 pub mod tokenize;
@@ -186,47 +187,23 @@ pub fn engine<'m>(model: &'m Model, a: &ModelArgs) -> Result<Engine<'m>> {
 }
 
 pub fn sampler(a: &SampleArgs) -> anyhow::Result<Sampler> {
-    let checks = [
-        (
-            "--temp",
-            a.temp,
-            a.temp.is_finite() && a.temp >= 0.0,
-            "a number >= 0",
-        ),
-        (
-            "--top-p",
-            a.top_p,
-            a.top_p > 0.0 && a.top_p <= 1.0,
-            "in (0, 1]",
-        ),
-        (
-            "--min-p",
-            a.min_p,
-            (0.0..=1.0).contains(&a.min_p),
-            "in [0, 1]",
-        ),
-        (
-            "--repeat-penalty",
-            a.repeat_penalty,
-            a.repeat_penalty.is_finite() && a.repeat_penalty > 0.0,
-            "a number > 0",
-        ),
-    ];
-    if let Some((flag, v, _, want)) = checks.iter().find(|c| !c.2) {
-        anyhow::bail!("{flag} {v} must be {want}");
-    }
-    Ok(Sampler::new(SamplerConfig {
+    let cfg = SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
         top_p: a.top_p,
         min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
         repeat_last_n: a.repeat_last_n,
-        seed: a.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        }),
-    }))
+        seed: a.seed.unwrap_or_else(pi2_runtime::options::clock_seed),
+    };
+    if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&cfg) {
+        let flag = match name {
+            "temperature" => "--temp",
+            "top_p" => "--top-p",
+            "min_p" => "--min-p",
+            _ => "--repeat-penalty",
+        };
+        anyhow::bail!("{flag} {v} must be {want}");
+    }
+    Ok(Sampler::new(cfg))
 }

@@ -1,11 +1,12 @@
 //! `pi2 run`: one prompt in, streamed text out (or one JSON object with `--json`).
 
 use super::sampler;
-use crate::{rss, utf8::Utf8Stream, ModelArgs, SampleArgs};
+use crate::{rss, ModelArgs, SampleArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use pi2_engine::{generate, GenerateConfig};
 use pi2_model::Message;
+use pi2_runtime::text::Utf8Stream;
 use serde_json::json;
 use std::io::Write;
 

@@ -1,0 +1,81 @@
+//! `pi2 serve`: the OpenAI-compatible server (pi2-server) over a session built by the runtime.
+
+use crate::ModelArgs;
+use anyhow::Result;
+use clap::Args;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start)
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests generated at the same time (slots, one engine and KV cache each); threads
+    /// default to the cores shared among them
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
+    /// Requests that may wait for a free slot; more are answered 503 at once
+    #[arg(long, default_value_t = 16)]
+    pub queue: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health and the chat page
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Largest request body accepted (e.g. 2M)
+    #[arg(long = "max-body", default_value = "2M")]
+    pub max_body: String,
+    /// Prompt tokens evaluated per batch (the engines' batch buffers are sized for it)
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Another name clients may use for the model (the default is the file's name)
+    #[arg(long)]
+    pub alias: Vec<String>,
+    #[command(flatten)]
+    pub sparse: super::sparse_args::SparseArgs,
+    #[command(flatten)]
+    pub offload: super::sparse_args::OffloadArgs,
+    /// Run a plan from `pi2 plan`, or `auto` to plan now (for --mem-budget, else in memory)
+    #[arg(long)]
+    pub plan: Option<String>,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let path = super::model_path(&a.model)?;
+    let mut opts =
+        super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "serve")?;
+    pi2_server::place_slots(&mut opts.engine, a.parallel);
+    let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
+    // The server runs until the process ends: the model and session live as long.
+    let model: &'static _ = Box::leak(Box::new(pi2_runtime::load_model(&path)?));
+    let prepared: &'static _ = Box::leak(Box::new(pi2_runtime::prepare(model, &path, &opts)?));
+    let mut names = vec![path
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned())];
+    if let Some(given) = &a.model.model {
+        names.push(given.to_string_lossy().into_owned());
+    }
+    names.extend(a.alias.iter().cloned());
+    names.dedup();
+    let cfg = pi2_server::ServerConfig {
+        host: a.host.clone(),
+        port: a.port,
+        parallel: a.parallel,
+        queue: a.queue,
+        api_key: a.api_key.clone(),
+        max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
+        model_names: names,
+        n_batch: a.batch_size,
+    };
+    let id = cfg.model_names[0].clone();
+    pi2_server::serve(prepared, &cfg, |addr| {
+        eprintln!(
+            "pi2 serve: {id} on http://{addr} ({} slot(s)); Ctrl-C stops",
+            cfg.parallel
+        );
+    })?;
+    eprintln!("pi2 serve: stopped");
+    Ok(())
+}

@@ -1,0 +1,521 @@
+//! `pi2 serve` end to end on loopback: answers equal `pi2 run`, streaming, KV reuse between
+//! turns, bad requests, API keys, a full queue under 32 clients, a client leaving mid-stream,
+//! and (when CI provides them) the official `openai` Python client and the chat page in
+//! headless Chromium.
+
+mod common;
+
+use common::{m, root};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `pi2 serve` on a free port; killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        Server::start_model(&m(), extra)
+    }
+
+    fn start_model(model: &str, extra: &[&str]) -> Server {
+        let mut args = vec!["serve", "-m", model, "--port", "0", "-t", "1"];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pi2"))
+            .args(&args)
+            .current_dir(root())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pi2 serve");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let line = lines.next().expect("pi2 serve printed nothing").unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in `{line}`"))
+            .to_string();
+        // Keep reading stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, addr }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Reply {
+    status: u16,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (closed after the answer).
+fn http(addr: &str, method: &str, path: &str, headers: &[&str], body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before reading the whole body and close: ignore that error.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_reply(&raw)
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw);
+    let (head, rest) = text.split_once("\r\n\r\n").expect("no HTTP head");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Reply { status, body }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Reply {
+    http(addr, "POST", path, &[], body.to_string().as_bytes())
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let r = http(addr, "GET", "/metrics", &[], b"");
+    r.body
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} missing from {}", r.body))
+        .parse()
+        .unwrap()
+}
+
+fn run_text(args: &[&str]) -> String {
+    run_text_with(&m(), args)
+}
+
+fn run_text_with(model: &str, args: &[&str]) -> String {
+    let mut a = vec!["run", "-m", model, "--temp", "0", "-t", "1", "--json"];
+    a.extend_from_slice(args);
+    let v: Value = serde_json::from_str(&common::ok(&a)).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+const QUESTION: &str = "What is the capital of France?";
+
+#[test]
+fn greedy_answers_equal_pi2_run_whole_and_streamed_and_turns_reuse_the_cache() {
+    let s = Server::start(&[]);
+    let want_chat = run_text(&["--chat", "-p", QUESTION, "-n", "24"]);
+    let chat = json!({"messages": [{"role": "user", "content": QUESTION}],
+                      "temperature": 0, "max_tokens": 24});
+    let r = post(&s.addr, "/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], want_chat.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    assert!(v["timings"]["predicted_per_second"].as_f64().unwrap() > 0.0);
+
+    // Streamed: the same text in chunks, a finish reason, then [DONE].
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let r = post(&s.addr, "/v1/chat/completions", &streamed);
+    assert_eq!(r.status, 200);
+    let data = sse_data(&r.body);
+    assert_eq!(
+        data.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, want_chat);
+    let end = chunks.last().unwrap();
+    assert_eq!(end["choices"][0]["finish_reason"], "length");
+    // The same conversation again: its prompt is all in the slot's cache but the last token.
+    let prompt_tokens = end["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(end["timings"]["cache_n"], prompt_tokens - 1, "{end}");
+
+    // A second turn reuses the first turn's prefix.
+    let turn2 = json!({"messages": [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": want_chat},
+        {"role": "user", "content": "And of Italy?"}], "temperature": 0, "max_tokens": 4});
+    let v = post(&s.addr, "/v1/chat/completions", &turn2).json();
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= prompt_tokens - 1, "{v}");
+
+    // Completions: plain prompt, greedy, stop strings cut the text.
+    let prompt = "The capital of France is";
+    let want = run_text(&["-p", prompt, "-n", "12"]);
+    let v = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "temperature": 0, "max_tokens": 12}),
+    )
+    .json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    let cut_at = want.find('.').expect("a full stop in the greedy text");
+    let v = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "temperature": 0, "max_tokens": 12, "stop": ["."]}),
+    )
+    .json();
+    assert_eq!(v["choices"][0]["text"], &want[..cut_at]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    let models = http(&s.addr, "GET", "/v1/models", &[], b"").json();
+    assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    let page = http(&s.addr, "GET", "/", &[], b"");
+    assert!(page.status == 200 && page.body.contains("pi2 chat"));
+    assert_eq!(metric(&s.addr, "pi2_requests_completed_total"), 5.0);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_stays_up() {
+    let mut s = Server::start(&["--api-key", "sesame", "--max-body", "64K", "-c", "256"]);
+    let auth = "Authorization: Bearer sesame";
+    let call = |path: &str, headers: &[&str], body: &[u8]| {
+        let r = http(&s.addr, "POST", path, headers, body);
+        (r.status, r.body)
+    };
+    let chat = "/v1/chat/completions";
+    let hi = br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+    // What, headers, body, the status expected, and a word its message must hold.
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<u8>, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        ("no key", vec![], hi.to_vec(), 401, "API key"),
+        (
+            "wrong key",
+            vec!["Authorization: Bearer open"],
+            hi.to_vec(),
+            401,
+            "wrong API key",
+        ),
+        (
+            "malformed",
+            vec![auth],
+            b"{\"messages\": [".to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "not an object",
+            vec![auth],
+            b"[1,2]".to_vec(),
+            400,
+            "JSON object",
+        ),
+        (
+            "wrong type",
+            vec![auth],
+            br#"{"messages":"hi"}"#.to_vec(),
+            400,
+            "`messages`",
+        ),
+        (
+            "wrong type",
+            vec![auth],
+            br#"{"messages":[],"max_tokens":"9"}"#.to_vec(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "empty",
+            vec![auth],
+            br#"{"messages":[]}"#.to_vec(),
+            400,
+            "empty",
+        ),
+        (
+            "model",
+            vec![auth],
+            br#"{"model":"gpt-4","messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            404,
+            "gpt-4",
+        ),
+        (
+            "beyond ctx",
+            vec![auth],
+            br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":100000}"#.to_vec(),
+            400,
+            "context",
+        ),
+        (
+            "temperature",
+            vec![auth],
+            br#"{"messages":[{"role":"user","content":"x"}],"temperature":-2}"#.to_vec(),
+            400,
+            "temperature",
+        ),
+        ("oversize", vec![auth], vec![b' '; 100 << 10], 413, "larger"),
+    ];
+    for (what, headers, body, status, needle) in &cases {
+        let (got, body) = call(chat, headers, body);
+        assert_eq!(got, *status, "{what}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{what}: {body}"));
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{what}: {msg}");
+    }
+    // A prompt longer than the context.
+    let long = json!({"prompt": "word ".repeat(400)}).to_string();
+    let (got, body) = call("/v1/completions", &[auth], long.as_bytes());
+    assert!(got == 400 && body.contains("context"), "{got} {body}");
+    assert_eq!(http(&s.addr, "GET", "/health", &[], b"").status, 200);
+    assert_eq!(http(&s.addr, "GET", "/metrics", &[], b"").status, 401);
+    assert_eq!(call(chat, &[auth], hi).0, 200);
+    assert!(s.alive());
+}
+
+#[test]
+fn thirty_two_clients_get_answers_or_503_and_metrics_count_them() {
+    let s = Server::start(&["--parallel", "2", "--queue", "3"]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": true});
+    let clients: Vec<_> = (0..32)
+        .map(|_| {
+            let addr = s.addr.clone();
+            let body = body.clone();
+            std::thread::spawn(move || post(&addr, "/v1/completions", &body))
+        })
+        .collect();
+    let (mut ok, mut busy) = (0, 0);
+    for c in clients {
+        let r = c.join().unwrap();
+        match r.status {
+            200 => {
+                assert_eq!(r.json()["usage"]["completion_tokens"], 24, "{}", r.body);
+                ok += 1;
+            }
+            503 => {
+                assert!(r.json()["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("busy"));
+                busy += 1;
+            }
+            other => panic!("status {other}: {}", r.body),
+        }
+    }
+    assert_eq!(ok + busy, 32);
+    // At least the queue's worth (when every request arrives before a slot takes one).
+    assert!(ok >= 3, "a queue of three serves at least three: {ok}");
+    assert!(busy > 0, "a queue of three cannot hold 32 at once");
+    assert_eq!(metric(&s.addr, "pi2_requests_total"), 32.0);
+    assert_eq!(metric(&s.addr, "pi2_requests_completed_total"), ok as f64);
+    assert_eq!(metric(&s.addr, "pi2_requests_rejected_total"), busy as f64);
+    assert_eq!(
+        metric(&s.addr, "pi2_tokens_predicted_total"),
+        24.0 * ok as f64
+    );
+    assert_eq!(metric(&s.addr, "pi2_requests_processing"), 0.0);
+    assert_eq!(metric(&s.addr, "pi2_requests_deferred"), 0.0);
+}
+
+#[test]
+fn a_client_leaving_mid_answer_frees_its_slot() {
+    let s = Server::start(&["--parallel", "1"]);
+    for (i, stream) in [true, false].into_iter().enumerate() {
+        // Thousands of tokens: a minute of work if nobody stopped it.
+        let long = json!({"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": true,
+                          "stream": stream});
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        let body = long.to_string();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        if stream {
+            let mut first = [0u8; 512];
+            let n = c.read(&mut first).unwrap();
+            assert!(String::from_utf8_lossy(&first[..n]).contains("200 OK"));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        drop(c);
+        let t = Instant::now();
+        let r = post(
+            &s.addr,
+            "/v1/completions",
+            &json!({"prompt": "Hello", "max_tokens": 1}),
+        );
+        assert_eq!(r.status, 200);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "stream {stream}: the next request waited {:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            metric(&s.addr, "pi2_requests_cancelled_total"),
+            (i + 1) as f64
+        );
+    }
+}
+
+#[test]
+fn serve_refuses_unusable_options_in_one_line() {
+    common::fails_with(&["serve", "-m", &m(), "--parallel", "0"], "--parallel");
+    common::fails_with(&["serve", "-m", &m(), "--queue", "0"], "--queue");
+    common::fails_with(&["serve", "-m", &m(), "--api-key", " "], "--api-key");
+    common::fails_with(&["serve", "-m", &m(), "--max-body", "lots"], "--max-body");
+    // A port already taken.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    common::fails_with(
+        &["serve", "-m", &m(), "--port", &port],
+        "choose another --port",
+    );
+}
+
+#[test]
+fn under_a_memory_budget_the_server_answers_as_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
+    let corpus = corpus.display().to_string();
+    let prof = dir.path().join("p.json").display().to_string();
+    let conv = dir.path().join("c.gguf").display().to_string();
+    let small = ["--tokens", "64", "--chunk", "32"];
+    let model = m();
+    let mut profile = vec!["profile", "-m", &model, "-f", &corpus, "-o", &prof];
+    profile.extend_from_slice(&small);
+    common::ok(&profile);
+    let mut convert = vec!["convert", "-m", &model, "--profile", &prof, "-f", &corpus];
+    convert.extend_from_slice(&small);
+    convert.extend_from_slice(&["--sparsity", "0.3", "--predictor", "none", "-o", &conv]);
+    common::ok(&convert);
+
+    let budget = ["--mem-budget", "50%", "-c", "256"];
+    let prompt = "The capital of France is";
+    let mut args = vec!["-p", prompt, "-n", "16"];
+    args.extend_from_slice(&budget);
+    let want = run_text_with(&conv, &args);
+    let s = Server::start_model(&conv, &budget);
+    let v = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "temperature": 0, "max_tokens": 16}),
+    )
+    .json();
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    let hit = metric(&s.addr, "pi2_neuron_cache_hit_ratio");
+    assert!((0.0..=1.0).contains(&hit), "{hit}");
+    // One neuron cache per budget: slots cannot share it.
+    common::fails_with(
+        &[
+            "serve",
+            "-m",
+            &conv,
+            "--mem-budget",
+            "50%",
+            "--parallel",
+            "2",
+            "--port",
+            "0",
+        ],
+        "--parallel 1",
+    );
+}
+
+/// Runs a Python script from tests/serve/ against a running server, with the interpreter CI
+/// set up (`PI2_TEST_PYTHON`: a Python with `openai` and `selenium`); says so when skipped.
+fn python_script(script: &str, env: &[(&str, &str)]) {
+    let Ok(python) = std::env::var("PI2_TEST_PYTHON") else {
+        eprintln!("SKIPPED {script}: set PI2_TEST_PYTHON to a Python with openai and selenium (.ci/run does)");
+        return;
+    };
+    let s = Server::start(&[]);
+    let path = root().join("crates/pi2-cli/tests/serve").join(script);
+    let want = run_text(&["--chat", "-p", QUESTION, "-n", "24"]);
+    let out = Command::new(python)
+        .arg(&path)
+        .env("PI2_URL", format!("http://{}", s.addr))
+        .env("PI2_QUESTION", QUESTION)
+        .env("PI2_EXPECTED", &want)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{script}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_openai_python_client_works() {
+    let want_completion = run_text(&["-p", "The capital of France is", "-n", "12"]);
+    python_script(
+        "openai_client.py",
+        &[("PI2_EXPECTED_COMPLETION", &want_completion)],
+    );
+}
+
+#[test]
+fn the_chat_page_streams_an_answer_in_headless_chromium() {
+    python_script("chat_page.py", &[]);
+}

@@ -1,0 +1,44 @@
+"""The official `openai` client against a running `pi2 serve` (PI2_URL): one completion, one
+chat, one streamed chat; greedy text must equal `pi2 run` on the same prompt (PI2_EXPECTED,
+PI2_EXPECTED_COMPLETION). Run by crates/pi2-cli/tests/serve.rs."""
+
+import os
+import sys
+
+import openai
+
+url = os.environ["PI2_URL"]
+question = os.environ["PI2_QUESTION"]
+expected = os.environ["PI2_EXPECTED"]
+client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+model = client.models.list().data[0].id
+
+completion = client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=12, temperature=0
+)
+text = completion.choices[0].text
+assert text == os.environ["PI2_EXPECTED_COMPLETION"], (text, os.environ["PI2_EXPECTED_COMPLETION"])
+assert completion.usage.completion_tokens == 12, completion.usage
+
+messages = [{"role": "user", "content": question}]
+chat = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
+reply = chat.choices[0].message.content
+assert reply == expected, (reply, expected)
+assert chat.choices[0].finish_reason == "length"
+assert chat.usage.total_tokens == chat.usage.prompt_tokens + 24
+
+stream = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=24, temperature=0, stream=True
+)
+parts = [c.choices[0].delta.content or "" for c in stream if c.choices]
+assert len(parts) > 10, parts
+assert "".join(parts) == expected, ("".join(parts), expected)
+
+try:
+    client.chat.completions.create(model="not-this-one", messages=messages)
+    sys.exit("an unknown model was accepted")
+except openai.NotFoundError as e:
+    assert "not served here" in str(e), e
+
+print("openai client: completion, chat and streamed chat equal `pi2 run`")

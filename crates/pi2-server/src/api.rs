@@ -1,0 +1,438 @@
+//! The OpenAI wire format: requests as clients send them, checked into a [`Job`]'s settings,
+//! and the JSON bodies of answers, stream chunks and errors.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use pi2_engine::SamplerConfig;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An error as OpenAI sends it: a status and `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn param(mut self, p: impl Into<String>) -> Self {
+        self.param = Some(p.into());
+        self
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind(),
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// One request body for both endpoints: chat sends `messages`, completions `prompt`. Unknown
+/// fields are ignored (clients send many); known ones of the wrong type are refused.
+#[derive(Debug, Default, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    pub prompt: Option<Prompt>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u64>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u64>,
+    /// llama-server's: keep generating past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Most stop strings, and longest, accepted (OpenAI allows 4).
+const MAX_STOPS: usize = 16;
+const MAX_STOP_LEN: usize = 256;
+
+impl CompletionRequest {
+    /// Parses a body; the error names the field that is wrong.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(ApiError::bad("the body must be a JSON object"));
+        }
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            ApiError::bad(format!("`{path}`: {}", e.into_inner())).param(path)
+        })
+    }
+
+    /// The chat messages as the template takes them (text content only).
+    pub fn chat_messages(&self) -> Result<Vec<pi2_model::Message>, ApiError> {
+        let msgs = self
+            .messages
+            .as_ref()
+            .ok_or_else(|| ApiError::bad("`messages` is required").param("messages"))?;
+        if msgs.is_empty() {
+            return Err(ApiError::bad("`messages` is empty").param("messages"));
+        }
+        msgs.iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let content = match &m.content {
+                    None => String::new(),
+                    Some(Content::Text(t)) => t.clone(),
+                    Some(Content::Parts(parts)) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::bad(format!(
+                                        "content part of type `{kind}`: only text is supported"
+                                    ))
+                                    .param(format!("messages[{i}].content")))
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                Ok(pi2_model::Message::new(&m.role, &content))
+            })
+            .collect()
+    }
+
+    /// The completion prompt's text.
+    pub fn prompt_text(&self) -> Result<&str, ApiError> {
+        match &self.prompt {
+            Some(Prompt::Text(t)) => Ok(t),
+            Some(Prompt::Texts(v)) if v.len() == 1 => Ok(&v[0]),
+            Some(Prompt::Texts(_)) => {
+                Err(ApiError::bad("`prompt`: one prompt per request").param("prompt"))
+            }
+            None => Err(ApiError::bad("`prompt` is required").param("prompt")),
+        }
+    }
+
+    /// Sampling settings (pi2's defaults for what is absent), range-checked.
+    pub fn sampler(&self) -> Result<SamplerConfig, ApiError> {
+        let d = SamplerConfig::default();
+        let top_k = self.top_k.unwrap_or(d.top_k as u64);
+        let cfg = SamplerConfig {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: usize::try_from(top_k).unwrap_or(usize::MAX),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            seed: self.seed.unwrap_or_else(pi2_runtime::options::clock_seed),
+            ..d
+        };
+        if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&cfg) {
+            return Err(ApiError::bad(format!("`{name}` is {v}; it must be {want}")).param(name));
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad("`n`: one choice per request").param("n"));
+        }
+        Ok(cfg)
+    }
+
+    /// `max_tokens` (or `max_completion_tokens`), refused beyond the context.
+    pub fn max_tokens(&self, n_ctx: usize) -> Result<Option<usize>, ApiError> {
+        let Some(m) = self.max_tokens.or(self.max_completion_tokens) else {
+            return Ok(None);
+        };
+        if m == 0 || m > n_ctx as u64 {
+            return Err(ApiError::bad(format!(
+                "`max_tokens` is {m}; it must be 1..{n_ctx} (the context size)"
+            ))
+            .param("max_tokens"));
+        }
+        Ok(Some(m as usize))
+    }
+
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > MAX_STOPS || stops.iter().any(|s| s.len() > MAX_STOP_LEN) {
+            return Err(ApiError::bad(format!(
+                "`stop`: at most {MAX_STOPS} strings of at most {MAX_STOP_LEN} bytes"
+            ))
+            .param("stop"));
+        }
+        Ok(stops)
+    }
+
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+}
+
+/// Why generation ended, as OpenAI names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What one generation did: counts and times for `usage` and `timings`.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    /// Prompt tokens found in the slot's KV cache (not evaluated again).
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub prompt_ms: f64,
+    pub predicted_ms: f64,
+}
+
+impl Summary {
+    pub fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+
+    /// llama-server's `timings`.
+    pub fn timings(&self) -> Value {
+        let evaluated = self.prompt_tokens - self.cached_tokens;
+        let per = |ms: f64, n: usize| if n == 0 { 0.0 } else { ms / n as f64 };
+        let rate = |ms: f64, n: usize| if ms <= 0.0 { 0.0 } else { n as f64 * 1e3 / ms };
+        json!({
+            "cache_n": self.cached_tokens,
+            "prompt_n": evaluated,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": per(self.prompt_ms, evaluated),
+            "prompt_per_second": rate(self.prompt_ms, evaluated),
+            "predicted_n": self.completion_tokens,
+            "predicted_ms": self.predicted_ms,
+            // As `pi2 run --json` and llama-server: generated tokens over generation time.
+            "predicted_per_token_ms": per(self.predicted_ms, self.completion_tokens),
+            "predicted_per_second": rate(self.predicted_ms, self.completion_tokens),
+        })
+    }
+}
+
+/// Which endpoint: shapes of the answer and its chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// The fields every answer and chunk carries.
+#[derive(Clone, Debug)]
+pub struct Envelope {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub kind: Kind,
+}
+
+impl Envelope {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// The whole answer.
+    pub fn answer(&self, text: &str, s: &Summary) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": s.finish.as_str(),
+                "logprobs": null,
+            }),
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text,
+                "finish_reason": s.finish.as_str(),
+                "logprobs": null,
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": s.usage(),
+            "timings": s.timings(),
+        })
+    }
+
+    /// A stream chunk: text (`role` on the first chat chunk), or the end (`finish` with
+    /// usage and timings).
+    pub fn chunk(&self, text: Option<&str>, first: bool, end: Option<&Summary>) -> Value {
+        let finish = end.map(|s| s.finish.as_str());
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+            }
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "finish_reason": finish,
+                "logprobs": null,
+            }),
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if let Some(s) = end {
+            v["usage"] = s.usage();
+            v["timings"] = s.timings();
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_name_their_field_and_unknown_fields_pass() {
+        let e = CompletionRequest::parse(br#"{"prompt":"x","temperature":"hot"}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{}", e.message);
+        let e = CompletionRequest::parse(br#"{"messages":[{"role":1}]}"#).unwrap_err();
+        assert!(e.message.contains("messages[0].role"), "{}", e.message);
+        let e = CompletionRequest::parse(b"{nope").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        let e = CompletionRequest::parse(b"[1]").unwrap_err();
+        assert!(e.message.contains("JSON object"), "{}", e.message);
+        let r = CompletionRequest::parse(br#"{"prompt":"x","logit_bias":{},"user":"u"}"#).unwrap();
+        assert_eq!(r.prompt_text().unwrap(), "x");
+    }
+
+    #[test]
+    fn settings_are_range_checked() {
+        let r = |s: &str| CompletionRequest::parse(s.as_bytes()).unwrap();
+        assert!(r(r#"{"temperature":-1}"#).sampler().is_err());
+        assert!(r(r#"{"top_p":0}"#).sampler().is_err());
+        assert!(r(r#"{"min_p":2}"#).sampler().is_err());
+        assert!(r(r#"{"n":2}"#).sampler().is_err());
+        assert_eq!(
+            r(r#"{"temperature":0}"#).sampler().unwrap().temperature,
+            0.0
+        );
+        assert!(r(r#"{"max_tokens":5000}"#).max_tokens(4096).is_err());
+        assert!(r(r#"{"max_tokens":0}"#).max_tokens(4096).is_err());
+        assert_eq!(r(r#"{"max_tokens":5}"#).max_tokens(4096).unwrap(), Some(5));
+        assert!(r(r#"{"stop":["a","b"]}"#).stops().is_ok());
+        assert!(CompletionRequest::parse(br#"{"max_tokens":-1}"#).is_err());
+        let parts = r(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#);
+        assert_eq!(parts.chat_messages().unwrap()[0].content, "hi");
+        let image = r(r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#);
+        assert!(image.chat_messages().is_err());
+    }
+}

@@ -1,0 +1,192 @@
+//! pi2-server: an OpenAI-compatible HTTP server over a [`pi2_runtime::Prepared`] session.
+//!
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: whole answers or server-sent events
+//!   ending `data: [DONE]`, with `usage` and llama-server style `timings`;
+//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and a chat page at `/`.
+//!
+//! Requests go through one bounded queue to `parallel` slots, each an engine on its own thread
+//! that keeps its conversation's KV cache; a full queue answers 503 at once, and a client that
+//! leaves stops its generation at the next token.
+
+pub mod api;
+pub mod metrics;
+pub mod routes;
+pub mod slots;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// How the server listens and schedules.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Slots: requests generated at the same time, one engine each.
+    pub parallel: usize,
+    /// Requests that may wait for a slot; more get 503.
+    pub queue: usize,
+    /// With a key, every route but `/health` and `/` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+    /// Names clients may ask for in `model`; the first is the listed id.
+    pub model_names: Vec<String>,
+    /// Prompt batch size (the engines' buffers are sized for it).
+    pub n_batch: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            parallel: 1,
+            queue: 16,
+            api_key: None,
+            max_body: 2 << 20,
+            model_names: vec!["pi2".into()],
+            n_batch: 512,
+        }
+    }
+}
+
+/// Most slots and queued requests accepted.
+pub const MAX_PARALLEL: usize = 64;
+pub const MAX_QUEUE: usize = 4096;
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// An option's value cannot work; the message says what to pass instead.
+    #[error("{option}: {msg}")]
+    Option { option: &'static str, msg: String },
+    #[error("cannot listen on {addr}: {source} (is another server using the port? choose another --port)")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Runtime(#[from] pi2_runtime::RuntimeError),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ServerConfig {
+    fn check(&self, prepared: &pi2_runtime::Prepared<'_>) -> Result<(), ServerError> {
+        let bad = |option, msg: String| Err(ServerError::Option { option, msg });
+        if !(1..=MAX_PARALLEL).contains(&self.parallel) {
+            return bad(
+                "--parallel",
+                format!("{} is outside 1..{MAX_PARALLEL}", self.parallel),
+            );
+        }
+        if !(1..=MAX_QUEUE).contains(&self.queue) {
+            return bad(
+                "--queue",
+                format!("{} is outside 1..{MAX_QUEUE}", self.queue),
+            );
+        }
+        if self.max_body < 1024 {
+            return bad("--max-body", "must be at least 1K".into());
+        }
+        if self
+            .api_key
+            .as_deref()
+            .is_some_and(|k| k.trim().is_empty() || k.trim() != k)
+        {
+            return bad(
+                "--api-key",
+                "must be non-empty, without surrounding spaces".into(),
+            );
+        }
+        if self.model_names.is_empty() {
+            return bad("--alias", "the model needs a name".into());
+        }
+        if self.parallel > 1 && prepared.offloads() {
+            return bad(
+                "--parallel",
+                "each slot would need its own neuron cache inside --mem-budget; use --parallel 1 with a budget".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Threads and cores for the slots' engines where the user chose no cores: slots share the
+/// cores (`threads` defaults to cores / parallel); and with a core to spare (one slot, `threads`
+/// below the cores), the compute threads are pinned to the fastest cores, so that the HTTP
+/// thread and local clients, woken every token, run beside them instead of displacing them.
+pub fn place_slots(engine: &mut pi2_runtime::EngineOptions, parallel: usize) {
+    if engine.cores.is_some() {
+        return;
+    }
+    let cpus = pi2_engine::topology::Topology::detect().cpus();
+    let n = cpus.len().max(1);
+    if engine.threads.is_none() && parallel > 1 {
+        engine.threads = Some((n / parallel).max(1));
+    }
+    if let Some(t) = engine.threads.filter(|&t| parallel == 1 && t < cpus.len()) {
+        engine.cores = Some(pi2_engine::topology::format_cpu_list(&cpus[..t]));
+    }
+}
+
+/// Serves `prepared` until Ctrl-C or SIGTERM. Engines are made before listening;
+/// `on_listening` gets the bound address (port 0 picks a free one).
+pub fn serve(
+    prepared: &'static pi2_runtime::Prepared<'static>,
+    cfg: &ServerConfig,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    cfg.check(prepared)?;
+    let metrics = Arc::new(metrics::Metrics::new(cfg.parallel));
+    let (queue, n_ctx) = slots::start(
+        prepared,
+        cfg.parallel,
+        cfg.queue,
+        cfg.n_batch,
+        metrics.clone(),
+    )?;
+    let state = Arc::new(routes::AppState::new(
+        prepared.model,
+        cfg.model_names.clone(),
+        n_ctx,
+        queue,
+        metrics,
+        cfg.api_key.clone(),
+    ));
+    let app = routes::router(state, cfg.max_body);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let addr = format!("{}:{}", cfg.host, cfg.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        on_listening(listener.local_addr()?);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown())
+            .await?;
+        Ok(())
+    })
+}
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

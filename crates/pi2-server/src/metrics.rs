@@ -1,0 +1,226 @@
+//! Counters for `/metrics`, in Prometheus' text format.
+
+use crate::api::Summary;
+use parking_lot::Mutex;
+use pi2_engine::OffloadStats;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// What the server has done since it started.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: AtomicU64,
+    completed: AtomicU64,
+    rejected: AtomicU64,
+    cancelled: AtomicU64,
+    failed: AtomicU64,
+    bad: AtomicU64,
+    prompt_tokens: AtomicU64,
+    prompt_evaluated: AtomicU64,
+    predicted_tokens: AtomicU64,
+    prompt_us: AtomicU64,
+    predicted_us: AtomicU64,
+    busy_us: AtomicU64,
+    queued: AtomicI64,
+    processing: AtomicI64,
+    /// Per slot: its engine's offload counters after its last request.
+    offload: Mutex<Vec<Option<OffloadStats>>>,
+    slots: usize,
+}
+
+impl Metrics {
+    pub fn new(slots: usize) -> Self {
+        Self {
+            offload: Mutex::new(vec![None; slots]),
+            slots,
+            ..Self::default()
+        }
+    }
+
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Relaxed);
+    }
+    pub fn rejected(&self) {
+        self.rejected.fetch_add(1, Relaxed);
+    }
+    pub fn bad_request(&self) {
+        self.bad.fetch_add(1, Relaxed);
+    }
+    pub fn cancelled(&self) {
+        self.cancelled.fetch_add(1, Relaxed);
+    }
+    pub fn failed(&self) {
+        self.failed.fetch_add(1, Relaxed);
+    }
+    pub fn queued(&self, d: i64) {
+        self.queued.fetch_add(d, Relaxed);
+    }
+    pub fn processing(&self, d: i64) {
+        self.processing.fetch_add(d, Relaxed);
+    }
+
+    pub fn completed(&self, s: &Summary, busy: Duration) {
+        self.completed.fetch_add(1, Relaxed);
+        self.prompt_tokens
+            .fetch_add(s.prompt_tokens as u64, Relaxed);
+        self.prompt_evaluated
+            .fetch_add((s.prompt_tokens - s.cached_tokens) as u64, Relaxed);
+        self.predicted_tokens
+            .fetch_add(s.completion_tokens as u64, Relaxed);
+        self.prompt_us
+            .fetch_add((s.prompt_ms * 1e3) as u64, Relaxed);
+        self.predicted_us
+            .fetch_add((s.predicted_ms * 1e3) as u64, Relaxed);
+        self.busy_us.fetch_add(busy.as_micros() as u64, Relaxed);
+    }
+
+    pub fn set_offload(&self, slot: usize, stats: &OffloadStats) {
+        if let Some(s) = self.offload.lock().get_mut(slot) {
+            *s = Some(stats.clone());
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let get = |a: &AtomicU64| a.load(Relaxed) as f64;
+        let gauge = |a: &AtomicI64| a.load(Relaxed).max(0) as f64;
+        let predicted_s = get(&self.predicted_us) / 1e6;
+        let rate = match predicted_s > 0.0 {
+            true => get(&self.predicted_tokens) / predicted_s,
+            false => 0.0,
+        };
+        const C: &str = "counter";
+        const G: &str = "gauge";
+        let mut rows = vec![
+            (
+                "requests_total",
+                C,
+                "Generation requests received.",
+                get(&self.requests),
+            ),
+            (
+                "requests_completed_total",
+                C,
+                "Requests answered in full.",
+                get(&self.completed),
+            ),
+            (
+                "requests_rejected_total",
+                C,
+                "Requests refused because the queue was full (503).",
+                get(&self.rejected),
+            ),
+            (
+                "requests_cancelled_total",
+                C,
+                "Requests whose client left before the answer ended.",
+                get(&self.cancelled),
+            ),
+            (
+                "requests_failed_total",
+                C,
+                "Requests the engine failed on (500).",
+                get(&self.failed),
+            ),
+            (
+                "requests_invalid_total",
+                C,
+                "Requests refused as invalid (4xx).",
+                get(&self.bad),
+            ),
+            (
+                "prompt_tokens_total",
+                C,
+                "Prompt tokens of completed requests.",
+                get(&self.prompt_tokens),
+            ),
+            (
+                "prompt_tokens_evaluated_total",
+                C,
+                "Prompt tokens evaluated (not reused from a slot's KV cache).",
+                get(&self.prompt_evaluated),
+            ),
+            (
+                "tokens_predicted_total",
+                C,
+                "Tokens generated.",
+                get(&self.predicted_tokens),
+            ),
+            (
+                "prompt_seconds_total",
+                C,
+                "Time spent evaluating prompts.",
+                get(&self.prompt_us) / 1e6,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                C,
+                "Time spent generating.",
+                predicted_s,
+            ),
+            (
+                "busy_seconds_total",
+                C,
+                "Time slots spent on requests.",
+                get(&self.busy_us) / 1e6,
+            ),
+            (
+                "predicted_tokens_seconds",
+                G,
+                "Mean generation speed, tokens per second.",
+                rate,
+            ),
+            (
+                "requests_deferred",
+                G,
+                "Requests waiting in the queue.",
+                gauge(&self.queued),
+            ),
+            (
+                "requests_processing",
+                G,
+                "Requests being generated.",
+                gauge(&self.processing),
+            ),
+            (
+                "slots",
+                G,
+                "Slots (engines generating in parallel).",
+                self.slots as f64,
+            ),
+        ];
+        let offload = self.offload.lock();
+        if offload.iter().any(Option::is_some) {
+            let mut hits = 0;
+            let mut reads = 0;
+            let mut bytes = 0;
+            for s in offload.iter().flatten() {
+                hits += s.gate_hot + s.gate_hits + s.updown_hot + s.updown_hits;
+                reads += s.gate_reads + s.updown_reads;
+                bytes += s.decode_bytes;
+            }
+            let ratio = hits as f64 / (hits + reads).max(1) as f64;
+            rows.push((
+                "neuron_cache_hit_ratio",
+                G,
+                "Neuron rows decode found in memory (pinned or cached) among all it needed.",
+                ratio,
+            ));
+            rows.push((
+                "neuron_read_bytes_total",
+                C,
+                "Bytes of neuron rows decode read from flash.",
+                bytes as f64,
+            ));
+        }
+        let mut out = String::new();
+        for (name, kind, help, v) in rows {
+            let _ = writeln!(
+                out,
+                "# HELP pi2_{name} {help}\n# TYPE pi2_{name} {kind}\npi2_{name} {v}"
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,313 @@
+//! The HTTP side: routes, the API key check, request bodies into jobs, and answers whole or
+//! as server-sent events.
+
+use crate::api::{ApiError, CompletionRequest, Envelope, Kind};
+use crate::metrics::Metrics;
+use crate::slots::{Event, Job, Queue, QueueError};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use pi2_model::{ChatTemplate, Model};
+use serde_json::json;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// What every handler shares.
+pub struct AppState {
+    pub model: &'static Model,
+    /// The model's chat template, or why it has none.
+    pub template: Result<ChatTemplate, String>,
+    /// Names clients may ask for; the first is the id `/v1/models` lists.
+    pub names: Vec<String>,
+    pub n_ctx: usize,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    pub api_key: Option<String>,
+    pub created: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(
+        model: &'static Model,
+        names: Vec<String>,
+        n_ctx: usize,
+        queue: Queue,
+        metrics: Arc<Metrics>,
+        api_key: Option<String>,
+    ) -> Self {
+        Self {
+            model,
+            template: model.chat_template().map_err(|e| e.to_string()),
+            names,
+            n_ctx,
+            queue,
+            metrics,
+            api_key,
+            created: unix_now(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The routes, with the API key check and the body cap.
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    Router::new()
+        .route("/", get(|| async { Html(include_str!("page.html")) }))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completion))
+        .route("/completions", post(completion))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this route",
+            )
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), check_key))
+        .with_state(state)
+}
+
+/// With an API key, every route but `/health` and the static chat page needs
+/// `Authorization: Bearer KEY`.
+async fn check_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(key) = &s.api_key else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/health" || path == "/" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if same_secret(g.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
+        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "wrong API key").into_response(),
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "this server needs an API key: send `Authorization: Bearer KEY`",
+        )
+        .into_response(),
+    }
+}
+
+/// Compares without stopping at the first difference (no timing hint at the key).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.names[0],
+            "object": "model",
+            "created": s.created,
+            "owned_by": "pi2",
+            "meta": {
+                "n_ctx": s.n_ctx,
+                "n_params": s.model.n_params(),
+                "size": s.model.file.file_size(),
+                "n_vocab": s.model.tokenizer.vocab_size(),
+            },
+        }],
+    }))
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(&s, body, Kind::Chat).await
+}
+
+async fn completion(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(&s, body, Kind::Completion).await
+}
+
+async fn answer(s: &AppState, body: Result<Bytes, BytesRejection>, kind: Kind) -> Response {
+    s.metrics.request();
+    match start(s, body, kind).await {
+        Ok(r) => r,
+        Err(e) => {
+            match e.status {
+                StatusCode::SERVICE_UNAVAILABLE => s.metrics.rejected(),
+                st if st.is_client_error() => s.metrics.bad_request(),
+                _ => {}
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// Checks a request, queues its job and answers (whole, or as a stream).
+async fn start(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| match r.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the request body is larger than this server accepts (see `pi2 serve --max-body`)",
+        ),
+        st => ApiError::new(st, format!("cannot read the request body: {r}")),
+    })?;
+    let req = CompletionRequest::parse(&body)?;
+    if let Some(m) = req.model.as_deref() {
+        if !m.is_empty() && !s.names.iter().any(|n| n == m) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model `{m}` is not served here (this server serves `{}`)",
+                    s.names[0]
+                ),
+            )
+            .param("model"));
+        }
+    }
+    let tok = &s.model.tokenizer;
+    let prompt = match kind {
+        Kind::Chat => {
+            let template = s.template.as_ref().map_err(|e| {
+                ApiError::bad(format!(
+                    "this model has no usable chat template ({e}); use /v1/completions"
+                ))
+            })?;
+            let text = template.render(&req.chat_messages()?, true).map_err(|e| {
+                ApiError::bad(format!("the chat template refused the messages: {e}"))
+                    .param("messages")
+            })?;
+            tok.encode(&text, true, true)
+        }
+        Kind::Completion => tok.encode(req.prompt_text()?, true, true),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::bad("the prompt is empty"));
+    }
+    if prompt.len() >= s.n_ctx {
+        return Err(ApiError::bad(format!(
+            "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c, or shorten the prompt)",
+            prompt.len(),
+            s.n_ctx
+        )));
+    }
+    let (tx, rx) = mpsc::channel(64);
+    let job = Job {
+        prompt,
+        sampler: req.sampler()?,
+        max_tokens: req.max_tokens(s.n_ctx)?,
+        stops: req.stops()?,
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+        stream: req.streams(),
+        events: tx,
+    };
+    s.queue.submit(job).map_err(|e| match e {
+        QueueError::Full(n) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is busy ({n} requests queued); retry shortly"),
+        ),
+        QueueError::Closed => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        ),
+    })?;
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    let env = Envelope {
+        id: format!("{prefix}-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
+        created: unix_now(),
+        model: s.names[0].clone(),
+        kind,
+    };
+    if req.streams() {
+        Ok(Sse::new(events(env, rx))
+            .keep_alive(KeepAlive::default())
+            .into_response())
+    } else {
+        whole(env, rx).await
+    }
+}
+
+/// Collects the answer. If the client leaves, this future is dropped with `rx`, and the slot
+/// stops at its next token.
+async fn whole(env: Envelope, mut rx: mpsc::Receiver<Event>) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(s) => return Ok(Json(env.answer(&text, &s)).into_response()),
+            Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the generation ended without an answer",
+    ))
+}
+
+/// The answer as SSE `data:` chunks, ending `[DONE]`. Dropping the stream (the client left)
+/// drops `rx`, and the slot stops at its next token.
+fn events(
+    env: Envelope,
+    rx: mpsc::Receiver<Event>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
+    let first = match env.kind {
+        Kind::Chat => Some(data(env.chunk(Some(""), true, None))),
+        Kind::Completion => None,
+    };
+    let body = stream::unfold((rx, env, false), move |(mut rx, env, ended)| async move {
+        if ended {
+            return None;
+        }
+        let (ev, ended) = match rx.recv().await {
+            Some(Event::Text(t)) => (data(env.chunk(Some(&t), false, None)), false),
+            Some(Event::Done(s)) => (data(env.chunk(None, false, Some(&s))), true),
+            Some(Event::Failed(m)) => (
+                data(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m).body()),
+                true,
+            ),
+            None => return None,
+        };
+        Some((ev, (rx, env, ended)))
+    });
+    stream::iter(first)
+        .chain(body)
+        .chain(stream::once(async { SseEvent::default().data("[DONE]") }))
+        .map(Ok)
+}

@@ -1,0 +1,224 @@
+//! Slots: one engine per slot on its own thread, fed from one bounded queue. A slot keeps its
+//! conversation's KV cache between requests (the next request reuses the common prefix), and
+//! stops generating as soon as its client is gone.
+
+use crate::api::{Finish, Summary};
+use crate::metrics::Metrics;
+use crossbeam::channel::{Receiver, Sender, TrySendError};
+use pi2_engine::{generate, Engine, GenerateConfig, Sampler, SamplerConfig, StopReason};
+use pi2_model::TokenId;
+use pi2_runtime::text::{StopStrings, Utf8Stream};
+use pi2_runtime::Prepared;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// What a slot sends back while it works on a job.
+#[derive(Debug)]
+pub enum Event {
+    /// Generated text, whole characters, stop strings cut.
+    Text(String),
+    Done(Summary),
+    /// The engine failed; the message says why.
+    Failed(String),
+}
+
+/// One generation request, ready for a slot.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<TokenId>,
+    pub sampler: SamplerConfig,
+    pub max_tokens: Option<usize>,
+    pub stops: Vec<String>,
+    pub ignore_eos: bool,
+    /// Send text as it comes (else once, at the end: no wake-up of the HTTP side per token).
+    pub stream: bool,
+    pub events: mpsc::Sender<Event>,
+}
+
+/// The queue in front of the slots.
+#[derive(Clone)]
+pub struct Queue {
+    tx: Sender<Job>,
+    metrics: Arc<Metrics>,
+}
+
+/// Why a job was not queued.
+#[derive(Debug)]
+pub enum QueueError {
+    Full(usize),
+    Closed,
+}
+
+impl Queue {
+    /// Queues `job`, or answers at once that the queue is full: a client never waits for a
+    /// place in line.
+    pub fn submit(&self, job: Job) -> Result<(), QueueError> {
+        match self.tx.try_send(job) {
+            Ok(()) => {
+                self.metrics.queued(1);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(QueueError::Full(self.tx.capacity().unwrap_or(0))),
+            Err(TrySendError::Disconnected(_)) => Err(QueueError::Closed),
+        }
+    }
+}
+
+/// Starts `parallel` slots over `prepared`, each with its own engine (made on the slot's
+/// thread), behind a queue of `queue` jobs. Returns once every engine is ready, or the first
+/// error making one; with the queue comes the engines' context size.
+pub fn start(
+    prepared: &'static Prepared<'static>,
+    parallel: usize,
+    queue: usize,
+    n_batch: usize,
+    metrics: Arc<Metrics>,
+) -> Result<(Queue, usize), pi2_runtime::RuntimeError> {
+    let (tx, rx) = crossbeam::channel::bounded::<Job>(queue);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    for id in 0..parallel {
+        let rx = rx.clone();
+        let ready = ready_tx.clone();
+        let metrics = metrics.clone();
+        std::thread::Builder::new()
+            .name(format!("pi2-slot-{id}"))
+            .spawn(move || match prepared.engine(n_batch) {
+                Ok(engine) => {
+                    let _ = ready.send(Ok(engine.n_ctx()));
+                    Slot {
+                        id,
+                        engine,
+                        cached: Vec::new(),
+                        n_batch,
+                        metrics,
+                    }
+                    .serve(rx)
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                }
+            })
+            .map_err(|e| {
+                pi2_runtime::RuntimeError::Unsupported(format!("cannot start a slot thread: {e}"))
+            })?;
+    }
+    drop(ready_tx);
+    let mut n_ctx = 0;
+    for _ in 0..parallel {
+        match ready_rx.recv() {
+            Ok(r) => n_ctx = r?,
+            Err(_) => {
+                return Err(pi2_runtime::RuntimeError::Unsupported(
+                    "a slot thread ended while making its engine".into(),
+                ))
+            }
+        }
+    }
+    Ok((Queue { tx, metrics }, n_ctx))
+}
+
+struct Slot<'p> {
+    id: usize,
+    engine: Engine<'p>,
+    /// The tokens the engine's KV cache holds.
+    cached: Vec<TokenId>,
+    n_batch: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Slot<'_> {
+    fn serve(mut self, jobs: Receiver<Job>) {
+        while let Ok(job) = jobs.recv() {
+            self.metrics.queued(-1);
+            if job.events.is_closed() {
+                // The client left while waiting.
+                self.metrics.cancelled();
+                continue;
+            }
+            self.metrics.processing(1);
+            let last = self.run(&job);
+            self.metrics.processing(-1);
+            if let Some(o) = self.engine.offload() {
+                self.metrics.set_offload(self.id, o.stats());
+            }
+            // Last, so that a client reading `/metrics` after its answer sees it counted.
+            if let Some(ev) = last {
+                let _ = job.events.blocking_send(ev);
+            }
+        }
+    }
+
+    /// Generates for `job`, sending its text; returns the final event (none if the client
+    /// left).
+    fn run(&mut self, job: &Job) -> Option<Event> {
+        let model = self.engine.model();
+        let tok = &model.tokenizer;
+        let mut sampler = Sampler::new(job.sampler.clone());
+        let mut utf8 = Utf8Stream::default();
+        let mut stops = StopStrings::new(job.stops.iter().cloned());
+        let cfg = GenerateConfig {
+            max_tokens: job.max_tokens,
+            ignore_eos: job.ignore_eos,
+            n_batch: self.n_batch,
+        };
+        let events = &job.events;
+        let mut gone = false;
+        let mut held = String::new();
+        let started = Instant::now();
+        let result = generate(
+            &mut self.engine,
+            &mut sampler,
+            &mut self.cached,
+            &job.prompt,
+            &cfg,
+            |id| {
+                let text = stops.push(&utf8.push(&tok.token_bytes(id, false)));
+                let sent = match job.stream {
+                    true => text.is_empty() || events.blocking_send(Event::Text(text)).is_ok(),
+                    false => {
+                        held.push_str(&text);
+                        true
+                    }
+                };
+                if !sent || events.is_closed() {
+                    gone = true;
+                    return false;
+                }
+                !stops.stopped()
+            },
+        );
+        let g = match result {
+            Ok(g) => g,
+            Err(e) => {
+                // The cache may hold half a batch: start the next request afresh.
+                self.engine.truncate(0);
+                self.cached.clear();
+                self.metrics.failed();
+                return Some(Event::Failed(e.to_string()));
+            }
+        };
+        if gone {
+            self.metrics.cancelled();
+            return None;
+        }
+        let tail = held + &stops.push(&utf8.finish()) + &stops.finish();
+        if !tail.is_empty() {
+            let _ = events.blocking_send(Event::Text(tail));
+        }
+        let finish = match g.stop {
+            StopReason::Limit | StopReason::ContextFull => Finish::Length,
+            StopReason::EndOfGeneration | StopReason::Callback => Finish::Stop,
+        };
+        let summary = Summary {
+            finish,
+            prompt_tokens: job.prompt.len(),
+            cached_tokens: job.prompt.len() - g.prompt_n,
+            completion_tokens: g.tokens.len(),
+            prompt_ms: g.prompt_time.as_secs_f64() * 1e3,
+            predicted_ms: g.predicted_time.as_secs_f64() * 1e3,
+        };
+        self.metrics.completed(&summary, started.elapsed());
+        Some(Event::Done(summary))
+    }
+}
