@@ -62,9 +62,10 @@ def main():
     p.add_argument("--prompt", default="Once upon a time")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--port", type=int, default=18181)
+    p.add_argument("--serve-args", default="", help="options for `pi2 serve` only, e.g. '-b 64'")
     p.add_argument("extra", nargs="*", help="pi2 options for both, after --")
     a = p.parse_args()
-    server = subprocess.Popen([a.pi2, "serve", "-m", a.model, "-t", str(a.threads), "--port", str(a.port)] + a.extra,
+    server = subprocess.Popen([a.pi2, "serve", "-m", a.model, "-t", str(a.threads), "--port", str(a.port)] + a.extra + a.serve_args.split(),
                               stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
