@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use pi2_engine::{Engine, EngineConfig, Logits, Offload, SparseFfn};
 use pi2_model::Model;
-use pi2_runtime::plan::{apply, bench_tokens, Applied};
+use pi2_runtime::plan::{bench_tokens, Applied};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -193,55 +193,41 @@ fn setup<'m>(a: &BenchArgs, model: &'m Model, path: std::path::PathBuf) -> Resul
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let applied = match &a.plan {
-        Some(spec) => {
-            if a.model.threads.len() > 1 {
-                bail!("--plan sets the threads; drop -t");
-            }
-            let engine = pi2_runtime::EngineOptions {
-                threads: None,
-                ..a.model.engine_options_first()?
-            };
-            let emulate = a.offload.emulate_flash.as_deref();
-            let ap = apply(
-                spec,
-                model,
-                &path,
-                &engine,
-                budgets.first().map(|b| b.bytes),
-                emulate,
-            )?;
-            budgets = ap
-                .offload
-                .as_ref()
-                .map(|o| Budget {
-                    label: "plan".into(),
-                    bytes: o.budget,
-                    args: a.offload.clone(),
-                    least: false,
-                    cluster: None,
-                })
-                .into_iter()
-                .collect();
-            Some(ap)
-        }
-        None => None,
+    if a.plan.is_some() && a.model.threads.len() > 1 {
+        bail!("--plan sets the threads; drop -t");
+    }
+    // The session's pieces (plan, sparse weights, head) come from the runtime, as for `run`;
+    // the bench then makes an engine per thread count and budget itself.
+    let opts = pi2_runtime::SessionOptions {
+        engine: pi2_runtime::EngineOptions {
+            threads: None,
+            ..a.model.engine_options_first()?
+        },
+        sparse: a.sparse.options(),
+        mem_budget: a.offload.mem_budget.first().cloned(),
+        offload: a.offload.options(),
+        plan: a.plan.clone(),
+        sparse_batches: false,
     };
-    if a.offload_only && !budgets.is_empty() {
-        // Before anything touches the tensors: see `GgufFile::advise_random` (rows that run
-        // in memory touch every tensor anyway).
-        model.file.advise_random();
-    }
-    let mut sparse_opts = a.sparse.options();
-    if applied
-        .as_ref()
-        .is_some_and(|ap| ap.plan.knobs.mode == pi2_planner::cost::Mode::Dense)
-    {
-        sparse_opts.dense = true;
-    }
-    let sparse = pi2_runtime::sparse::build(&sparse_opts, model, &path, false)?;
-    if !budgets.is_empty() && sparse.is_none() {
-        bail!("--mem-budget reads FFN neurons from flash: it needs a model made by `pi2 convert`");
+    let pi2_runtime::Prepared {
+        sparse,
+        head,
+        applied,
+        ..
+    } = pi2_runtime::prepare(model, &path, &opts)?;
+    if let Some(ap) = &applied {
+        budgets = ap
+            .offload
+            .as_ref()
+            .map(|o| Budget {
+                label: "plan".into(),
+                bytes: o.budget,
+                args: a.offload.clone(),
+                least: false,
+                cluster: None,
+            })
+            .into_iter()
+            .collect();
     }
     if a.ablation {
         if budgets.len() != 1 || applied.is_some() {
@@ -249,10 +235,6 @@ fn setup<'m>(a: &BenchArgs, model: &'m Model, path: std::path::PathBuf) -> Resul
         }
         budgets = ladder(model, sparse.as_ref().expect("checked"), &budgets[0]);
     }
-    let head = match a.sparse.dense_head {
-        true => None,
-        false => pi2_engine::SparseHead::load(model)?,
-    };
     // With a sparse head, in-memory modes run with each head (the dense one first), in the
     // same interleaved repetitions; offloaded modes with the sparse head.
     let modes = modes(a, sparse.is_some(), budgets.len(), applied.is_some())?
