@@ -40,7 +40,7 @@ fn bench_reader(c: &mut Criterion) {
         } else {
             PreadEngine::open(&path, true).unwrap()
         };
-        let reader = Reader::new(engine, cfg);
+        let reader = Reader::new(engine, cfg).unwrap();
         g.bench_function(name, |b| {
             b.iter(|| {
                 let reqs: Vec<Request> = offsets

@@ -67,6 +67,8 @@ pub enum IoError {
     OutOfRange { offset: u64, len: usize, size: u64 },
     #[error("the I/O thread has stopped")]
     Closed,
+    #[error("cannot start the I/O thread: {source} (the process is out of threads or memory)")]
+    Thread { source: std::io::Error },
 }
 
 impl IoError {
@@ -74,6 +76,9 @@ impl IoError {
     pub fn duplicate(&self) -> IoError {
         let dup = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
         match self {
+            IoError::Thread { source } => IoError::Thread {
+                source: dup(source),
+            },
             IoError::Open { path, source } => IoError::Open {
                 path: path.clone(),
                 source: dup(source),

@@ -95,7 +95,7 @@ const COMPLETION_CAPACITY: usize = 1 << 15;
 
 impl Reader {
     /// Start the I/O thread over `engine`.
-    pub fn new(engine: impl ReadEngine + 'static, cfg: ReaderConfig) -> Self {
+    pub fn new(engine: impl ReadEngine + 'static, cfg: ReaderConfig) -> Result<Self, IoError> {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Vec::new()),
             wake: Condvar::new(),
@@ -108,14 +108,14 @@ impl Reader {
         let thread = std::thread::Builder::new()
             .name("pi2-io".into())
             .spawn(move || io_thread(engine, cfg, sh, tx))
-            .expect("cannot start the I/O thread");
-        Self {
+            .map_err(|source| IoError::Thread { source })?;
+        Ok(Self {
             shared,
             done,
             thread: Some(thread),
             engine_name,
             size,
-        }
+        })
     }
 
     /// The engine's name (`pread-direct`, ...).

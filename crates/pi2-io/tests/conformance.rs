@@ -208,7 +208,7 @@ proptest! {
             .map(|(o, l)| (o, l.min(size - o as usize)))
             .collect();
         for (name, e) in engines(&path) {
-            let reader = Reader::new(e, ReaderConfig { max_request, depth, merge_gap: gap });
+            let reader = Reader::new(e, ReaderConfig { max_request, depth, merge_gap: gap }).unwrap();
             let out = read_all(&reader, &reqs).unwrap();
             for (&(o, l), got) in reqs.iter().zip(&out) {
                 prop_assert_eq!(&got[..], &bytes[o as usize..o as usize + l], "{}", name);
@@ -231,7 +231,8 @@ fn nearby_requests_merge_into_few_reads() {
             depth: 2,
             merge_gap: 0,
         },
-    );
+    )
+    .unwrap();
     // 64 rows of 360 bytes packed back to back (in reverse order: the reader sorts them).
     let reqs: Vec<(u64, usize)> = (0..64u64).rev().map(|i| (8192 + i * 360, 360)).collect();
     let out = read_all(&reader, &reqs).unwrap();
@@ -254,7 +255,7 @@ fn device_reads_predicts_what_the_reader_issues() {
             depth: 3,
             merge_gap: gap,
         };
-        let reader = Reader::new(PreadEngine::open(&path, true).unwrap(), cfg.clone());
+        let reader = Reader::new(PreadEngine::open(&path, true).unwrap(), cfg.clone()).unwrap();
         // Scattered rows, some adjacent, one large request that must be split.
         let mut reqs: Vec<(u64, usize)> = (0..200u64)
             .map(|i| ((i * 7919 * 613) % (3 << 20), 360 + (i as usize % 3) * 252))
@@ -278,7 +279,8 @@ fn out_of_range_requests_are_refused_before_reading() {
     let reader = Reader::new(
         PreadEngine::open(&path, true).unwrap(),
         ReaderConfig::default(),
-    );
+    )
+    .unwrap();
     let err = read_all(&reader, &[(9_000, 2_000)]).unwrap_err();
     assert!(
         matches!(err, IoError::OutOfRange { size: 10_000, .. }),
@@ -297,7 +299,7 @@ fn faults_end_with_clear_errors() {
             ..FaultPlan::default()
         },
     );
-    let reader = Reader::new(eio, ReaderConfig::default());
+    let reader = Reader::new(eio, ReaderConfig::default()).unwrap();
     let err = read_all(&reader, &reqs).unwrap_err();
     assert!(err.to_string().contains("Input/output error"), "{err}");
     let short = FaultEngine::new(
@@ -307,7 +309,7 @@ fn faults_end_with_clear_errors() {
             ..FaultPlan::default()
         },
     );
-    let reader = Reader::new(short, ReaderConfig::default());
+    let reader = Reader::new(short, ReaderConfig::default()).unwrap();
     let err = read_all(&reader, &reqs).unwrap_err();
     assert!(matches!(err, IoError::ShortRead { .. }), "{err}");
 }

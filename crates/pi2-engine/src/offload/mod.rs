@@ -192,8 +192,8 @@ impl Offload {
             Some(plan) => Reader::new(
                 pi2_io::FaultEngine::new(engine, plan.clone()),
                 cfg.reader.clone(),
-            ),
-            None => Reader::new(engine, cfg.reader.clone()),
+            )?,
+            None => Reader::new(engine, cfg.reader.clone())?,
         };
         // Preload the pinned neurons with sequential reads.
         let mut hot = Vec::with_capacity(n_units);
