@@ -7,6 +7,7 @@
 //! the hit rate of every capacity. First uses are misses (a cold start, as after loading).
 
 use crate::Trace;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Hit rates at one cache size (a fraction of the layer's neurons).
@@ -45,27 +46,28 @@ impl Fenwick {
 
 /// `hist[d]` = accesses with LRU stack distance `d` among neurons not in `pinned`, plus the
 /// pinned hits and the total number of accesses.
+///
+/// Each neuron marks the time of its latest use in a Fenwick tree over time, so at most `n`
+/// marks exist at once: time is renumbered (marks kept in order) whenever it reaches the
+/// tree's few-times-`n` capacity. The tree then stays cache-sized whatever the trace's length,
+/// where a tree over every access would not (the profile's largest cost before).
 fn stack_distances(trace: &Trace, layer: usize, pinned: &[bool]) -> (Vec<u64>, u64, u64) {
     let n = trace.n_ff;
-    let total: usize = (0..trace.n_tokens)
-        .map(|t| {
-            trace
-                .row(layer, t)
-                .iter()
-                .map(|w| w.count_ones() as usize)
-                .sum::<usize>()
-        })
-        .sum();
-    let mut tree = Fenwick(vec![0; total + 2]);
+    let capacity = 4 * n.max(16);
+    let mut tree = Fenwick(vec![0; capacity + 1]);
     let mut last: Vec<Option<usize>> = vec![None; n];
     let mut hist = vec![0u64; n + 1];
-    let mut pinned_hits = 0u64;
+    let (mut pinned_hits, mut total) = (0u64, 0u64);
     let mut now = 0usize;
     for t in 0..trace.n_tokens {
         for i in trace.active(layer, t) {
+            total += 1;
             if pinned[i] {
                 pinned_hits += 1;
                 continue;
+            }
+            if now == capacity {
+                now = renumber(&mut tree, &mut last);
             }
             // A first use (no `last`) is a miss at every size.
             if let Some(p) = last[i] {
@@ -80,7 +82,24 @@ fn stack_distances(trace: &Trace, layer: usize, pinned: &[bool]) -> (Vec<u64>, u
             now += 1;
         }
     }
-    (hist, pinned_hits, total as u64)
+    (hist, pinned_hits, total)
+}
+
+/// Moves the marks to times `0..m` in their order (distances between them are unchanged) and
+/// returns `m`, the next free time.
+fn renumber(tree: &mut Fenwick, last: &mut [Option<usize>]) -> usize {
+    let mut marks: Vec<(usize, usize)> = last
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.map(|p| (p, i)))
+        .collect();
+    marks.sort_unstable();
+    tree.0.fill(0);
+    for (new, &(_, i)) in marks.iter().enumerate() {
+        last[i] = Some(new);
+        tree.add(new, 1);
+    }
+    marks.len()
 }
 
 /// Hit rates of one layer at each cache fraction in `sizes`, given per-neuron activation counts
@@ -111,7 +130,7 @@ pub fn hit_rates(
     }
     // For each pinned size, the LRU distance histogram of the rest (cumulated).
     let splits: Vec<(usize, Vec<u64>, u64)> = pinned_steps
-        .iter()
+        .par_iter()
         .map(|&f| {
             let h = cap(f);
             let mut pinned = vec![false; n];

@@ -15,6 +15,7 @@
 //! per-layer threshold calibrated for a target sparsity; for ReLU models any threshold > 0 is
 //! exact.
 
+mod coact;
 mod hitrate;
 mod predictor;
 mod profile;

@@ -1,5 +1,6 @@
 //! Recording activations and summarising them into a [`Profile`].
 
+use crate::coact::coactivation;
 use crate::hitrate::{hit_rates, HitPoint};
 use crate::{code_edge, score_code, FfnObserver, SparseError, Trace};
 use serde::{Deserialize, Serialize};
@@ -458,59 +459,6 @@ impl FfnObserver for Profiler {
                 max[i] = max[i].max(s);
             }
         }
-    }
-}
-
-/// Each neuron's most co-active partner, from the trace's bit rows transposed per neuron.
-fn coactivation(trace: &Trace, layer: usize, counts: &[u64]) -> Coactivation {
-    let (n, tokens) = (trace.n_ff, trace.n_tokens);
-    let words = tokens.div_ceil(64);
-    let mut cols = vec![0u64; n * words];
-    for t in 0..tokens {
-        for i in trace.active(layer, t) {
-            cols[i * words + t / 64] |= 1 << (t % 64);
-        }
-    }
-    // Partner = the neuron with the highest Jaccard overlap: raw co-counts would pick whichever
-    // neuron is almost always on, which says nothing about pairing.
-    let mut partner = vec![0u32; n];
-    let mut p_partner = vec![0.0f32; n];
-    let mut best_co = vec![0u32; n];
-    let mut best_jaccard = vec![-1.0f32; n];
-    for i in 0..n {
-        let ci = &cols[i * words..(i + 1) * words];
-        for j in i + 1..n {
-            let cj = &cols[j * words..(j + 1) * words];
-            let co: u32 = ci.iter().zip(cj).map(|(a, b)| (a & b).count_ones()).sum();
-            let union = (counts[i] + counts[j]) as f32 - co as f32;
-            let jac = if union > 0.0 { co as f32 / union } else { 0.0 };
-            if jac > best_jaccard[i] {
-                (best_jaccard[i], best_co[i], partner[i]) = (jac, co, j as u32);
-            }
-            if jac > best_jaccard[j] {
-                (best_jaccard[j], best_co[j], partner[j]) = (jac, co, i as u32);
-            }
-        }
-    }
-    let (mut lift_sum, mut lift_n) = (0.0f64, 0usize);
-    for i in 0..n {
-        if counts[i] > 0 {
-            p_partner[i] = best_co[i] as f32 / counts[i] as f32;
-            let pj = counts[partner[i] as usize] as f64 / tokens as f64;
-            if pj > 0.0 {
-                lift_sum += p_partner[i] as f64 / pj;
-                lift_n += 1;
-            }
-        }
-    }
-    Coactivation {
-        partner,
-        p_partner,
-        mean_lift: if lift_n == 0 {
-            1.0
-        } else {
-            (lift_sum / lift_n as f64) as f32
-        },
     }
 }
 
