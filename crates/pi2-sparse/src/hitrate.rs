@@ -59,6 +59,8 @@ fn stack_distances(trace: &Trace, layer: usize, pinned: &[bool]) -> (Vec<u64>, u
     let mut hist = vec![0u64; n + 1];
     let (mut pinned_hits, mut total) = (0u64, 0u64);
     let mut now = 0usize;
+    // Marks in the tree (neurons used so far): all of them lie before `now`.
+    let mut marks = 0i32;
     for t in 0..trace.n_tokens {
         for i in trace.active(layer, t) {
             total += 1;
@@ -73,9 +75,11 @@ fn stack_distances(trace: &Trace, layer: usize, pinned: &[bool]) -> (Vec<u64>, u
             if let Some(p) = last[i] {
                 // Distinct neurons used since p: marks after p (each neuron marks only its
                 // latest use).
-                let d = tree.prefix(now) - tree.prefix(p + 1);
+                let d = marks - tree.prefix(p + 1);
                 hist[d as usize] += 1;
                 tree.add(p, -1);
+            } else {
+                marks += 1;
             }
             tree.add(now, 1);
             last[i] = Some(now);
