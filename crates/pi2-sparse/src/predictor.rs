@@ -594,10 +594,10 @@ fn orthonormalize(q: &mut [f32], n: usize, r: usize) {
             let (done, rest) = cols.split_at_mut(j);
             let cj = &mut rest[0];
             for ck in done.iter() {
-                let dot: f64 = cj.iter().zip(ck).map(|(a, b)| a * b).sum();
+                let dot = dot_f64(cj, ck);
                 cj.iter_mut().zip(ck).for_each(|(a, b)| *a -= dot * b);
             }
-            let norm = cols[j].iter().map(|v| v * v).sum::<f64>().sqrt();
+            let norm = dot_f64(&cols[j], &cols[j]).sqrt();
             if norm > 1e-9 * scale.max(1e-300) || pass == 2 {
                 cols[j].iter_mut().for_each(|v| *v /= norm.max(1e-300));
                 if pass >= 1 {
@@ -614,6 +614,26 @@ fn orthonormalize(q: &mut [f32], n: usize, r: usize) {
             q[i * r + j] = *v as f32;
         }
     }
+}
+
+/// Dot product in eight independent partial sums: the compiler can keep them in vector
+/// registers (one running sum cannot be vectorized without reordering it), which makes
+/// `orthonormalize`, the largest cost of `pi2 convert`, several times faster.
+fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    acc.iter().sum::<f64>() + tail
 }
 
 /// Eigenvalues and eigenvectors (columns of the row-major result) of a symmetric `n x n` matrix,
