@@ -156,6 +156,8 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let (writer, report) = convert::convert(&model, &profile, &th, samples, &cfg)?;
     eprintln!("convert: fitted in {:.1} s", t1.elapsed().as_secs_f64());
     convert::write_file(&writer, &a.output, &input, a.force)?;
+    // The file's bytes now live on disk: free them before mapping it again to verify.
+    drop(writer);
     let written =
         Model::load(&a.output).with_context(|| format!("cannot re-read {}", a.output.display()))?;
     if let Err(e) = convert::verify(&model, &written) {
