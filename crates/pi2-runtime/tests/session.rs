@@ -112,6 +112,26 @@ fn sessions_run_dense_sparse_and_offloaded() {
     assert_eq!(decode(&mut e), in_memory);
     let st = e.offload().unwrap().stats();
     assert!(st.updown_reads + st.gate_reads > 0, "{st:?}");
+    // Below the least, the error says what to pass: a budget, or a context that fits.
+    let short = SessionOptions {
+        mem_budget: Some(format!("{}K", (min - 1024) >> 10)),
+        ..options()
+    };
+    let p = prepare(&cm, &conv, &short).unwrap();
+    let msg = p.engine(4).err().expect("below the least").to_string();
+    assert!(
+        msg.starts_with("--mem-budget:")
+            && msg.contains("pass --mem-budget")
+            && msg.contains("KV cache"),
+        "{msg}"
+    );
+    if let Some(c) = msg.split("lower -c to ").nth(1) {
+        let c: usize = c.split_whitespace().next().unwrap().parse().unwrap();
+        let mut fits = short.clone();
+        fits.engine.n_ctx = c;
+        let p = prepare(&cm, &conv, &fits).unwrap();
+        assert_eq!(decode(&mut p.engine(4).unwrap()), in_memory, "{msg}");
+    }
     // --dense turns a converted model's sparsity off.
     let dense = SessionOptions {
         sparse: SparseOptions {
@@ -234,7 +254,16 @@ fn options_that_cannot_work_are_refused_clearly() {
         "budget",
         "",
     );
-    assert!(!matches!(e, RuntimeError::Option { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            RuntimeError::Option {
+                option: "--mem-budget",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A plan file that does not exist names the file.
     let missing = dir.path().join("no-such.plan.json");
     refused(

@@ -215,8 +215,12 @@ mod tests {
 
     #[test]
     fn hardware_popcount_equals_the_reference() {
-        let a: Vec<u64> = (0..97u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
-        let b: Vec<u64> = (0..97u64).map(|i| !i.wrapping_mul(0xBF58_476D_1CE4_E5B9)).collect();
+        let a: Vec<u64> = (0..97u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let b: Vec<u64> = (0..97u64)
+            .map(|i| !i.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+            .collect();
         assert_eq!(co_counter()(&a, &b), co_count_ref(&a, &b));
         #[cfg(target_arch = "x86_64")]
         if !std::is_x86_feature_detected!("popcnt") {
