@@ -217,7 +217,7 @@ fn qwen2_f32_matches_reference() {
 fn every_weight_type_matches_reference() {
     for ty in QuantType::ALL {
         // Quantized weights also quantize the activations (int8 dot products): looser bound.
-        let bound = if matches!(ty, QuantType::F32 | QuantType::F16) {
+        let bound = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) {
             0.9999
         } else {
             0.998

@@ -24,6 +24,10 @@ fn matrix_bytes(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
             QuantType::F16 => b
                 .chunks_exact_mut(2)
                 .for_each(|c| c.copy_from_slice(&scale)),
+            // 1/16 as BF16.
+            QuantType::BF16 => b
+                .chunks_exact_mut(2)
+                .for_each(|c| c.copy_from_slice(&0x3D80u16.to_le_bytes())),
             QuantType::Q6_K => b
                 .chunks_exact_mut(210)
                 .for_each(|c| c[208..].copy_from_slice(&scale)),

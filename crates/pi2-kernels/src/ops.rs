@@ -6,7 +6,7 @@ use crate::{ActKind, KernelError, KernelSet, QuantType};
 use rayon::prelude::*;
 
 /// Evaluates `$blocks` with `$k` bound to `$ks`'s row kernels for the block type `$ty`, or
-/// `$float` for F32/F16: the one place a new block format joins every operation below.
+/// `$float` for F32/F16/BF16: the one place a new block format joins every operation below.
 macro_rules! by_block_type {
     ($ks:expr, $ty:expr, $k:ident => $blocks:expr, float => $float:expr) => {
         match $ty {
@@ -42,7 +42,7 @@ macro_rules! by_block_type {
                 let $k = &$ks.q6_k;
                 $blocks
             }
-            QuantType::F32 | QuantType::F16 => $float,
+            QuantType::F32 | QuantType::F16 | QuantType::BF16 => $float,
         }
     };
 }
@@ -335,6 +335,7 @@ pub fn dot_row(ks: &KernelSet, ty: QuantType, row: &[u8], act: ActRow<'_>) -> f3
     let got = by_block_type!(ks, ty, k => blocks(k, row, act), float => match (ty, act) {
         (QuantType::F32, ActRow::F32(x)) => Some((ks.f32)(c(row), x)),
         (QuantType::F16, ActRow::F32(x)) => Some((ks.f16)(c(row), x)),
+        (QuantType::BF16, ActRow::F32(x)) => Some((ks.bf16)(c(row), x)),
         _ => None,
     });
     got.unwrap_or_else(|| panic!("dot_row: {ty} weights cannot take {act:?} activations"))
@@ -641,6 +642,11 @@ pub fn axpy_rows_by<'r>(
         QuantType::F16 => {
             for (i, &a) in coeff.iter().enumerate() {
                 (ks.axpy_f16)(a, bytemuck::cast_slice(row(i)), y);
+            }
+        }
+        QuantType::BF16 => {
+            for (i, &a) in coeff.iter().enumerate() {
+                (ks.axpy_bf16)(a, bytemuck::cast_slice(row(i)), y);
             }
         }
         _ => {

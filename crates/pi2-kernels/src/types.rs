@@ -29,6 +29,7 @@ pub enum KernelError {
 pub enum QuantType {
     F32,
     F16,
+    BF16,
     Q4_0,
     Q4_1,
     Q5_0,
@@ -42,7 +43,7 @@ pub enum QuantType {
 /// The activation format a weight type's dot product consumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActKind {
-    /// Plain f32 (F32 and F16 weights).
+    /// Plain f32 (F32, F16 and BF16 weights).
     F32,
     /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
     Q8,
@@ -51,9 +52,10 @@ pub enum ActKind {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 10] = [
+    pub const ALL: [QuantType; 11] = [
         Self::F32,
         Self::F16,
+        Self::BF16,
         Self::Q4_0,
         Self::Q4_1,
         Self::Q5_0,
@@ -77,6 +79,7 @@ impl QuantType {
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
+            30 => Self::BF16,
             _ => return None,
         })
     }
@@ -94,13 +97,14 @@ impl QuantType {
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
+            Self::BF16 => 30,
         }
     }
 
     /// Elements per block.
     pub fn block_len(self) -> usize {
         match self {
-            Self::F32 | Self::F16 => 1,
+            Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
         }
@@ -111,7 +115,7 @@ impl QuantType {
         use std::mem::size_of;
         match self {
             Self::F32 => 4,
-            Self::F16 => 2,
+            Self::F16 | Self::BF16 => 2,
             Self::Q4_0 => size_of::<quant::BlockQ4_0>(),
             Self::Q4_1 => size_of::<quant::BlockQ4_1>(),
             Self::Q5_0 => size_of::<quant::BlockQ5_0>(),
@@ -142,7 +146,7 @@ impl QuantType {
     /// The activation format this type's dot product consumes.
     pub fn act_kind(self) -> ActKind {
         match self {
-            Self::F32 | Self::F16 => ActKind::F32,
+            Self::F32 | Self::F16 | Self::BF16 => ActKind::F32,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => ActKind::Q8,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => ActKind::Q8K,
         }
@@ -167,6 +171,10 @@ impl QuantType {
                 .iter()
                 .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
                 .collect(),
+            Self::BF16 => x
+                .iter()
+                .flat_map(|&v| quant::bf16::f32_to_bf16(v).to_le_bytes())
+                .collect(),
             Self::Q4_0 => blocks(x, quant::BlockQ4_0::quantize),
             Self::Q4_1 => blocks(x, quant::BlockQ4_1::quantize),
             Self::Q5_0 => blocks(x, quant::BlockQ5_0::quantize),
@@ -189,6 +197,7 @@ impl QuantType {
         match self {
             Self::F32 => out.copy_from_slice(bytemuck::cast_slice(&row[..out.len() * 4])),
             Self::F16 => quant::f16::dequantize(bytemuck::cast_slice(&row[..out.len() * 2]), out),
+            Self::BF16 => quant::bf16::dequantize(bytemuck::cast_slice(&row[..out.len() * 2]), out),
             Self::Q4_0 => blocks::<quant::BlockQ4_0>(row, out),
             Self::Q4_1 => blocks::<quant::BlockQ4_1>(row, out),
             Self::Q5_0 => blocks::<quant::BlockQ5_0>(row, out),
@@ -206,6 +215,7 @@ impl fmt::Display for QuantType {
         f.write_str(match self {
             Self::F32 => "F32",
             Self::F16 => "F16",
+            Self::BF16 => "BF16",
             Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
             Self::Q5_0 => "Q5_0",

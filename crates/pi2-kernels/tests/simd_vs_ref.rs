@@ -7,7 +7,7 @@ use proptest::prelude::*;
 /// Allowed |simd - ref| relative to sum(|w_i * x_i|): the integer sums are exact, only the f32
 /// accumulation order differs, so the budget is a few ulps of the magnitude sum.
 const INT_DOT_BUDGET: f32 = 1e-5;
-/// F32/F16 weights: FMA and reassociation over the whole row.
+/// F32/F16/BF16 weights: FMA and reassociation over the whole row.
 const FLOAT_DOT_BUDGET: f32 = 1e-5;
 
 /// A row of `blocks` random blocks of `ty` with finite, moderate f16 scales.
@@ -27,6 +27,12 @@ fn row_bytes(ty: QuantType, blocks: usize, seed: &[u8]) -> Vec<u8> {
         QuantType::F16 => {
             for (i, c) in b.chunks_exact_mut(2).enumerate() {
                 c.copy_from_slice(&f16((seed[i % seed.len()] as f32 - 128.0) / 64.0));
+            }
+        }
+        QuantType::BF16 => {
+            for (i, c) in b.chunks_exact_mut(2).enumerate() {
+                let v = (seed[i % seed.len()] as f32 - 128.0) / 64.0 * (1.0 + i as f32 / 97.0);
+                c.copy_from_slice(&pi2_kernels::quant::bf16::f32_to_bf16(v).to_le_bytes());
             }
         }
         QuantType::Q6_K => {
@@ -60,7 +66,7 @@ fn check(ty: QuantType, blocks: usize, seed: Vec<u8>, x: Vec<f32>) -> Result<(),
     let mut w = vec![0.0; cols];
     ty.dequantize_row(&row, &mut w);
     let magnitude: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-6;
-    let budget = if matches!(ty, QuantType::F32 | QuantType::F16) {
+    let budget = if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) {
         FLOAT_DOT_BUDGET
     } else {
         INT_DOT_BUDGET
@@ -96,6 +102,26 @@ proptest! {
 }
 
 proptest! {
+    #[test]
+    fn axpy_bf16_every_tier_matches_reference(
+        a in -4.0f32..4.0,
+        x in proptest::collection::vec(-100.0f32..100.0, 0..100),
+    ) {
+        let xh: Vec<u16> = x.iter().map(|&v| pi2_kernels::quant::bf16::f32_to_bf16(v)).collect();
+        let y0: Vec<f32> = (0..x.len()).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let mut want = y0.clone();
+        (KernelSet::scalar().axpy_bf16)(a, &xh, &mut want);
+        for tier in Tier::ALL {
+            let Some(ks) = KernelSet::for_tier(tier) else { continue };
+            let mut got = y0.clone();
+            (ks.axpy_bf16)(a, &xh, &mut got);
+            for (g, w) in got.iter().zip(&want) {
+                // FMA rounds once where the reference rounds twice.
+                prop_assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{tier:?}: {g} vs {w}");
+            }
+        }
+    }
+
     #[test]
     fn axpy_f16_every_tier_matches_reference(
         a in -4.0f32..4.0,

@@ -69,7 +69,8 @@ pub fn random_tensor(
             QuantType::F16 => {
                 (0..cols).for_each(|_| out.extend_from_slice(&f16(rng.uniform() * scale)))
             }
-            QuantType::Q4_0
+            QuantType::BF16
+            | QuantType::Q4_0
             | QuantType::Q4_1
             | QuantType::Q5_0
             | QuantType::Q5_1
@@ -77,7 +78,7 @@ pub fn random_tensor(
                 let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * scale).collect();
                 out.extend(
                     ty.quantize_row(&x)
-                        .expect("32-element formats have a quantizer"),
+                        .expect("BF16 and 32-element formats have a quantizer"),
                 );
             }
             QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => {

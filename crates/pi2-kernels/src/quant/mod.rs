@@ -4,6 +4,7 @@
 //! `dequantize` and a scalar integer dot product against its activation partner. The scalar
 //! code is the specification the SIMD paths in `crate::simd` are tested against.
 
+pub mod bf16;
 pub mod f16;
 pub mod f32;
 pub mod q4_0;

@@ -27,6 +27,8 @@ pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
         f32: |w, x| unsafe { dot_f32(w, x) },
         f16: |w, x| unsafe { dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { axpy_f16(a, x, y) },
+        bf16: |w, x| unsafe { dot_bf16(w, x) },
+        axpy_bf16: |a, x, y| unsafe { axpy_bf16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(flavour),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
@@ -409,6 +411,60 @@ pub(super) unsafe fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
         i += 1;
     }
     s
+}
+
+/// Eight BF16 values at `p` as f32 (a widening shift: exact).
+///
+/// # Safety
+/// AVX2; eight `u16` readable at `p`.
+#[target_feature(enable = "avx2")]
+unsafe fn load_bf16x8(p: *const u16) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        acc = _mm256_fmadd_ps(
+            load_bf16x8(w.as_ptr().add(i)),
+            _mm256_loadu_ps(x.as_ptr().add(i)),
+            acc,
+        );
+        i += 8;
+    }
+    let mut s = hsum_ps(acc);
+    while i < n {
+        s += crate::quant::bf16::bf16_to_f32(w[i]) * x[i];
+        i += 1;
+    }
+    s
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn axpy_bf16(a: f32, x: &[u16], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i + 8 <= n {
+        let yp = y.as_mut_ptr().add(i);
+        _mm256_storeu_ps(
+            yp,
+            _mm256_fmadd_ps(av, load_bf16x8(x.as_ptr().add(i)), _mm256_loadu_ps(yp)),
+        );
+        i += 8;
+    }
+    while i < n {
+        y[i] += a * crate::quant::bf16::bf16_to_f32(x[i]);
+        i += 1;
+    }
 }
 
 /// # Safety

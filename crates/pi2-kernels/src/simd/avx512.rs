@@ -27,6 +27,8 @@ pub(super) fn kernel_set(tier: Tier) -> KernelSet {
         f32: |w, x| unsafe { avx2::dot_f32(w, x) },
         f16: |w, x| unsafe { avx2::dot_f16(w, x) },
         axpy_f16: |a, x, y| unsafe { avx2::axpy_f16(a, x, y) },
+        bf16: |w, x| unsafe { avx2::dot_bf16(w, x) },
+        axpy_bf16: |a, x, y| unsafe { avx2::axpy_bf16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(flavour),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),

@@ -202,6 +202,9 @@ pub struct KernelSet {
     pub f16: fn(&[u16], &[f32]) -> f32,
     /// `y += a * x` with f16 `x` (attention over an f16 value cache).
     pub axpy_f16: fn(f32, &[u16], &mut [f32]),
+    pub bf16: fn(&[u16], &[f32]) -> f32,
+    /// `y += a * x` with BF16 `x` (sparse down rows of a BF16 model).
+    pub axpy_bf16: fn(f32, &[u16], &mut [f32]),
     pub q4_0: RowKernels<BlockQ4_0>,
     pub q4_1: RowKernels<BlockQ4_1>,
     pub q5_0: RowKernels<BlockQ5_0>,
@@ -279,6 +282,8 @@ impl KernelSet {
             f32: quant::f32::vec_dot_ref,
             f16: quant::f16::vec_dot_ref,
             axpy_f16: quant::f16::axpy_ref,
+            bf16: quant::bf16::vec_dot_ref,
+            axpy_bf16: quant::bf16::axpy_ref,
             q4_0: RowKernels::reference(),
             q4_1: RowKernels::reference(),
             q5_0: RowKernels::reference(),

@@ -21,6 +21,8 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         // f16 vector types are unstable in Rust: the value cache uses the scalar reference.
         f16: quant::f16::vec_dot_ref,
         axpy_f16: quant::f16::axpy_ref,
+        bf16: |w, x| unsafe { dot_bf16(w, x) },
+        axpy_bf16: |a, x, y| unsafe { axpy_bf16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(dot),
         q4_1: tiles::<BlockQ4_1>(dot),
         q5_0: tiles::<BlockQ5_0>(dot),
@@ -258,6 +260,64 @@ unsafe fn tile_dot<B: Block32, const R: usize, const T: usize>(
     x: [&[BlockQ8]; T],
 ) -> [[f32; T]; R] {
     tile_body::<B, R, T, true>(w, x)
+}
+
+/// Four BF16 values at `p` as f32 (a widening shift: exact).
+///
+/// # Safety
+/// NEON; four `u16` readable at `p`.
+#[target_feature(enable = "neon")]
+unsafe fn load_bf16x4(p: *const u16) -> float32x4_t {
+    vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p)))
+}
+
+/// # Safety
+/// NEON is part of every aarch64 target Rust supports.
+#[target_feature(enable = "neon")]
+unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let (mut a0, mut a1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+    let mut i = 0;
+    while i + 8 <= n {
+        a0 = vfmaq_f32(
+            a0,
+            load_bf16x4(w.as_ptr().add(i)),
+            vld1q_f32(x.as_ptr().add(i)),
+        );
+        a1 = vfmaq_f32(
+            a1,
+            load_bf16x4(w.as_ptr().add(i + 4)),
+            vld1q_f32(x.as_ptr().add(i + 4)),
+        );
+        i += 8;
+    }
+    let mut s = vaddvq_f32(vaddq_f32(a0, a1));
+    while i < n {
+        s += quant::bf16::bf16_to_f32(w[i]) * x[i];
+        i += 1;
+    }
+    s
+}
+
+/// # Safety
+/// NEON is part of every aarch64 target Rust supports.
+#[target_feature(enable = "neon")]
+unsafe fn axpy_bf16(a: f32, x: &[u16], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = vdupq_n_f32(a);
+    let mut i = 0;
+    while i + 4 <= n {
+        let yp = y.as_mut_ptr().add(i);
+        vst1q_f32(
+            yp,
+            vfmaq_f32(vld1q_f32(yp), av, load_bf16x4(x.as_ptr().add(i))),
+        );
+        i += 4;
+    }
+    while i < n {
+        y[i] += a * quant::bf16::bf16_to_f32(x[i]);
+        i += 1;
+    }
 }
 
 /// # Safety
