@@ -376,6 +376,45 @@ fn thirty_two_clients_get_answers_or_503_and_metrics_count_them() {
 }
 
 #[test]
+fn two_conversations_keep_their_own_slots() {
+    let s = Server::start(&["--parallel", "2"]);
+    let system = json!({"role": "system", "content": "You are a helpful assistant."});
+    let ask = |history: &[Value]| {
+        let v = post(
+            &s.addr,
+            "/v1/chat/completions",
+            &json!({"messages": history, "temperature": 0, "max_tokens": 8}),
+        )
+        .json();
+        let reply = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (v["usage"].clone(), reply)
+    };
+    let mut a = vec![
+        system.clone(),
+        json!({"role": "user", "content": "Name a fruit."}),
+    ];
+    let mut b = vec![system, json!({"role": "user", "content": "Name a colour."})];
+    let (ua, ra) = ask(&a);
+    let (ub, rb) = ask(&b);
+    // Turns alternate between the conversations: each finds its own earlier turn cached.
+    for (conv, reply, first) in [(&mut a, ra, ua), (&mut b, rb, ub)] {
+        conv.push(json!({"role": "assistant", "content": reply}));
+        conv.push(json!({"role": "user", "content": "Another one?"}));
+        let (u, _) = ask(conv);
+        let cached = u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            cached >= first["prompt_tokens"].as_u64().unwrap(),
+            "turn 2 reused {cached} tokens: {u} after {first}"
+        );
+    }
+}
+
+#[test]
 fn a_client_leaving_mid_answer_frees_its_slot() {
     let s = Server::start(&["--parallel", "1"]);
     for (i, stream) in [true, false].into_iter().enumerate() {

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod metrics;
 pub mod routes;
+pub mod sched;
 pub mod slots;
 
 use std::net::SocketAddr;

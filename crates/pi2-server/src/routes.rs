@@ -234,15 +234,11 @@ async fn start(
         stream: req.streams(),
         events: tx,
     };
-    s.queue.submit(job).map_err(|e| match e {
-        QueueError::Full(n) => ApiError::new(
+    s.queue.submit(job).map_err(|QueueError::Full(n)| {
+        ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the server is busy ({n} requests queued); retry shortly"),
-        ),
-        QueueError::Closed => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down",
-        ),
+        )
     })?;
     let prefix = match kind {
         Kind::Chat => "chatcmpl",

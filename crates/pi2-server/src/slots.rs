@@ -4,7 +4,7 @@
 
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
-use crossbeam::channel::{Receiver, Sender, TrySendError};
+use crate::sched::{Placed, Scheduler};
 use pi2_engine::{generate, Engine, GenerateConfig, Sampler, SamplerConfig, StopReason};
 use pi2_model::TokenId;
 use pi2_runtime::text::{StopStrings, Utf8Stream};
@@ -39,7 +39,7 @@ pub struct Job {
 /// The queue in front of the slots.
 #[derive(Clone)]
 pub struct Queue {
-    tx: Sender<Job>,
+    sched: Arc<Scheduler<Job>>,
     metrics: Arc<Metrics>,
 }
 
@@ -47,20 +47,20 @@ pub struct Queue {
 #[derive(Debug)]
 pub enum QueueError {
     Full(usize),
-    Closed,
 }
 
 impl Queue {
-    /// Queues `job`, or answers at once that the queue is full: a client never waits for a
-    /// place in line.
+    /// Hands `job` to a slot or the queue, or answers at once that the queue is full: a
+    /// client never waits for a place in line.
     pub fn submit(&self, job: Job) -> Result<(), QueueError> {
-        match self.tx.try_send(job) {
-            Ok(()) => {
+        let prompt = job.prompt.clone();
+        match self.sched.submit(job, &prompt) {
+            Ok(Placed::Queued(_)) => {
                 self.metrics.queued(1);
                 Ok(())
             }
-            Err(TrySendError::Full(_)) => Err(QueueError::Full(self.tx.capacity().unwrap_or(0))),
-            Err(TrySendError::Disconnected(_)) => Err(QueueError::Closed),
+            Ok(Placed::Slot(_)) => Ok(()),
+            Err(_) => Err(QueueError::Full(self.sched.capacity())),
         }
     }
 }
@@ -75,10 +75,10 @@ pub fn start(
     n_batch: usize,
     metrics: Arc<Metrics>,
 ) -> Result<(Queue, usize), pi2_runtime::RuntimeError> {
-    let (tx, rx) = crossbeam::channel::bounded::<Job>(queue);
+    let sched = Arc::new(Scheduler::new(parallel, queue));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     for id in 0..parallel {
-        let rx = rx.clone();
+        let sched = sched.clone();
         let ready = ready_tx.clone();
         let metrics = metrics.clone();
         std::thread::Builder::new()
@@ -93,7 +93,7 @@ pub fn start(
                         n_batch,
                         metrics,
                     }
-                    .serve(rx)
+                    .serve(&sched)
                 }
                 Err(e) => {
                     let _ = ready.send(Err(e));
@@ -115,7 +115,7 @@ pub fn start(
             }
         }
     }
-    Ok((Queue { tx, metrics }, n_ctx))
+    Ok((Queue { sched, metrics }, n_ctx))
 }
 
 struct Slot<'p> {
@@ -128,9 +128,12 @@ struct Slot<'p> {
 }
 
 impl Slot<'_> {
-    fn serve(mut self, jobs: Receiver<Job>) {
-        while let Ok(job) = jobs.recv() {
-            self.metrics.queued(-1);
+    fn serve(mut self, sched: &Scheduler<Job>) {
+        loop {
+            let (job, queued) = sched.next(self.id, &self.cached);
+            if queued {
+                self.metrics.queued(-1);
+            }
             if job.events.is_closed() {
                 // The client left while waiting.
                 self.metrics.cancelled();
