@@ -23,19 +23,14 @@ pub struct ChatArgs {
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     pub n_predict: usize,
     #[command(flatten)]
-    pub sparse: super::sparse_args::SparseArgs,
-    #[command(flatten)]
-    pub offload: super::sparse_args::OffloadArgs,
-    /// Run a plan from `pi2 plan`, or `auto` to plan now (for --mem-budget, else in memory)
-    #[arg(long)]
-    pub plan: Option<String>,
+    pub session: super::sparse_args::SessionArgs,
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let path = super::model_path(&a.model)?;
     let model = pi2_runtime::load_model(&path)?;
     let template = model.chat_template()?;
-    let opts = super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "chat")?;
+    let opts = super::session_options(&a.model, &a.session, "chat")?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens: buffers for those.
     let mut engine = prepared.engine(GenerateConfig::default().n_batch)?;

@@ -163,17 +163,15 @@ impl ModelArgs {
 /// The runtime's session options from a command's arguments (`command` names it in errors).
 pub fn session_options(
     model: &ModelArgs,
-    sparse: &sparse_args::SparseArgs,
-    offload: &sparse_args::OffloadArgs,
-    plan: Option<String>,
+    session: &sparse_args::SessionArgs,
     command: &str,
 ) -> Result<pi2_runtime::SessionOptions> {
     Ok(pi2_runtime::SessionOptions {
         engine: model.engine_options()?,
-        sparse: sparse.options(),
-        mem_budget: offload.one_budget(command)?,
-        offload: offload.options(),
-        plan,
+        sparse: session.sparse.options(),
+        mem_budget: session.offload.one_budget(command)?,
+        offload: session.offload.options(),
+        plan: session.plan.clone(),
         sparse_batches: false,
     })
 }

@@ -43,19 +43,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub sparse: super::sparse_args::SparseArgs,
-    #[command(flatten)]
-    pub offload: super::sparse_args::OffloadArgs,
-    /// Run a plan from `pi2 plan` (threads, cores, memory split, I/O), or `auto` to plan now
-    /// (for --mem-budget, else the whole model in memory)
-    #[arg(long)]
-    pub plan: Option<String>,
+    pub session: super::sparse_args::SessionArgs,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let path = super::model_path(&a.model)?;
     let model = pi2_runtime::load_model(&path)?;
-    let opts = super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "run")?;
+    let opts = super::session_options(&a.model, &a.session, "run")?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let tok = &model.tokenizer;
     let user_text = prompt_text(&a)?;

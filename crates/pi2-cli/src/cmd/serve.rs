@@ -34,18 +34,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub alias: Vec<String>,
     #[command(flatten)]
-    pub sparse: super::sparse_args::SparseArgs,
-    #[command(flatten)]
-    pub offload: super::sparse_args::OffloadArgs,
-    /// Run a plan from `pi2 plan`, or `auto` to plan now (for --mem-budget, else in memory)
-    #[arg(long)]
-    pub plan: Option<String>,
+    pub session: super::sparse_args::SessionArgs,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
     let path = super::model_path(&a.model)?;
-    let mut opts =
-        super::session_options(&a.model, &a.sparse, &a.offload, a.plan.clone(), "serve")?;
+    let mut opts = super::session_options(&a.model, &a.session, "serve")?;
     pi2_server::place_slots(&mut opts.engine, a.parallel);
     let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
     // The server runs until the process ends: the model and session live as long.

@@ -183,6 +183,20 @@ impl OffloadArgs {
     }
 }
 
+/// What a session is built from beyond the model and threads: sparsity, offloading, a plan
+/// (`run`, `chat`, `serve`).
+#[derive(Args)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    pub sparse: SparseArgs,
+    #[command(flatten)]
+    pub offload: OffloadArgs,
+    /// Run a plan from `pi2 plan` (threads, cores, memory split, I/O), or `auto` to plan now
+    /// (for --mem-budget, else the whole model in memory)
+    #[arg(long)]
+    pub plan: Option<String>,
+}
+
 impl From<IoEngineArg> for pi2_io::IoEngine {
     fn from(a: IoEngineArg) -> Self {
         match a {
