@@ -4,9 +4,21 @@
 //! popcount where the CPU has it (x86-64's baseline has none: a software count is several
 //! times slower, and this loop is the profile's largest cost).
 
-use crate::profile::Coactivation;
 use crate::Trace;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Co-activation of each neuron with its most co-active partner (highest Jaccard overlap of the
+/// tokens they are active on) at the reference threshold.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Coactivation {
+    /// `partner[i]`: the neuron most often active together with `i`.
+    pub partner: Vec<u32>,
+    /// P(partner active | i active).
+    pub p_partner: Vec<f32>,
+    /// Mean over active neurons of P(partner | i) / P(partner): 1 means independent.
+    pub mean_lift: f32,
+}
 
 /// Neurons per block: a block pair's columns (2 x 64 x words x 8 bytes) stay in cache.
 const BLOCK: usize = 64;

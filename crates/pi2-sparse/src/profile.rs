@@ -1,6 +1,7 @@
 //! Recording activations and summarising them into a [`Profile`].
 
 use crate::coact::coactivation;
+pub use crate::coact::Coactivation;
 use crate::hitrate::{hit_rates, HitPoint};
 use crate::{code_edge, score_code, FfnObserver, SparseError, Trace};
 use serde::{Deserialize, Serialize};
@@ -102,18 +103,6 @@ impl Default for ProfileConfig {
             nonzero: false,
         }
     }
-}
-
-/// Co-activation of each neuron with its most co-active partner (highest Jaccard overlap of the
-/// tokens they are active on) at the reference threshold.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Coactivation {
-    /// `partner[i]`: the neuron most often active together with `i`.
-    pub partner: Vec<u32>,
-    /// P(partner active | i active).
-    pub p_partner: Vec<f32>,
-    /// Mean over active neurons of P(partner | i) / P(partner): 1 means independent.
-    pub mean_lift: f32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
