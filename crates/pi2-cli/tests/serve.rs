@@ -543,6 +543,7 @@ fn python_script(script: &str, env: &[(&str, &str)]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    eprint!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]

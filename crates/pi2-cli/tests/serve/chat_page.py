@@ -1,5 +1,5 @@
 """The built-in chat page in headless Chromium (Debian `chromium` and `chromium-driver`):
-type a message, press Enter, see the answer stream in. Run by crates/pi2-cli/tests/serve.rs
+type a message, press Enter, see the answer stream in, greedy, equal to `pi2 run`'s. Run by crates/pi2-cli/tests/serve.rs
 against a running `pi2 serve` (PI2_URL)."""
 
 import os
@@ -29,6 +29,11 @@ try:
         }).observe(document.getElementById('messages'),
                    {subtree: true, childList: true, characterData: true});"""
     )
+    # Greedy and as long as `pi2 run -n 24` (PI2_EXPECTED), so the answers can be compared.
+    for field, value in (("temperature", "0"), ("max-tokens", "24")):
+        el = driver.find_element(By.ID, field)
+        el.clear()
+        el.send_keys(value)
     box = driver.find_element(By.ID, "input")
     box.send_keys(os.environ["PI2_QUESTION"])
     box.send_keys(Keys.ENTER)
@@ -50,7 +55,11 @@ try:
     assert final.strip(), "no answer appeared"
     assert len(seen) >= 2, f"the answer did not stream in (saw {seen})"
     stats = driver.find_element(By.ID, "stats").text
-    assert "tokens" in stats, stats
+    assert "tokens" in stats, f"no end of the answer within the deadline (stats: {stats!r})"
+    shown = driver.execute_script(
+        "const a = document.querySelectorAll('.msg.assistant'); return a[a.length - 1].textContent;"
+    )
+    assert shown == os.environ["PI2_EXPECTED"], (shown, os.environ["PI2_EXPECTED"])
     print(f"chat page: answer streamed in {len(seen)} steps: {final[:60]!r}; {stats}")
 finally:
     driver.quit()
