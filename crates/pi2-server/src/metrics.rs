@@ -192,26 +192,28 @@ impl Metrics {
         ];
         let offload = self.offload.lock();
         if offload.iter().any(Option::is_some) {
-            let mut hits = 0;
-            let mut reads = 0;
-            let mut bytes = 0;
+            // The slots' neuron counters summed, read as one cache.
+            let mut sum = OffloadStats::default();
             for s in offload.iter().flatten() {
-                hits += s.gate_hot + s.gate_hits + s.updown_hot + s.updown_hits;
-                reads += s.gate_reads + s.updown_reads;
-                bytes += s.decode_bytes;
+                sum.gate_hot += s.gate_hot;
+                sum.gate_hits += s.gate_hits;
+                sum.gate_reads += s.gate_reads;
+                sum.updown_hot += s.updown_hot;
+                sum.updown_hits += s.updown_hits;
+                sum.updown_reads += s.updown_reads;
+                sum.decode_bytes += s.decode_bytes;
             }
-            let ratio = hits as f64 / (hits + reads).max(1) as f64;
             rows.push((
                 "neuron_cache_hit_ratio",
                 G,
                 "Neuron rows decode found in memory (pinned or cached) among all it needed.",
-                ratio,
+                sum.hit_rate(),
             ));
             rows.push((
                 "neuron_read_bytes_total",
                 C,
                 "Bytes of neuron rows decode read from flash.",
-                bytes as f64,
+                sum.decode_bytes as f64,
             ));
         }
         let mut out = String::new();
