@@ -191,14 +191,7 @@ fn write_meta(w: &mut GgufWriter, spec: &SynthSpec, vocab: (Vec<String>, Vec<i32
     }
     w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
     w.meta("tokenizer.ggml.pre", Value::String("smollm".into()));
-    w.meta(
-        "tokenizer.ggml.tokens",
-        Value::Array(tokens.into_iter().map(Value::String).collect()),
-    );
-    w.meta(
-        "tokenizer.ggml.token_type",
-        Value::Array(types.into_iter().map(Value::I32).collect()),
-    );
+    vocabulary_meta(w, tokens, types);
     w.meta(
         "tokenizer.ggml.merges",
         Value::Array(merges.into_iter().map(Value::String).collect()),
@@ -329,6 +322,15 @@ pub fn spm_vocabulary() -> GgufWriter {
         .collect();
     let mut w = GgufWriter::new();
     w.meta("tokenizer.ggml.model", Value::String("llama".into()));
+    vocabulary_meta(&mut w, tokens, types);
+    w.meta("tokenizer.ggml.scores", Value::Array(scores));
+    w.meta("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.meta("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w
+}
+
+/// A vocabulary's token texts and types as GGUF metadata.
+fn vocabulary_meta(w: &mut GgufWriter, tokens: Vec<String>, types: Vec<i32>) {
     w.meta(
         "tokenizer.ggml.tokens",
         Value::Array(tokens.into_iter().map(Value::String).collect()),
@@ -337,8 +339,4 @@ pub fn spm_vocabulary() -> GgufWriter {
         "tokenizer.ggml.token_type",
         Value::Array(types.into_iter().map(Value::I32).collect()),
     );
-    w.meta("tokenizer.ggml.scores", Value::Array(scores));
-    w.meta("tokenizer.ggml.bos_token_id", Value::U32(1));
-    w.meta("tokenizer.ggml.eos_token_id", Value::U32(2));
-    w
 }

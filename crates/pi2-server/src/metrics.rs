@@ -22,7 +22,6 @@ pub struct Metrics {
     prompt_us: AtomicU64,
     predicted_us: AtomicU64,
     busy_us: AtomicU64,
-    queued: AtomicI64,
     processing: AtomicI64,
     /// Per slot: its engine's offload counters after its last request.
     offload: Mutex<Vec<Option<OffloadStats>>>,
@@ -53,9 +52,6 @@ impl Metrics {
     pub fn failed(&self) {
         self.failed.fetch_add(1, Relaxed);
     }
-    pub fn queued(&self, d: i64) {
-        self.queued.fetch_add(d, Relaxed);
-    }
     pub fn processing(&self, d: i64) {
         self.processing.fetch_add(d, Relaxed);
     }
@@ -81,8 +77,8 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    /// The Prometheus text exposition; `queued` is how many requests wait for a slot now.
+    pub fn render(&self, queued: usize) -> String {
         let get = |a: &AtomicU64| a.load(Relaxed) as f64;
         let gauge = |a: &AtomicI64| a.load(Relaxed).max(0) as f64;
         let predicted_s = get(&self.predicted_us) / 1e6;
@@ -175,7 +171,7 @@ impl Metrics {
                 "requests_deferred",
                 G,
                 "Requests waiting in the queue.",
-                gauge(&self.queued),
+                queued as f64,
             ),
             (
                 "requests_processing",

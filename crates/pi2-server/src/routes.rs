@@ -124,7 +124,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        s.metrics.render(s.queue.waiting()),
     )
 }
 

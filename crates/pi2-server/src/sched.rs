@@ -109,22 +109,21 @@ impl<J> Scheduler<J> {
         Ok(placed)
     }
 
-    /// Slot `id`'s next job (waiting for one), and whether it came from the queue; `cached` is
-    /// what the slot's KV cache holds now.
-    pub fn next(&self, id: usize, cached: &[TokenId]) -> (J, bool) {
+    /// Slot `id`'s next job (waiting for one); `cached` is what the slot's KV cache holds now.
+    pub fn next(&self, id: usize, cached: &[TokenId]) -> J {
         let mut st = self.state.lock();
         st.slots[id].cached.clear();
         st.slots[id].cached.extend_from_slice(cached);
         loop {
             if let Some(job) = st.slots[id].mailbox.take() {
-                return (job, false);
+                return job;
             }
             if let Some((job, prompt_len)) = st.queue.pop_front() {
                 st.clock += 1;
                 let clock = st.clock;
                 let s = &mut st.slots[id];
                 (s.busy, s.last_used, s.prompt_len) = (true, clock, prompt_len);
-                return (job, true);
+                return job;
             }
             st.slots[id].busy = false;
             self.wake.wait(&mut st);
@@ -180,14 +179,14 @@ mod tests {
         assert_eq!(s.submit(1, &[1]), Ok(Placed::Slot(0)));
         assert_eq!(s.submit(2, &[2]), Ok(Placed::Queued(1)));
         assert_eq!(s.submit(3, &[3]), Ok(Placed::Queued(2)));
-        assert_eq!(s.next(0, &[]), (1, false));
-        assert_eq!(s.next(0, &[1]), (2, true));
-        assert_eq!(s.next(0, &[2]), (3, true));
+        assert_eq!(s.next(0, &[]), 1);
+        assert_eq!(s.next(0, &[1]), 2);
+        assert_eq!(s.next(0, &[2]), 3);
         // An idle slot waits, and wakes for the next job.
         let s2 = s.clone();
         let t = std::thread::spawn(move || s2.next(0, &[3]));
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert_eq!(s.submit(4, &[4]), Ok(Placed::Slot(0)));
-        assert_eq!(t.join().unwrap(), (4, false));
+        assert_eq!(t.join().unwrap(), 4);
     }
 }

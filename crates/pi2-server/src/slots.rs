@@ -4,7 +4,7 @@
 
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
-use crate::sched::{Placed, Scheduler};
+use crate::sched::Scheduler;
 use pi2_engine::{generate, Engine, GenerateConfig, Sampler, SamplerConfig, StopReason};
 use pi2_model::TokenId;
 use pi2_runtime::text::{StopStrings, Utf8Stream};
@@ -40,7 +40,6 @@ pub struct Job {
 #[derive(Clone)]
 pub struct Queue {
     sched: Arc<Scheduler<Job>>,
-    metrics: Arc<Metrics>,
 }
 
 /// Why a job was not queued.
@@ -55,13 +54,14 @@ impl Queue {
     pub fn submit(&self, job: Job) -> Result<(), QueueError> {
         let prompt = job.prompt.clone();
         match self.sched.submit(job, &prompt) {
-            Ok(Placed::Queued(_)) => {
-                self.metrics.queued(1);
-                Ok(())
-            }
-            Ok(Placed::Slot(_)) => Ok(()),
+            Ok(_) => Ok(()),
             Err(_) => Err(QueueError::Full(self.sched.capacity())),
         }
+    }
+
+    /// Requests waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.sched.queued()
     }
 }
 
@@ -115,7 +115,7 @@ pub fn start(
             }
         }
     }
-    Ok((Queue { sched, metrics }, n_ctx))
+    Ok((Queue { sched }, n_ctx))
 }
 
 struct Slot<'p> {
@@ -130,10 +130,7 @@ struct Slot<'p> {
 impl Slot<'_> {
     fn serve(mut self, sched: &Scheduler<Job>) {
         loop {
-            let (job, queued) = sched.next(self.id, &self.cached);
-            if queued {
-                self.metrics.queued(-1);
-            }
+            let job = sched.next(self.id, &self.cached);
             if job.events.is_closed() {
                 // The client left while waiting.
                 self.metrics.cancelled();

@@ -20,21 +20,17 @@ pub fn f32_to_bf16(v: f32) -> u16 {
 
 /// Scalar reference: `sum(w[i] as f32 * x[i])`.
 pub fn vec_dot_ref(w: &[u16], x: &[f32]) -> f32 {
-    w.iter().zip(x).map(|(&h, &v)| bf16_to_f32(h) * v).sum()
+    super::half_ref::dot(w, x, bf16_to_f32)
 }
 
 /// Scalar reference: `y[i] += a * x[i]`.
 pub fn axpy_ref(a: f32, x: &[u16], y: &mut [f32]) {
-    for (o, &h) in y.iter_mut().zip(x) {
-        *o += a * bf16_to_f32(h);
-    }
+    super::half_ref::axpy(a, x, y, bf16_to_f32)
 }
 
 /// Expand BF16 bits to f32.
 pub fn dequantize(w: &[u16], out: &mut [f32]) {
-    for (o, &h) in out.iter_mut().zip(w) {
-        *o = bf16_to_f32(h);
-    }
+    super::half_ref::dequantize(w, out, bf16_to_f32)
 }
 
 #[cfg(test)]

@@ -2,24 +2,17 @@
 
 /// Scalar reference: `sum(w[i] as f32 * x[i])`.
 pub fn vec_dot_ref(w: &[u16], x: &[f32]) -> f32 {
-    w.iter()
-        .zip(x)
-        .map(|(&h, &v)| super::f16_to_f32(h) * v)
-        .sum()
+    super::half_ref::dot(w, x, super::f16_to_f32)
 }
 
 /// Scalar reference: `y[i] += a * x[i]`.
 pub fn axpy_ref(a: f32, x: &[u16], y: &mut [f32]) {
-    for (o, &h) in y.iter_mut().zip(x) {
-        *o += a * super::f16_to_f32(h);
-    }
+    super::half_ref::axpy(a, x, y, super::f16_to_f32)
 }
 
 /// Expand f16 bits to f32.
 pub fn dequantize(w: &[u16], out: &mut [f32]) {
-    for (o, &h) in out.iter_mut().zip(w) {
-        *o = super::f16_to_f32(h);
-    }
+    super::half_ref::dequantize(w, out, super::f16_to_f32)
 }
 
 #[cfg(test)]

@@ -60,6 +60,26 @@ pub trait QuantBlock: bytemuck::Pod + Sync {
     fn vec_dot_ref(w: &[Self], x: &[Self::Act]) -> f32;
 }
 
+/// 16-bit float weights (F16, BF16) as their formats' scalar references use them: each value
+/// expanded exactly by `expand`, products summed in order.
+pub(crate) mod half_ref {
+    pub fn dot(w: &[u16], x: &[f32], expand: fn(u16) -> f32) -> f32 {
+        w.iter().zip(x).map(|(&h, &v)| expand(h) * v).sum()
+    }
+
+    pub fn axpy(a: f32, x: &[u16], y: &mut [f32], expand: fn(u16) -> f32) {
+        for (o, &h) in y.iter_mut().zip(x) {
+            *o += a * expand(h);
+        }
+    }
+
+    pub fn dequantize(w: &[u16], out: &mut [f32], expand: fn(u16) -> f32) {
+        for (o, &h) in out.iter_mut().zip(w) {
+            *o = expand(h);
+        }
+    }
+}
+
 #[inline]
 pub fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
