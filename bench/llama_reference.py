@@ -12,8 +12,9 @@ as the SmolLM2 reference in testdata/golden was made. Writes:
 - tokenize.json: the 34 strings of the SmolLM2 reference, ids with and without special-token
   parsing, piece bytes;
 - greedy.json: 8 prompts (6 plain, 2 rendered with the model's chat template through jinja2),
-  32 argmax steps each (not stopping at end of generation) with the chosen logit, the runner-up
-  and the margin;
+  32 argmax steps each (not stopping at end of generation) with the chosen logit, the runner-up,
+  the margin, and the chosen logit again from one batch without flash attention
+  (`logit_batch_no_fa`: how far llama.cpp's own roundings move it);
 - logits.json + logits_f16/logits_last_NAME.f16: last-position logits of 3 prompts (top-20, L2
   norm; the full vector as little-endian f16);
 - perplexity.json: llama-perplexity's method (c=512, scored second halves) on the first
@@ -29,6 +30,7 @@ import compare_llama_cpp  # noqa: E402  (the venv recipe)
 RUNNER = r'''
 import json, math, struct, sys
 import llama_cpp
+import numpy as np
 args = json.loads(sys.argv[1])
 
 # Plain GGUF layout: no repacked extra buffers (the reference must not depend on them).
@@ -42,11 +44,16 @@ llama_cpp.llama_model_default_params = _params
 llm = llama_cpp.Llama(model_path=args["model"], n_ctx=2048, n_batch=2048, n_ubatch=512,
                       n_threads=2, n_threads_batch=2, logits_all=True, flash_attn=True,
                       verbose=False)
+plain = llama_cpp.Llama(model_path=args["model"], n_ctx=2048, n_batch=2048, n_ubatch=512,
+                        n_threads=2, n_threads_batch=2, logits_all=True, flash_attn=False,
+                        verbose=False)
 vocab = llm.n_vocab()
 meta = {k: v for k, v in llm.metadata.items()}
 
-def tok(text, special):
-    return llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)
+add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", "false") == "true")
+
+def tok(text, special, bos=False):
+    return llm.tokenize(text.encode("utf-8"), add_bos=bos, special=special)
 
 def last_logits(ids):
     llm.reset()
@@ -76,7 +83,20 @@ import jinja2
 env = jinja2.Environment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
                          extensions=["jinja2.ext.loopcontrols"])
 env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(Exception(m))
-template = env.from_string(meta.get("tokenizer.chat_template", ""))
+# A file without a template: Gemma's documented turn format when the vocabulary has its turn
+# tokens (pi2 does the same), else ChatML (llama.cpp's default).
+GEMMA_TURNS = ("{% if messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + '\\n\\n' %}"
+               "{% set turns = messages[1:] %}{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+               "{% for m in turns %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' "
+               "+ (prefix if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+source = meta.get("tokenizer.chat_template")
+if source is None:
+    has_turns = len(tok("<start_of_turn><end_of_turn>", True)) == 2
+    source = GEMMA_TURNS if has_turns else CHATML
+template = env.from_string(source)
 def render(messages):
     return template.render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
 
@@ -84,7 +104,8 @@ greedy = []
 for case in args["prompts"]:
     text = render(case["messages"]) if "messages" in case else case["text"]
     chat = "messages" in case
-    ids = tok(text, chat)
+    # BOS as the model asks (the template is rendered without one, as llama.cpp strips it).
+    ids = tok(text, chat, add_bos)
     llm.reset()
     llm.eval(ids)
     steps, gen = [], []
@@ -94,8 +115,14 @@ for case in args["prompts"]:
         steps.append({"id": best, "logit": row[best], "runner_up": second, "margin": row[best] - row[second]})
         gen.append(best)
         llm.eval([best])
+    # llama.cpp's own numeric noise at each step: the chosen token's logit when the whole
+    # sequence runs as one batch without flash attention (another rounding of the same maths).
+    plain.reset()
+    plain.eval(ids + gen[:-1])
+    for i, st in enumerate(steps):
+        st["logit_batch_no_fa"] = float(plain.scores[len(ids) - 1 + i][st["id"]])
     greedy.append({"name": case["name"], "chat_template_applied": chat, "messages": case.get("messages"), "text": text,
-                   "parse_special": chat, "prompt_ids": ids, "generated_ids": gen,
+                   "parse_special": chat, "add_special": add_bos, "prompt_ids": ids, "generated_ids": gen,
                    "generated_text": llm.detokenize(gen).decode("utf-8", "replace"), "steps": steps})
 out["greedy"] = greedy
 
@@ -113,7 +140,6 @@ out["logits"] = logits
 # Perplexity: llama-perplexity's chunks (add_special as the model says; BOS replaces the first
 # token of each chunk when the model adds one), scored second halves.
 text = open(args["corpus"], encoding="utf-8").read()
-add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", "false") == "true")
 tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
 n_ctx, running, nll, count = 512, [], 0.0, 0
 n_chunk = len(tokens) // n_ctx
@@ -124,10 +150,10 @@ for c in range(min(args["chunks"], n_chunk)):
     llm.reset()
     llm.eval(chunk)
     for pos in range(n_ctx // 2, n_ctx - 1):
-        row = llm.scores[pos]
-        m = max(row)
-        lse = m + math.log(sum(math.exp(float(v) - m) for v in row))
-        nll += lse - float(row[chunk[pos + 1]])
+        row = np.asarray(llm.scores[pos], dtype=np.float64)
+        m = row.max()
+        lse = m + math.log(np.exp(row - m).sum())
+        nll += lse - row[chunk[pos + 1]]
         count += 1
     running.append(math.exp(nll / count))
 out["perplexity"] = {"n_tokens": len(tokens), "chunks_512": n_chunk, "running_ppl": running,

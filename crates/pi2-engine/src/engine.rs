@@ -9,7 +9,7 @@ use crate::offload::Offload;
 use crate::packed::PackedWeights;
 use crate::pipeline::StepBuffers;
 use crate::residency::Mapped;
-use crate::scratch::{grow, rms_norm_rows, rope_tables, KvCache, Scratch};
+use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, KvCache, Scratch};
 use crate::sparse::{SparseFfn, SparseStats};
 use crate::{attention, ffn, moe, pipeline};
 use half::f16;
@@ -88,6 +88,8 @@ pub struct Engine<'m> {
     step: StepBuffers,
     routes: Routes,
     inv_freq: Vec<f32>,
+    /// Sliding-window layers' RoPE frequencies, when their base differs.
+    inv_freq_local: Option<Vec<f32>>,
     sparse: Option<&'m SparseFfn<'m>>,
     stats: SparseStats,
     /// Sparse decode's neuron sets per token-layer, when recording (planner profiling).
@@ -153,6 +155,12 @@ impl<'m> Engine<'m> {
                 f / freq_factors.map_or(1.0, |ff| ff[i])
             })
             .collect();
+        // Sliding layers: their own base, unscaled (llama.cpp's `rope_freq_*_swa`).
+        let inv_freq_local = c.sliding_window.map(|w| {
+            (0..c.n_rot / 2)
+                .map(|i| w.rope_base.powf(-2.0 * i as f32 / c.n_rot as f32))
+                .collect()
+        });
         Ok(Self {
             model,
             ks,
@@ -163,6 +171,7 @@ impl<'m> Engine<'m> {
             step: StepBuffers::default(),
             routes: Routes::default(),
             inv_freq,
+            inv_freq_local,
             sparse: None,
             stats: SparseStats::default(),
             record: None,
@@ -445,7 +454,14 @@ impl<'m> Engine<'m> {
         let n = tokens.len();
         let pos0 = self.kv.len;
         self.embed(tokens)?;
-        rope_tables(&self.inv_freq, pos0, n, &mut self.s);
+        if c.embd_scale != 1.0 {
+            let x = &mut self.s.x[..n * c.n_embd];
+            x.iter_mut().for_each(|v| *v *= c.embd_scale);
+        }
+        self.s.rope.fill(&self.inv_freq, pos0, n);
+        if let Some(f) = &self.inv_freq_local {
+            self.s.rope_local.fill(f, pos0, n);
+        }
         for (li, l) in m.weights.layers.iter().enumerate() {
             let streamed = match self.offload.as_mut() {
                 Some(o) => o.stream_attention(li)?,
@@ -525,9 +541,8 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    /// Layer `li`'s FFN: routed experts, the sparse pipeline for a decoded token, masked sparse
-    /// work for a batch, or dense (whole matrices from the mapping, packed, or staged from
-    /// flash unit by unit).
+    /// Layer `li`'s FFN on the normalised stream, its output (normalised again where the
+    /// layer says so) added to the residual stream.
     fn ffn_layer<'o>(
         &mut self,
         li: usize,
@@ -537,8 +552,40 @@ impl<'m> Engine<'m> {
     ) -> Result<(), EngineError> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
+        let nd = n * c.n_embd;
         let s = &mut self.s;
         rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
+        let Some(post) = &l.post_ffn_norm else {
+            return self.ffn_output(li, l, n, observer);
+        };
+        // Every FFN path adds into the stream: run it on zeros to get the output alone.
+        grow(&mut s.resid, nd).copy_from_slice(&s.x[..nd]);
+        s.x[..nd].fill(0.0);
+        self.ffn_output(li, l, n, observer)?;
+        let s = &mut self.s;
+        for (x, r) in s.x[..nd]
+            .chunks_exact_mut(c.n_embd)
+            .zip(s.resid.chunks_exact(c.n_embd))
+        {
+            rms_norm_in_place(x, post.f32s(f), c.rms_eps);
+            x.iter_mut().zip(r).for_each(|(x, r)| *x += r);
+        }
+        Ok(())
+    }
+
+    /// Layer `li`'s FFN of `s.xn`, added to `s.x`: routed experts, the sparse pipeline for a
+    /// decoded token, masked sparse work for a batch, or dense (whole matrices from the
+    /// mapping, packed, or staged from flash unit by unit).
+    fn ffn_output<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        let s = &mut self.s;
         if let Some(router) = &l.router {
             moe::route_tokens(&self.ks, c, &router.mat(f), s, &mut self.routes, n);
             if n == 1 && self.sparse.is_some() {

@@ -12,6 +12,8 @@ pub(crate) struct Scratch {
     pub x: Vec<f32>,
     /// Its normalised copy (input of the projections).
     pub xn: Vec<f32>,
+    /// The residual stream set aside while a block whose output is normalised runs.
+    pub resid: Vec<f32>,
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -21,8 +23,10 @@ pub(crate) struct Scratch {
     pub up: Vec<f32>,
     pub logits: Vec<f32>,
     pub acts: ActBuf,
-    pub rope_cos: Vec<f32>,
-    pub rope_sin: Vec<f32>,
+    /// RoPE of the batch's positions: global layers', and sliding-window layers' when those
+    /// have their own base.
+    pub rope: RopeTables,
+    pub rope_local: RopeTables,
     /// Predictor hidden activations and scores.
     pub pred_h: Vec<f32>,
     pub pred_s: Vec<f32>,
@@ -102,6 +106,13 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// `x = x / rms(x) * w`.
+pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    x.iter_mut().zip(w).for_each(|(v, &wi)| *v = *v * r * wi);
+}
+
 /// RMS-normalise `n` rows of `d` from `x` into `xn`.
 pub(crate) fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, d: usize, n: usize, xn: &mut Vec<f32>) {
     let out = grow(xn, n * d);
@@ -124,19 +135,28 @@ pub(crate) fn rope(h: &mut [f32], n_rot: usize, kind: RopeKind, cos: &[f32], sin
     }
 }
 
-/// cos/sin of every (token, frequency) pair of a batch at positions `pos0..pos0 + n`.
-pub(crate) fn rope_tables(inv_freq: &[f32], pos0: usize, n: usize, s: &mut Scratch) {
-    let half = inv_freq.len();
-    let cos = grow(&mut s.rope_cos, n * half);
-    for t in 0..n {
-        for (i, f) in inv_freq.iter().enumerate() {
-            cos[t * half + i] = ((pos0 + t) as f32 * f).cos();
+/// cos/sin of every (token, frequency) pair of a batch, token-major.
+#[derive(Default)]
+pub(crate) struct RopeTables {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+impl RopeTables {
+    /// The tables of positions `pos0..pos0 + n`.
+    pub fn fill(&mut self, inv_freq: &[f32], pos0: usize, n: usize) {
+        let half = inv_freq.len();
+        let cos = grow(&mut self.cos, n * half);
+        for t in 0..n {
+            for (i, f) in inv_freq.iter().enumerate() {
+                cos[t * half + i] = ((pos0 + t) as f32 * f).cos();
+            }
         }
-    }
-    let sin = grow(&mut s.rope_sin, n * half);
-    for t in 0..n {
-        for (i, f) in inv_freq.iter().enumerate() {
-            sin[t * half + i] = ((pos0 + t) as f32 * f).sin();
+        let sin = grow(&mut self.sin, n * half);
+        for t in 0..n {
+            for (i, f) in inv_freq.iter().enumerate() {
+                sin[t * half + i] = ((pos0 + t) as f32 * f).sin();
+            }
         }
     }
 }

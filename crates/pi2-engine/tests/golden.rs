@@ -1,6 +1,6 @@
 //! The dense engine on the real models against llama.cpp (`testdata/golden/`, see its README
-//! for why the comparison is robust rather than bit-exact): SmolLM2-135M and
-//! Qwen2.5-Coder-0.5B. Needs `cargo xtask fetch-model`.
+//! for why the comparison is robust rather than bit-exact): SmolLM2-135M, Qwen2.5-Coder-0.5B
+//! and Gemma 3 270M. Needs `cargo xtask fetch-model`.
 
 use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_model::Model;
@@ -35,7 +35,14 @@ const QWEN: Reference = Reference {
     ppl_chunks: 8,
 };
 
-const REFERENCES: [Reference; 2] = [SMOLLM2, QWEN];
+const GEMMA3: Reference = Reference {
+    model: "models/gemma-3-270m-q4_k_m.gguf",
+    dir: "testdata/golden/gemma3-270m",
+    logits: "f16",
+    ppl_chunks: 8,
+};
+
+const REFERENCES: [Reference; 3] = [SMOLLM2, QWEN, GEMMA3];
 
 impl Reference {
     fn model(&self) -> Model {
@@ -185,9 +192,10 @@ fn greedy(r: &Reference) {
         let steps = c["steps"].as_array().unwrap();
         // The prompt ids themselves come from pi2's tokenizer + template.
         let text = c["text"].as_str().unwrap();
+        let add_special = c.get("add_special").and_then(Value::as_bool) == Some(true);
         assert_eq!(
             m.tokenizer
-                .encode(text, false, c["parse_special"].as_bool().unwrap()),
+                .encode(text, add_special, c["parse_special"].as_bool().unwrap()),
             prompt,
             "{name}: prompt ids"
         );
@@ -201,14 +209,25 @@ fn greedy(r: &Reference) {
             .forward(&all, Logits::From(prompt.len() - 1))
             .unwrap()
             .to_vec();
+        let mut total_diff = 0.0;
         for (i, step) in steps.iter().enumerate() {
             let row = &logits[i * n_vocab..(i + 1) * n_vocab];
             let margin = step["margin"].as_f64().unwrap();
             let chosen = step["id"].as_u64().unwrap() as usize;
             let want_logit = step["logit"].as_f64().unwrap() as f32;
+            // 1.5, plus twice what llama.cpp's own other rounding (one batch, no flash
+            // attention) moves this logit where the reference records it: pi2 is a third
+            // rounding and may sit beyond either. Gemma's tokens far down the distribution move
+            // by over 2 inside llama.cpp and inside pi2 (interleaved vs row layout) alike.
+            let spread = step
+                .get("logit_batch_no_fa")
+                .and_then(Value::as_f64)
+                .map_or(0.0, |b| (b as f32 - want_logit).abs());
+            let diff = (row[chosen] - want_logit).abs();
+            total_diff += diff;
             assert!(
-                (row[chosen] - want_logit).abs() <= 1.5,
-                "{name} step {i}: logit {} vs {want_logit}",
+                diff <= 1.5 + 2.0 * spread,
+                "{name} step {i}: logit {} vs {want_logit} (llama.cpp's own spread {spread:.2})",
                 row[chosen]
             );
             if margin > 0.5 {
@@ -220,6 +239,14 @@ fn greedy(r: &Reference) {
                 );
             }
         }
+
+        // A systematic error moves every logit: on average they agree far closer.
+        let mean_diff = total_diff / steps.len() as f32;
+        eprintln!("{name}: mean chosen-logit difference {mean_diff:.3}");
+        assert!(
+            mean_diff <= 0.5,
+            "{name}: mean logit difference {mean_diff}"
+        );
 
         // Free-running: equal up to the first step whose margin is below 0.5.
         let mut e = engine(&m);
@@ -261,7 +288,8 @@ fn perplexity_prefix(r: &Reference) {
         n_ctx: 512,
         n_batch: 512,
         max_chunks: Some(chunks),
-        bos: None,
+        // llama-perplexity starts every chunk with BOS when the model adds one.
+        bos: m.tokenizer.add_bos.then_some(m.tokenizer.bos).flatten(),
     };
     let steps = pi2_engine::perplexity(&mut e, &tokens, &cfg, |_| {}).unwrap();
     let running = corpus["running_ppl"].as_array().unwrap();

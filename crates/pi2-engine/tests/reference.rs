@@ -1,10 +1,11 @@
 //! The engine against a naive f64 forward pass written from the architecture definitions, on
-//! generated llama and qwen2 models, for every weight type, in one batch and token by token.
+//! generated llama, qwen2 and gemma3 models, for every weight type, in one batch and token by
+//! token.
 
 use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
-use pi2_model::{FfnAct, GgufFile, Model, RopeKind};
+use pi2_model::{Arch, FfnAct, GgufFile, Model, RopeKind};
 
 fn dequant(m: &Model, v: &pi2_model::TensorView) -> Vec<Vec<f64>> {
     let mat = v.mat(&m.file);
@@ -37,8 +38,28 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
     let f = &m.file;
     let (hd, group) = (c.head_dim, c.n_head / c.n_head_kv);
     let embd = dequant(m, &m.weights.token_embd);
-    let mut xs: Vec<Vec<f64>> = tokens.iter().map(|&t| embd[t as usize].clone()).collect();
-    for l in &m.weights.layers {
+    let gemma = c.arch == Arch::Gemma3;
+    // Gemma scales the embeddings by sqrt(width).
+    let embd_scale = if gemma { (c.n_embd as f64).sqrt() } else { 1.0 };
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| embd[t as usize].iter().map(|v| v * embd_scale).collect())
+        .collect();
+    let norm_opt = |v: Vec<f64>, w: &Option<pi2_model::TensorView>| match w {
+        Some(w) => rms(&v, w.f32s(f), c.rms_eps as f64),
+        None => v,
+    };
+    for (li, l) in m.weights.layers.iter().enumerate() {
+        // Gemma 3: sliding layers see the last `len` positions and use RoPE base 10000.
+        let window = c
+            .sliding_window
+            .filter(|w| !(li + 1).is_multiple_of(w.period))
+            .map(|w| w.len);
+        let base = if window.is_some() {
+            10000.0
+        } else {
+            c.rope_base as f64
+        };
         let (wq, wk, wv, wo) = (
             dequant(m, &l.wq),
             dequant(m, &l.wk),
@@ -57,8 +78,7 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
         let rope = |v: &mut [f64], pos: usize| {
             for h in v.chunks_mut(hd) {
                 for i in 0..c.n_rot / 2 {
-                    let theta =
-                        pos as f64 * (c.rope_base as f64).powf(-2.0 * i as f64 / c.n_rot as f64);
+                    let theta = pos as f64 * base.powf(-2.0 * i as f64 / c.n_rot as f64);
                     let (a, b) = match c.rope_kind {
                         RopeKind::Norm => (2 * i, 2 * i + 1),
                         RopeKind::Neox => (i, i + c.n_rot / 2),
@@ -74,8 +94,15 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
         let mut vs = Vec::new();
         for (pos, x) in xs.iter().enumerate() {
             let xn = rms(x, l.attn_norm.f32s(f), c.rms_eps as f64);
-            let mut q = bias(&l.bq, matvec(&wq, &xn));
-            let mut k = bias(&l.bk, matvec(&wk, &xn));
+            let per_head = |v: Vec<f64>, w: &Option<pi2_model::TensorView>| match w {
+                Some(w) => v
+                    .chunks(hd)
+                    .flat_map(|h| rms(h, w.f32s(f), c.rms_eps as f64))
+                    .collect(),
+                None => v,
+            };
+            let mut q = per_head(bias(&l.bq, matvec(&wq, &xn)), &l.q_norm);
+            let mut k = per_head(bias(&l.bk, matvec(&wk, &xn)), &l.k_norm);
             rope(&mut q, pos);
             rope(&mut k, pos);
             qs.push(q);
@@ -86,7 +113,8 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
             let mut att = vec![0.0; c.q_dim()];
             for h in 0..c.n_head {
                 let kh = h / group;
-                let scores: Vec<f64> = (0..=t)
+                let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
+                let scores: Vec<f64> = (first..=t)
                     .map(|p| {
                         (0..hd)
                             .map(|i| qs[t][h * hd + i] * ks[p][kh * hd + i])
@@ -97,13 +125,13 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
                 let max = scores.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = e.iter().sum();
-                for (p, w) in e.iter().enumerate() {
+                for (p, w) in (first..).zip(&e) {
                     for i in 0..hd {
                         att[h * hd + i] += w / sum * vs[p][kh * hd + i];
                     }
                 }
             }
-            let o = matvec(&wo, &att);
+            let o = norm_opt(matvec(&wo, &att), &l.post_attn_norm);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let xn = rms(x, l.ffn_norm.f32s(f), c.rms_eps as f64);
             // Dense: one expert of weight 1. MoE: the top-k router logits, softmax over them.
@@ -123,6 +151,7 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
                         .collect()
                 }
             };
+            let mut ffn_out = vec![0.0; c.n_embd];
             for (e, weight) in experts {
                 let (ff, d) = (c.n_ff, c.n_embd);
                 let g = matvec(&wg[e * ff..(e + 1) * ff], &xn);
@@ -134,11 +163,21 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
                         FfnAct::Silu => g / (1.0 + (-g).exp()) * u,
                         FfnAct::Relu => g.max(0.0) * u,
                         FfnAct::DRelu => g.max(0.0) * u.max(0.0),
+                        FfnAct::Gelu => {
+                            let inner =
+                                (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g.powi(3));
+                            0.5 * g * (1.0 + inner.tanh()) * u
+                        }
                     })
                     .collect();
                 let y = matvec(&wd[e * d..(e + 1) * d], &h);
-                x.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
+                ffn_out
+                    .iter_mut()
+                    .zip(&y)
+                    .for_each(|(a, b)| *a += weight * b);
             }
+            let y = norm_opt(ffn_out, &l.post_ffn_norm);
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
         }
     }
     let out = dequant(m, &m.weights.output);
@@ -211,6 +250,23 @@ fn qwen2_f32_matches_reference() {
         },
         0.9999,
     );
+}
+
+#[test]
+fn gemma3_matches_reference() {
+    // 12 tokens through a 4-token window: the sliding layer forgets, the global one does not.
+    for (ty, bound) in [(QuantType::F32, 0.9999), (QuantType::Q5_0, 0.998)] {
+        check(
+            SynthSpec {
+                arch: "gemma3".into(),
+                weight_type: ty,
+                embd_type: QuantType::Q8_0,
+                seed: 3,
+                ..Default::default()
+            },
+            bound,
+        );
+    }
 }
 
 #[test]

@@ -12,6 +12,10 @@ pub enum Arch {
     Llama,
     /// Qwen2: biases on Q/K/V, RoPE on split halves (GGML "neox").
     Qwen2,
+    /// Gemma 3: GeGLU FFN, RMS norms on Q and K per head, norms after attention and FFN too,
+    /// embeddings scaled by sqrt(width), sliding-window layers between global ones (each with
+    /// its own RoPE base), neox RoPE.
+    Gemma3,
 }
 
 impl Arch {
@@ -19,6 +23,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Gemma3 => "gemma3",
         }
     }
 }
@@ -42,6 +47,8 @@ pub enum FfnAct {
     Relu,
     /// dReLU: `relu(g) * relu(u)` (TurboSparse).
     DRelu,
+    /// GeGLU: `gelu(g) * u` with GELU's tanh approximation (Gemma).
+    Gelu,
 }
 
 /// Metadata key naming the FFN nonlinearity (`silu` when absent). GGUF has no standard key for
@@ -55,6 +62,7 @@ impl FfnAct {
             FfnAct::Silu => "silu",
             FfnAct::Relu => "reglu",
             FfnAct::DRelu => "drelu",
+            FfnAct::Gelu => "geglu",
         }
     }
 
@@ -64,6 +72,7 @@ impl FfnAct {
             "silu" | "swiglu" => Some(FfnAct::Silu),
             "relu" | "reglu" => Some(FfnAct::Relu),
             "drelu" | "dreglu" => Some(FfnAct::DRelu),
+            "gelu" | "geglu" => Some(FfnAct::Gelu),
             _ => None,
         }
     }
@@ -73,6 +82,7 @@ impl FfnAct {
         match self {
             FfnAct::Silu => g / (1.0 + (-g).exp()),
             FfnAct::Relu | FfnAct::DRelu => g.max(0.0),
+            FfnAct::Gelu => 0.5 * g * (1.0 + (0.797_884_6 * (g + 0.044_715 * g * g * g)).tanh()),
         }
     }
 
@@ -80,14 +90,14 @@ impl FfnAct {
     pub fn up(self, u: f32) -> f32 {
         match self {
             FfnAct::DRelu => u.max(0.0),
-            FfnAct::Silu | FfnAct::Relu => u,
+            FfnAct::Silu | FfnAct::Relu | FfnAct::Gelu => u,
         }
     }
 
     /// Whether an inactive neuron contributes exactly zero (ReLU family), so skipping it loses
     /// nothing.
     pub fn exact_sparsity(self) -> bool {
-        self != FfnAct::Silu
+        matches!(self, FfnAct::Relu | FfnAct::DRelu)
     }
 }
 
@@ -115,6 +125,22 @@ pub struct ModelConfig {
     pub n_expert: usize,
     /// Experts each token is routed to.
     pub n_expert_used: usize,
+    /// Factor of the token embeddings as they enter the first layer (1: none).
+    pub embd_scale: f32,
+    /// Factor of the attention scores (usually `1 / sqrt(head_dim)`).
+    pub attn_scale: f32,
+    /// Sliding-window attention: the window's length in tokens, its period in layers
+    /// (`(layer + 1) % period != 0` slides, the others attend globally; period 1: all global)
+    /// and the sliding layers' RoPE base. `None`: every layer attends to the whole context.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// Which layers attend to a recent window only, and how far (see [`ModelConfig::window`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub len: usize,
+    pub period: usize,
+    pub rope_base: f32,
 }
 
 /// Where a tensor lives in the file and what it holds, checked at load.
@@ -139,8 +165,15 @@ pub struct LayerWeights {
     pub bq: Option<TensorView>,
     pub bk: Option<TensorView>,
     pub bv: Option<TensorView>,
+    /// RMS norms of each Q and K head before RoPE (Gemma 3).
+    pub q_norm: Option<TensorView>,
+    pub k_norm: Option<TensorView>,
     pub wo: TensorView,
+    /// RMS norm of the attention output before the residual add (Gemma).
+    pub post_attn_norm: Option<TensorView>,
     pub ffn_norm: TensorView,
+    /// RMS norm of the FFN output before the residual add (Gemma).
+    pub post_ffn_norm: Option<TensorView>,
     /// FFN neurons: row i of gate and up, column i of down, form neuron i.
     pub gate: TensorView,
     pub up: TensorView,
@@ -222,6 +255,7 @@ impl ModelConfig {
         let arch = match arch_name {
             "llama" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
+            "gemma3" => Arch::Gemma3,
             other => return Err(ModelError::UnsupportedArch(other.to_string())),
         };
         let a = arch.name();
@@ -236,10 +270,11 @@ impl ModelConfig {
             )));
         }
         let ffn_act = match f.get(KEY_FFN_ACTIVATION) {
+            None if arch == Arch::Gemma3 => FfnAct::Gelu,
             None => FfnAct::Silu,
             Some(v) => v.as_str().and_then(FfnAct::parse).ok_or_else(|| {
                 ModelError::Unsupported(format!(
-                    "FFN activation {KEY_FFN_ACTIVATION} = {v:?} (pi2 knows silu, reglu, drelu)"
+                    "FFN activation {KEY_FFN_ACTIVATION} = {v:?} (pi2 knows silu, reglu, drelu, geglu)"
                 ))
             })?,
         };
@@ -301,6 +336,13 @@ impl ModelConfig {
         }
         let rms_eps = get_f32_or(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?;
         check_hyper_parameters(rms_eps, rope_base, rope_freq_scale)?;
+        let sliding_window = sliding_window(f, arch)?;
+        // llama.cpp's rule for Gemma 3's query scale: the 27B model (62 layers) scales by
+        // width / heads, the others by the head size.
+        let attn_scale = match arch {
+            Arch::Gemma3 if n_layer == 62 => ((n_embd / n_head) as f32).sqrt().recip(),
+            _ => (head_dim as f32).sqrt().recip(),
+        };
         let n_vocab = match f.get(&k("vocab_size")) {
             Some(_) => get_usize(f, &k("vocab_size"))?,
             None => f
@@ -322,7 +364,7 @@ impl ModelConfig {
             n_rot,
             rope_kind: match arch {
                 Arch::Llama => RopeKind::Norm,
-                Arch::Qwen2 => RopeKind::Neox,
+                Arch::Qwen2 | Arch::Gemma3 => RopeKind::Neox,
             },
             rope_base,
             rope_freq_scale,
@@ -330,7 +372,20 @@ impl ModelConfig {
             ffn_act,
             n_expert,
             n_expert_used: if n_expert > 0 { n_expert_used } else { 0 },
+            embd_scale: match arch {
+                Arch::Gemma3 => (n_embd as f32).sqrt(),
+                _ => 1.0,
+            },
+            attn_scale,
+            sliding_window,
         })
+    }
+
+    /// The window layer `li` attends to (`None`: the whole context).
+    pub fn window(&self, li: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|w| !(li + 1).is_multiple_of(w.period))
+            .map(|w| w.len)
     }
 
     /// Refuse mixture-of-experts models in `what`, which handles dense FFNs only.
@@ -353,6 +408,28 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// Gemma 3's sliding-window layout: `attention.sliding_window` tokens, every
+/// `attention.sliding_window_pattern`-th layer global (6 when absent, as llama.cpp fixes it),
+/// sliding layers with RoPE base 10000.
+fn sliding_window(f: &GgufFile, arch: Arch) -> Result<Option<SlidingWindow>> {
+    if arch != Arch::Gemma3 {
+        return Ok(None);
+    }
+    let a = arch.name();
+    let len = get_usize(f, &format!("{a}.attention.sliding_window"))?;
+    let period = get_usize_or(f, &format!("{a}.attention.sliding_window_pattern"), 6)?;
+    if len == 0 || len > MAX_DIM * 16 || period == 0 || period > MAX_DIM {
+        return Err(ModelError::Corrupt(format!(
+            "sliding window of {len} tokens every {period} layers is not a valid layout"
+        )));
+    }
+    Ok(Some(SlidingWindow {
+        len,
+        period,
+        rope_base: 10000.0,
+    }))
 }
 
 /// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
@@ -420,6 +497,13 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
+            // Gemma 3's extra norms: required there, absent elsewhere.
+            let gemma = |t: Result<TensorView>| -> Result<Option<TensorView>> {
+                match c.arch {
+                    Arch::Gemma3 => t.map(Some),
+                    _ => Ok(None),
+                }
+            };
             let bias = |s: &str, len| -> Result<Option<TensorView>> {
                 let b = optional(f32_view(f, &n(s), len))?;
                 if c.arch == Arch::Qwen2 && b.is_none() {
@@ -467,8 +551,12 @@ impl Weights {
                 bq: bias("attn_q.bias", c.q_dim())?,
                 bk: bias("attn_k.bias", c.kv_dim())?,
                 bv: bias("attn_v.bias", c.kv_dim())?,
+                q_norm: gemma(f32_view(f, &n("attn_q_norm.weight"), c.head_dim))?,
+                k_norm: gemma(f32_view(f, &n("attn_k_norm.weight"), c.head_dim))?,
                 wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
+                post_attn_norm: gemma(f32_view(f, &n("post_attention_norm.weight"), c.n_embd))?,
                 ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
+                post_ffn_norm: gemma(f32_view(f, &n("post_ffw_norm.weight"), c.n_embd))?,
                 gate: view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
                 up: view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
                 down: {

@@ -20,7 +20,12 @@ impl Message {
     }
 }
 
-/// ChatML, used when a model carries no template (llama.cpp does the same).
+/// Gemma's turns, used when a model without a template has Gemma's turn tokens: a system
+/// message goes before the first user turn, the assistant is `model`, texts are trimmed.
+pub const GEMMA: &str = "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}{% for message in turns %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}{{ '<start_of_turn>' + role + '\n' + (prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
+/// ChatML, used when a model carries no template and lacks Gemma's turn tokens (llama.cpp
+/// uses ChatML for every model without a template).
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// A compiled chat template.
@@ -28,6 +33,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// Drop a leading `bos_token` from the output (see [`ChatTemplate::strip_leading_bos`]).
+    strip_bos: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -65,7 +72,15 @@ impl ChatTemplate {
             env,
             bos: bos.into(),
             eos: eos.into(),
+            strip_bos: false,
         })
+    }
+
+    /// Render without the template's leading `bos_token`, for a tokenizer that adds BOS itself
+    /// (as llama.cpp does, so the prompt does not start with two).
+    pub fn strip_leading_bos(mut self, yes: bool) -> Self {
+        self.strip_bos = yes;
+        self
     }
 
     /// Render `messages`, ending with the assistant prompt when `add_generation_prompt`.
@@ -89,8 +104,14 @@ impl ChatTemplate {
             eos_token => self.eos.as_str(),
         };
         match tmpl.render_captured_to(ctx, &mut out) {
-            Ok(_) => String::from_utf8(out.bytes)
-                .map_err(|_| ModelError::Template("rendered text is not UTF-8".into())),
+            Ok(_) => {
+                let text = String::from_utf8(out.bytes)
+                    .map_err(|_| ModelError::Template("rendered text is not UTF-8".into()))?;
+                Ok(match text.strip_prefix(self.bos.as_str()) {
+                    Some(rest) if self.strip_bos && !self.bos.is_empty() => rest.to_string(),
+                    _ => text,
+                })
+            }
             Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ModelError::Template(format!(
                 "the model's chat template ran over {TEMPLATE_FUEL} steps (it may loop forever); pass the prompt already formatted, without --chat"
             ))),
@@ -226,6 +247,27 @@ mod tests {
         // Their whitespace control still applies.
         let t = ChatTemplate::new("x  {%- generation -%}  y{% endgeneration %}", "", "").unwrap();
         assert_eq!(t.render(&msgs, false).unwrap(), "xy");
+    }
+
+    #[test]
+    fn gemma_turns_render() {
+        let t = ChatTemplate::new(GEMMA, "<bos>", "<eos>").unwrap();
+        let msgs = [
+            Message::new("system", "Be brief."),
+            Message::new("user", " hi "),
+            Message::new("assistant", "Hello."),
+            Message::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let t = t.strip_leading_bos(true);
+        let s = t.render(&[Message::new("user", "hi")], true).unwrap();
+        assert_eq!(
+            s,
+            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+        );
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub mod tokenizer;
 pub mod writer;
 
 pub use arch::{
-    Arch, FfnAct, LayerWeights, ModelConfig, RopeKind, TensorView, Weights, KEY_FFN_ACTIVATION,
+    Arch, FfnAct, LayerWeights, ModelConfig, RopeKind, SlidingWindow, TensorView, Weights,
+    KEY_FFN_ACTIVATION,
 };
 pub use chat::{ChatTemplate, Message};
 pub use error::{ModelError, Result};
@@ -82,7 +83,18 @@ impl Model {
         })
     }
 
-    /// The chat template (the model's own, or ChatML if it has none).
+    /// The template used when the file has none: Gemma's turns for a vocabulary that has
+    /// them, else ChatML.
+    pub fn default_chat_template(&self) -> &'static str {
+        let t = &self.tokenizer;
+        match (t.token_id("<start_of_turn>"), t.token_id("<end_of_turn>")) {
+            (Some(_), Some(_)) => chat::GEMMA,
+            _ => chat::CHATML,
+        }
+    }
+
+    /// The chat template (the model's own, or [`Model::default_chat_template`]), rendering
+    /// without a leading BOS when the tokenizer adds one.
     pub fn chat_template(&self) -> Result<ChatTemplate> {
         let text = |id: Option<TokenId>| {
             id.and_then(|i| self.tokenizer.token_text(i))
@@ -90,10 +102,13 @@ impl Model {
                 .to_string()
         };
         ChatTemplate::new(
-            self.chat_template.as_deref().unwrap_or(chat::CHATML),
+            self.chat_template
+                .as_deref()
+                .unwrap_or(self.default_chat_template()),
             &text(self.tokenizer.bos),
             &text(self.tokenizer.eos),
         )
+        .map(|t| t.strip_leading_bos(self.tokenizer.add_bos))
     }
 
     /// Parameter count (elements of all tensors).

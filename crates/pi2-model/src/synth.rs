@@ -10,7 +10,8 @@ use pi2_kernels::QuantType;
 /// Shape and types of a generated model.
 #[derive(Clone, Debug)]
 pub struct SynthSpec {
-    /// `llama` or `qwen2` (anything else produces a file pi2 must refuse).
+    /// `llama`, `qwen2` or `gemma3` (anything else produces a file pi2 must refuse). Gemma 3
+    /// models get a 4-token sliding window on every other layer (layer 1 global).
     pub arch: String,
     pub n_embd: usize,
     pub n_layer: usize,
@@ -168,7 +169,20 @@ fn write_meta(w: &mut GgufWriter, spec: &SynthSpec, vocab: (Vec<String>, Vec<i32
         &format!("{a}.attention.head_count_kv"),
         Value::U32(spec.n_head_kv as u32),
     );
-    w.meta(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+    if a == "gemma3" {
+        // A global base unlike the sliding layers' 10000, so a mix-up shows.
+        w.meta(&format!("{a}.rope.freq_base"), Value::F32(1e6));
+        let hd = (spec.n_embd / spec.n_head) as u32;
+        w.meta(&format!("{a}.attention.key_length"), Value::U32(hd));
+        w.meta(&format!("{a}.attention.value_length"), Value::U32(hd));
+        w.meta(&format!("{a}.attention.sliding_window"), Value::U32(4));
+        w.meta(
+            &format!("{a}.attention.sliding_window_pattern"),
+            Value::U32(2),
+        );
+    } else {
+        w.meta(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+    }
     w.meta(
         &format!("{a}.attention.layer_norm_rms_epsilon"),
         Value::F32(1e-5),
@@ -284,6 +298,14 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
         }
         norm("attn_norm.weight", &mut w);
         norm("ffn_norm.weight", &mut w);
+        if spec.arch == "gemma3" {
+            norm("post_attention_norm.weight", &mut w);
+            norm("post_ffw_norm.weight", &mut w);
+            for name in ["attn_q_norm.weight", "attn_k_norm.weight"] {
+                let v: Vec<f32> = (0..hd).map(|_| 1.0 + 0.2 * rng.uniform()).collect();
+                w.tensor(&format!("blk.{i}.{name}"), &[hd as u64], 0, f32s(v));
+            }
+        }
         if spec.arch == "qwen2" {
             for (name, len) in [
                 ("attn_q.bias", d),

@@ -1,6 +1,6 @@
 //! The tokenizers of the real test models against llama.cpp's outputs (`tokenize.json` under
-//! `testdata/golden/`: SmolLM2-135M, and Qwen2.5-Coder-0.5B in its own folder). Needs the
-//! models: `cargo xtask fetch-model`.
+//! `testdata/golden/`: SmolLM2-135M, and Qwen2.5-Coder-0.5B and Gemma 3 270M in their own
+//! folders). Needs the models: `cargo xtask fetch-model`.
 
 use pi2_model::Model;
 use serde_json::Value;
@@ -14,6 +14,11 @@ const SMOLLM2: (&str, &str) = ("models/SmolLM2-135M-Instruct.Q4_1.gguf", "testda
 const QWEN: (&str, &str) = (
     "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
     "testdata/golden/qwen2.5-coder-0.5b",
+);
+/// SentencePiece (262k pieces, user-defined whitespace runs, byte fallback, no space prefix).
+const GEMMA3: (&str, &str) = (
+    "models/gemma-3-270m-q4_k_m.gguf",
+    "testdata/golden/gemma3-270m",
 );
 
 fn model(file: &str) -> Model {
@@ -36,7 +41,7 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn tokenize_matches_llama_cpp() {
-    for (file, dir) in [SMOLLM2, QWEN] {
+    for (file, dir) in [SMOLLM2, QWEN, GEMMA3] {
         tokenize_matches(file, dir);
     }
 }

@@ -251,7 +251,10 @@ fn expert_layouts_and_ffn_activations_are_checked() {
         assert!(err.to_string().contains("expert layout"), "{err}");
     }
     let b = edited(|w| {
-        w.set_meta(pi2_model::KEY_FFN_ACTIVATION, Value::String("gelu".into()));
+        w.set_meta(
+            pi2_model::KEY_FFN_ACTIVATION,
+            Value::String("swish2".into()),
+        );
     });
     let err = load(&b).unwrap_err();
     assert!(err.to_string().contains("FFN activation"), "{err}");
@@ -394,4 +397,58 @@ fn overlapping_tensors_are_refused() {
     b[off_pos..off_pos + 8].copy_from_slice(&first_offset.to_le_bytes());
     let err = load(&b).unwrap_err().to_string();
     assert!(err.contains("overlap"), "{err}");
+}
+
+#[test]
+fn gemma3_needs_its_norms_and_a_valid_window() {
+    let gemma = |f: &dyn Fn(&mut GgufWriter)| {
+        let mut w = build(&SynthSpec {
+            arch: "gemma3".into(),
+            n_embd: 64,
+            n_ff: 128,
+            n_head: 2,
+            n_head_kv: 1,
+            ..Default::default()
+        });
+        f(&mut w);
+        load(&w.to_bytes())
+    };
+    let m = gemma(&|_| {}).unwrap();
+    assert_eq!(m.config.window(0), Some(4));
+    assert_eq!(m.config.window(1), None);
+    assert_eq!(m.config.ffn_act, pi2_model::FfnAct::Gelu);
+    for (key, v) in [
+        ("gemma3.attention.sliding_window", 0),
+        ("gemma3.attention.sliding_window_pattern", 0),
+        ("gemma3.attention.sliding_window_pattern", 1 << 31),
+    ] {
+        let err = gemma(&|w| {
+            w.set_meta(key, Value::U32(v));
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("sliding window"),
+            "{key} {v}: {err}"
+        );
+    }
+    // A llama file relabelled gemma3 lacks the per-head norms.
+    let err = load(&edited(|w| {
+        w.set_meta("general.architecture", Value::String("gemma3".into()));
+        for (k, v) in [
+            ("context_length", 512),
+            ("embedding_length", 64),
+            ("block_count", 2),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 2),
+            ("attention.head_count_kv", 1),
+            ("attention.sliding_window", 4),
+        ] {
+            w.meta(&format!("gemma3.{k}"), Value::U32(v));
+        }
+    }))
+    .unwrap_err();
+    assert!(
+        matches!(err, ModelError::MissingTensor(ref t) if t == "blk.0.attn_q_norm.weight"),
+        "{err}"
+    );
 }

@@ -57,6 +57,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "n_ff": c.n_ff, "n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
             "rope": {"kind": format!("{:?}", c.rope_kind), "base": c.rope_base, "dims": c.n_rot, "freq_scale": c.rope_freq_scale},
             "rms_eps": c.rms_eps,
+            "sliding_window": c.sliding_window.map(|w| serde_json::json!({"tokens": w.len, "period": w.period, "rope_base": w.rope_base})),
             "ffn_activation": c.ffn_act.name(), "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "tied_output": m.weights.tied_output,
             "tensor_types": by_type.iter().map(|(k, (n, b))| (k.to_string(), serde_json::json!({"count": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
@@ -104,6 +105,12 @@ pub fn run(a: InfoArgs) -> Result<()> {
         "attention:     {} heads, {} KV heads, head size {}",
         c.n_head, c.n_head_kv, c.head_dim
     );
+    if let Some(w) = c.sliding_window {
+        println!(
+            "sliding window: {} tokens, every {}th layer global, local RoPE base {}",
+            w.len, w.period, w.rope_base
+        );
+    }
     println!(
         "RoPE:          {:?}, base {}, {} dims, scale {}",
         c.rope_kind,
@@ -125,10 +132,10 @@ pub fn run(a: InfoArgs) -> Result<()> {
     );
     println!(
         "chat template: {}",
-        if m.chat_template.is_some() {
-            "yes"
-        } else {
-            "no (ChatML is used)"
+        match (&m.chat_template, m.default_chat_template()) {
+            (Some(_), _) => "yes",
+            (None, pi2_model::chat::GEMMA) => "no (Gemma's turns are used)",
+            (None, _) => "no (ChatML is used)",
         }
     );
     println!("tensor types:");

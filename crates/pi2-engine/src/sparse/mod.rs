@@ -17,6 +17,7 @@ use pi2_model::Model;
 pub fn profile_activation(act: pi2_model::FfnAct) -> pi2_sparse::Activation {
     match act {
         pi2_model::FfnAct::Silu => pi2_sparse::Activation::Silu,
+        pi2_model::FfnAct::Gelu => pi2_sparse::Activation::Gelu,
         pi2_model::FfnAct::Relu | pi2_model::FfnAct::DRelu => pi2_sparse::Activation::Relu,
     }
 }
