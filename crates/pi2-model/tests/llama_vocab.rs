@@ -1,0 +1,98 @@
+//! llama.cpp's own tokenizer tests (`ggml-vocab-NAME.gguf` with `.inp` texts and `.out` ids, as
+//! its `test-tokenizer-0` runs them: no BOS, control text not parsed), fetched into
+//! `models/llama-vocab/` by `cargo xtask fetch-model` from the llama-cpp-python sdist on PyPI.
+
+use pi2_model::{GgufFile, ModelError, Tokenizer};
+use std::path::PathBuf;
+
+/// Vocabulary kinds pi2 does not implement: loading them must say so.
+const UNSUPPORTED_MODELS: [&str; 2] = ["bert", "gemma4"];
+const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
+
+#[test]
+fn llama_cpp_vocab_tests_pass() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/llama-vocab");
+    assert!(
+        dir.join("SOURCE").exists(),
+        "llama.cpp's tokenizer tests are missing in {}: run `cargo xtask fetch-model` first",
+        dir.display()
+    );
+    let mut inputs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".gguf.inp"))
+        .collect();
+    inputs.sort();
+    let (mut passed, mut failures) = (Vec::new(), Vec::new());
+    for inp in inputs {
+        let vocab = PathBuf::from(inp.to_string_lossy().trim_end_matches(".inp"));
+        let name = vocab.file_name().unwrap().to_string_lossy().into_owned();
+        let file = GgufFile::open(&vocab).unwrap();
+        let kind = file
+            .get("tokenizer.ggml.model")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
+        let tok = match Tokenizer::from_gguf(&file) {
+            Ok(t) => t,
+            Err(ModelError::Tokenizer(msg)) if UNSUPPORTED_MODELS.contains(&kind.as_str()) => {
+                assert!(msg.contains("unsupported tokenizer model"), "{name}: {msg}");
+                eprintln!("{name}: not supported ({msg})");
+                continue;
+            }
+            Err(e) => panic!("{name} ({kind}): {e}"),
+        };
+        let texts = std::fs::read_to_string(&inp).unwrap();
+        let ids = std::fs::read_to_string(vocab.with_extension("gguf.out")).unwrap();
+        // Every text ends with the separator.
+        let texts: Vec<&str> = texts
+            .strip_suffix(SEPARATOR)
+            .unwrap_or(&texts)
+            .split(SEPARATOR)
+            .collect();
+        let ids: Vec<&str> = ids.lines().collect();
+        assert_eq!(texts.len(), ids.len(), "{name}: inputs and outputs");
+        for (text, want) in texts.iter().zip(&ids) {
+            let want: Vec<u32> = want
+                .split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect();
+            let got = tok.encode(text, false, false);
+            if got != want {
+                failures.push(format!("{name} {text:?}: got {got:?}, want {want:?}"));
+            }
+        }
+        eprintln!("{name}: {} cases", texts.len());
+        passed.push(name);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // The BPE pre-tokenizers and SentencePiece vocabularies of the test set, every one checked.
+    for want in [
+        "llama-spm",
+        "llama-bpe",
+        "phi-3",
+        "gpt-2",
+        "qwen2",
+        "qwen35",
+        "deepseek-llm",
+        "deepseek-coder",
+        "falcon",
+        "mpt",
+        "starcoder",
+        "refact",
+        "command-r",
+    ] {
+        assert!(
+            passed
+                .iter()
+                .any(|p| p == &format!("ggml-vocab-{want}.gguf")),
+            "{want} was not tested"
+        );
+    }
+}
