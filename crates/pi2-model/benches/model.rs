@@ -1,8 +1,8 @@
 //! GGUF header parsing and tokenizer throughput. The tokenizer bench uses the real test model
-//! (`cargo xtask fetch-model`); the parser bench builds its own file.
+//! (`cargo xtask fetch-model`); the parser and user-defined-token benches build their own files.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pi2_model::{writer::GgufWriter, GgufFile, Model, Value};
+use pi2_model::{writer::GgufWriter, GgufFile, Model, Tokenizer, Value};
 use std::path::PathBuf;
 
 fn bench_parse(c: &mut Criterion) {
@@ -48,5 +48,57 @@ fn bench_tokenize(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_parse, bench_tokenize);
+/// A vocabulary whose every token is user-defined (matched in the text before merging): each
+/// word of Genesis, with and without a leading space, plus its characters as normal pieces.
+fn bench_user_defined(c: &mut Criterion) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join("testdata/corpus/kjv_genesis.txt")).unwrap();
+    let text = &text[..100_000];
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    let mut chars: Vec<char> = text.chars().collect();
+    chars.sort_unstable();
+    chars.dedup();
+    for ch in chars {
+        tokens.push(ch.to_string());
+        types.push(1);
+    }
+    let mut words: Vec<&str> = text.split_whitespace().collect();
+    words.sort_unstable();
+    words.dedup();
+    for w in words {
+        for t in [w.to_string(), format!(" {w}")] {
+            if !tokens.contains(&t) {
+                tokens.push(t);
+                types.push(4);
+            }
+        }
+    }
+    let n = tokens.len();
+    let mut w = GgufWriter::new();
+    w.meta("tokenizer.ggml.model", Value::String("llama".into()));
+    w.meta(
+        "tokenizer.ggml.tokens",
+        Value::Array(tokens.into_iter().map(Value::String).collect()),
+    );
+    w.meta(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    w.meta(
+        "tokenizer.ggml.scores",
+        Value::Array(vec![Value::F32(0.0); n]),
+    );
+    let file = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let mut g = c.benchmark_group("tokenizer");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_function(format!("encode_100kB_{n}_user_defined"), |b| {
+        b.iter(|| tok.encode(text, false, false))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_tokenize, bench_user_defined);
 criterion_main!(benches);

@@ -15,6 +15,7 @@ pub mod chat;
 pub mod error;
 pub mod gguf;
 mod rng;
+mod specials;
 pub mod stand_in;
 mod strftime;
 /// Small generated models for tests (feature `synth`): not part of the stable API.

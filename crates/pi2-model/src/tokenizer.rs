@@ -7,6 +7,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
+use crate::specials::Specials;
 use fancy_regex::Regex;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -63,7 +64,7 @@ pub struct Tokenizer {
     index: HashMap<String, TokenId>,
     kind: Kind,
     /// Control and user-defined tokens, longest text first (the partition order).
-    specials: Vec<TokenId>,
+    specials: Specials,
     pub bos: Option<TokenId>,
     pub eos: Option<TokenId>,
     pub add_bos: bool,
@@ -310,6 +311,10 @@ impl Tokenizer {
             .filter(|&i| !tokens[i as usize].is_empty())
             .collect();
         specials.sort_by_key(|&i| Reverse(tokens[i as usize].len()));
+        let specials = Specials::new(specials.iter().map(|&i| {
+            let control = matches!(types[i as usize], TokenType::Control | TokenType::Unknown);
+            (i, tokens[i as usize].as_str(), control)
+        }));
         Ok(Self {
             tokens,
             types,
@@ -342,35 +347,10 @@ impl Tokenizer {
         self.eog.contains(&id)
     }
 
-    /// Split `text` into raw-text fragments and special token ids.
+    /// Split `text` into raw-text fragments and special token ids (user-defined tokens always,
+    /// control tokens when `parse_special`).
     fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Result<TokenId, &'t str>> {
-        let mut out: Vec<Result<TokenId, &'t str>> = vec![Err(text)];
-        for &id in &self.specials {
-            let ty = self.types[id as usize];
-            if !parse_special && matches!(ty, TokenType::Control | TokenType::Unknown) {
-                continue;
-            }
-            let needle = self.tokens[id as usize].as_str();
-            let mut next = Vec::with_capacity(out.len());
-            for frag in out {
-                let Err(mut s) = frag else {
-                    next.push(frag);
-                    continue;
-                };
-                while let Some(p) = s.find(needle) {
-                    if p > 0 {
-                        next.push(Err(&s[..p]));
-                    }
-                    next.push(Ok(id));
-                    s = &s[p + needle.len()..];
-                }
-                if !s.is_empty() {
-                    next.push(Err(s));
-                }
-            }
-            out = next;
-        }
-        out
+        self.specials.partition(text, parse_special)
     }
 
     /// Text -> token ids. `add_special` adds BOS/EOS as the model asks; `parse_special` turns
