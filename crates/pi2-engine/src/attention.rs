@@ -1,7 +1,8 @@
 //! The attention block of one layer: norm, Q/K/V projections (+ biases), RoPE, the KV cache,
 //! causal softmax attention per (token, head), the output projection and the residual add.
 
-use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, rope, KvCache, Scratch};
+use crate::kv::{KvCache, KvView};
+use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, rope, Scratch};
 use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef};
 use pi2_model::{GgufFile, LayerWeights, ModelConfig, TensorView};
 use rayon::prelude::*;
@@ -71,13 +72,12 @@ pub(crate) fn block(
             rope(h, c.n_rot, c.rope_kind, ct, st);
         }
     }
-    let (kc, vc) = kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd);
+    let cache = kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd);
     attend(
         ks,
         c,
         &s.q[..n * qd],
-        kc,
-        vc,
+        &cache,
         pos0,
         window,
         grow(&mut s.att, n * qd),
@@ -104,8 +104,7 @@ fn attend(
     ks: &KernelSet,
     c: &ModelConfig,
     qs: &[f32],
-    kc: &[u16],
-    vc: &[u16],
+    cache: &KvView<'_>,
     pos0: usize,
     window: Option<usize>,
     out: &mut [f32],
@@ -123,7 +122,8 @@ fn attend(
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for p in first..len {
-                let kv = &kc[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
+                let at = p % cache.ring * kvd + kvh * hd;
+                let kv = &cache.k[at..at + hd];
                 let sc = (ks.f16)(kv, qv) * scale;
                 max = max.max(sc);
                 scores.push(sc);
@@ -135,7 +135,8 @@ fn attend(
             }
             out.fill(0.0);
             for (p, &w) in (first..).zip(scores.iter()) {
-                let vv = &vc[p * kvd + kvh * hd..p * kvd + (kvh + 1) * hd];
+                let at = p % cache.ring * kvd + kvh * hd;
+                let vv = &cache.v[at..at + hd];
                 (ks.axpy_f16)(w / sum, vv, out);
             }
         });

@@ -4,15 +4,15 @@
 
 use crate::error::EngineError;
 use crate::head::{HeadNeed, HeadState, HeadStats, SparseHead};
+use crate::kv::KvCache;
 use crate::moe::Routes;
 use crate::offload::Offload;
 use crate::packed::PackedWeights;
 use crate::pipeline::StepBuffers;
 use crate::residency::Mapped;
-use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, KvCache, Scratch};
+use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, Scratch};
 use crate::sparse::{SparseFfn, SparseStats};
 use crate::{attention, ffn, moe, pipeline};
-use half::f16;
 use pi2_kernels::{matmul, KernelSet, MatRef, Tier};
 use pi2_model::{LayerWeights, Model, TokenId};
 use pi2_sparse::FfnObserver;
@@ -166,7 +166,7 @@ impl<'m> Engine<'m> {
             ks,
             pool: std::sync::Arc::new(pool),
             n_ctx,
-            kv: KvCache::new(c.n_layer, n_ctx),
+            kv: KvCache::new((0..c.n_layer).map(|li| c.window(li)), n_ctx),
             s: Scratch::default(),
             step: StepBuffers::default(),
             routes: Routes::default(),
@@ -377,15 +377,17 @@ impl<'m> Engine<'m> {
         self.kv.len
     }
 
-    /// Forget everything after the first `n` cached tokens (0 clears the sequence).
-    pub fn truncate(&mut self, n: usize) {
-        self.kv.len = self.kv.len.min(n);
+    /// Forget everything after the first `n` cached tokens (0 clears the sequence). Returns
+    /// the tokens kept: `n` (at most those held), or 0 when sliding-window layers no longer
+    /// hold the window position `n` needs (the caller evaluates those tokens again).
+    pub fn truncate(&mut self, n: usize) -> usize {
+        self.kv.truncate(n)
     }
 
-    /// Bytes the KV cache holds when the context is full.
-    pub fn kv_bytes_full(&self) -> usize {
-        let c = &self.model.config;
-        2 * self.n_ctx * c.kv_dim() * c.n_layer * std::mem::size_of::<f16>()
+    /// Bytes the KV cache holds when the context is full, with batches of up to `n_batch`
+    /// tokens (sliding-window layers hold their window plus one batch).
+    pub fn kv_bytes_full(&self, n_batch: usize) -> usize {
+        crate::kv::kv_bytes(&self.model.config, self.n_ctx, n_batch)
     }
 
     /// Working buffers for batches of up to `n_batch` tokens (activations, predictor scores,

@@ -71,7 +71,7 @@ pub fn generate(
         .take_while(|(a, b)| a == b)
         .count()
         .min(prompt.len().saturating_sub(1));
-    engine.truncate(common);
+    let common = engine.truncate(common);
     cached.truncate(common);
     for &t in prompt {
         sampler.accept(t);

@@ -1,7 +1,8 @@
 //! pi2-engine: the inference engine.
 //!
 //! [`Engine`] runs llama-family transformers from a [`pi2_model::Model`]: batched dense prefill,
-//! token-by-token decode, a growable KV cache, all matrix work on a persistent worker pool.
+//! token-by-token decode, a growable KV cache (a ring for sliding-window layers), all matrix work
+//! on a persistent worker pool.
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
 
 mod attention;
@@ -10,6 +11,7 @@ mod error;
 mod ffn;
 mod generate;
 mod head;
+mod kv;
 mod moe;
 pub mod offload;
 mod packed;
@@ -26,6 +28,7 @@ pub use error::EngineError;
 pub use ffn::fires;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
 pub use head::{has_head, logits as head_logits, HeadNeed, HeadScratch, HeadStats, SparseHead};
+pub use kv::kv_bytes;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
 pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};

@@ -1,7 +1,6 @@
-//! What a forward pass works in: reused activation buffers, the KV cache, and the numeric
-//! pieces every stage shares (RMS norm, RoPE).
+//! What a forward pass works in: reused activation buffers, and the numeric pieces every
+//! stage shares (RMS norm, RoPE).
 
-use half::f16;
 use pi2_kernels::ActBuf;
 use pi2_model::RopeKind;
 
@@ -40,61 +39,6 @@ pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
         v.resize(n, 0.0);
     }
     &mut v[..n]
-}
-
-/// Per-layer key/value cache in f16 (llama.cpp's default: half the memory of f32, and the
-/// rounding the reference outputs were made with), grown as positions are used.
-pub(crate) struct KvCache {
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
-    /// Positions held.
-    pub len: usize,
-    /// Positions it may hold.
-    n_ctx: usize,
-}
-
-impl KvCache {
-    pub fn new(layers: usize, n_ctx: usize) -> Self {
-        Self {
-            k: vec![Vec::new(); layers],
-            v: vec![Vec::new(); layers],
-            len: 0,
-            n_ctx,
-        }
-    }
-
-    /// Stores layer `li`'s keys and values of positions `pos0..pos0 + n` (`kvd` wide each)
-    /// and returns the layer's whole cache as f16 bits, (keys, values). Grows in steps, so
-    /// decode does not reallocate every token.
-    pub fn append(
-        &mut self,
-        li: usize,
-        pos0: usize,
-        k: &[f32],
-        v: &[f32],
-        kvd: usize,
-    ) -> (&[u16], &[u16]) {
-        let n = k.len() / kvd;
-        let (kc, vc) = (&mut self.k[li], &mut self.v[li]);
-        let need = (pos0 + n) * kvd;
-        if kc.len() < need {
-            let cap = need.max(kc.len() * 2).min(self.n_ctx * kvd).max(need);
-            kc.resize(cap, f16::ZERO);
-            vc.resize(cap, f16::ZERO);
-        }
-        for (dst, &src) in kc[pos0 * kvd..need].iter_mut().zip(k) {
-            *dst = f16::from_f32(src);
-        }
-        for (dst, &src) in vc[pos0 * kvd..need].iter_mut().zip(v) {
-            *dst = f16::from_f32(src);
-        }
-        (bytemuck::cast_slice(&kc[..]), bytemuck::cast_slice(&vc[..]))
-    }
-
-    /// Bytes held now.
-    pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|b| b.capacity() * 2).sum()
-    }
 }
 
 /// `out = x / rms(x) * w`.
@@ -183,17 +127,5 @@ mod tests {
         let mut h = [1.0, 2.0, 3.0, 4.0];
         rope(&mut h, 4, RopeKind::Neox, &cos, &sin);
         assert_eq!(h, [-3.0, 2.0, 1.0, 4.0]);
-    }
-
-    #[test]
-    fn kv_cache_grows_in_steps_and_returns_the_layer() {
-        let mut kv = KvCache::new(2, 8);
-        let (k, v) = kv.append(1, 0, &[1.0, 2.0], &[3.0, 4.0], 2);
-        assert_eq!((k.len(), v.len()), (2, 2));
-        assert_eq!(f16::from_bits(v[1]).to_f32(), 4.0);
-        let (k, _) = kv.append(1, 1, &[5.0, 6.0], &[7.0, 8.0], 2);
-        assert_eq!(k.len(), 4, "doubled");
-        assert_eq!(f16::from_bits(k[2]).to_f32(), 5.0);
-        assert!(kv.bytes() >= 16);
     }
 }

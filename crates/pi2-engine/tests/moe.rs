@@ -183,7 +183,7 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
             &m,
             &sp,
             &path,
-            e.kv_bytes_full() as u64,
+            e.kv_bytes_full(8) as u64,
             e.scratch_bytes(8) as u64,
             freq.as_deref(),
             &OffloadConfig {
@@ -197,7 +197,7 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
     let minimum = pi2_engine::min_budget(
         &m,
         &sp,
-        probe.kv_bytes_full() as u64,
+        probe.kv_bytes_full(8) as u64,
         probe.scratch_bytes(8) as u64,
     )
     .unwrap();

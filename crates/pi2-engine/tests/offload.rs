@@ -90,7 +90,7 @@ fn offload(
         m,
         sp,
         path,
-        e.kv_bytes_full() as u64,
+        e.kv_bytes_full(8) as u64,
         e.scratch_bytes(8) as u64,
         freq.as_deref(),
         &oc,
@@ -147,7 +147,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no minimum in: {msg}"));
     // The planner's figure is the same one.
-    let (kv, scratch) = (probe.kv_bytes_full() as u64, probe.scratch_bytes(8) as u64);
+    let (kv, scratch) = (probe.kv_bytes_full(8) as u64, probe.scratch_bytes(8) as u64);
     assert_eq!(
         pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap(),
         minimum
@@ -258,7 +258,7 @@ fn streamed_weights_case(what: &str, path: &Path) {
     let want = run(&mut mem).unwrap();
 
     let probe = Engine::new(&m, &cfg()).unwrap();
-    let (kv, scratch) = (probe.kv_bytes_full() as u64, probe.scratch_bytes(8) as u64);
+    let (kv, scratch) = (probe.kv_bytes_full(8) as u64, probe.scratch_bytes(8) as u64);
     let minimum = pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap();
     let attn_layer: u64 = ["attn_q", "attn_k", "attn_v", "attn_output"]
         .iter()

@@ -366,3 +366,40 @@ fn one_expert_moe_equals_its_dense_twin() {
     };
     assert_eq!(logits(spec), logits(moe));
 }
+
+/// Sliding-window layers keep a ring of positions: going back a few tokens (a chat turn
+/// re-rendered) reuses the cache and gives the logits of a fresh run; going back past what the
+/// ring still holds keeps nothing rather than attending to overwritten keys.
+#[test]
+fn sliding_window_cache_rolls_back_or_keeps_nothing() {
+    let spec = SynthSpec {
+        arch: "gemma3".into(),
+        seed: 5,
+        ..Default::default()
+    };
+    let bytes = build(&spec).to_bytes();
+    let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
+    let cfg = EngineConfig {
+        threads: 2,
+        n_ctx: 64,
+        repack: false,
+        ..Default::default()
+    };
+    let tokens: Vec<u32> = (0..20).map(|i| (i * 29 + 3) % 200).collect();
+    let fresh = |upto: usize| {
+        let mut e = Engine::new(&m, &cfg).unwrap();
+        e.forward(&tokens[..upto], Logits::Last).unwrap().to_vec()
+    };
+    let mut e = Engine::new(&m, &cfg).unwrap();
+    e.forward(&tokens[..3], Logits::Last).unwrap(); // ring of window - 1 + 3 = 6 positions
+    for t in 3..12 {
+        e.forward(&tokens[t..t + 1], Logits::Last).unwrap();
+    }
+    // Back 2 positions: the ring still holds what position 10 attends to.
+    assert_eq!(e.truncate(10), 10);
+    let again = e.forward(&tokens[10..11], Logits::Last).unwrap().to_vec();
+    assert_eq!(again, fresh(11));
+    // Back to position 2: positions 0..2 were overwritten in the ring.
+    assert_eq!(e.truncate(2), 0);
+    assert_eq!(e.n_past(), 0);
+}

@@ -19,7 +19,7 @@ pub fn build(
 ) -> Result<Offload> {
     let freq = pi2_engine::unit_frequencies(model)?;
     let (kv, scratch) = (
-        engine.kv_bytes_full() as u64,
+        engine.kv_bytes_full(n_batch) as u64,
         engine.scratch_bytes(n_batch) as u64,
     );
     match Offload::new(model, sparse, path, kv, scratch, freq.as_deref(), cfg) {
@@ -48,7 +48,7 @@ fn too_small(
         b if b < 1 << 30 => format!("{:.1} MiB", mib(b)),
         b => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
     };
-    let (kv, n_ctx) = (engine.kv_bytes_full() as u64, engine.n_ctx());
+    let (kv, n_ctx) = (engine.kv_bytes_full(n_batch) as u64, engine.n_ctx());
     let scratch = engine.scratch_bytes(n_batch) as u64;
     let without_kv = pi2_engine::min_budget(model, sparse, 0, scratch).unwrap_or(minimum);
     let per_token = kv / n_ctx.max(1) as u64;
@@ -85,7 +85,7 @@ pub fn min_budget(
     Ok(pi2_engine::min_budget(
         model,
         sparse,
-        engine.kv_bytes_full() as u64,
+        engine.kv_bytes_full(n_batch) as u64,
         engine.scratch_bytes(n_batch) as u64,
     )?)
 }

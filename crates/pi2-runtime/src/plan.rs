@@ -45,7 +45,7 @@ impl<'a> EngineResidency<'a> {
         Ok(Self {
             model,
             sparse,
-            kv: sizing.kv_bytes_full() as u64,
+            kv: sizing.kv_bytes_full(n_batch) as u64,
             scratch: sizing.scratch_bytes(n_batch) as u64,
             freq: pi2_engine::unit_frequencies(model)?,
         })
@@ -174,7 +174,7 @@ pub fn model_profile(
                 ..EngineConfig::default()
             },
         )?;
-        probe.kv_bytes_full() as u64 / 64
+        probe.kv_bytes_full(1) as u64 / 64
     };
     let mp = ModelProfile {
         name: path

@@ -34,8 +34,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
         e.1 += t.size;
     }
     let weights = m.file.tensor_bytes();
-    let kv = 2 * c.n_layer * n_ctx * c.kv_dim() * 2; // K and V, f16
-                                                     // Largest per-token activations: logits and FFN rows dominate; batch of 512 for prefill.
+    let kv = pi2_engine::kv_bytes(c, n_ctx, 512);
+    // Largest per-token activations: logits and FFN rows dominate; batch of 512 for prefill.
     let scratch =
         512 * (c.n_vocab.min(512) + 4 * c.n_embd + 2 * c.n_ff + c.q_dim() + 2 * c.kv_dim()) * 4
             + c.n_vocab * 4;
@@ -149,7 +149,15 @@ pub fn run(a: InfoArgs) -> Result<()> {
         human(ffn),
         100.0 * ffn as f64 / weights as f64
     );
-    println!("  KV cache     {}  (f16)", human(kv as u64));
+    println!(
+        "  KV cache     {}  (f16{})",
+        human(kv as u64),
+        if c.sliding_window.is_some() {
+            "; sliding layers hold their window and a 512-token batch"
+        } else {
+            ""
+        }
+    );
     println!("  buffers      {}", human(scratch as u64));
     println!(
         "  total        {}",
