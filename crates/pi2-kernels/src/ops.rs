@@ -42,6 +42,10 @@ macro_rules! by_block_type {
                 let $k = &$ks.q6_k;
                 $blocks
             }
+            QuantType::IQ4_NL => {
+                let $k = &$ks.iq4_nl;
+                $blocks
+            }
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => $float,
         }
     };

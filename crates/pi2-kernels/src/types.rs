@@ -38,6 +38,7 @@ pub enum QuantType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
 }
 
 /// The activation format a weight type's dot product consumes.
@@ -45,14 +46,14 @@ pub enum QuantType {
 pub enum ActKind {
     /// Plain f32 (F32, F16 and BF16 weights).
     F32,
-    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL).
     Q8,
     /// [`quant::BlockQ8K`], 256 per block (k-quants).
     Q8K,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 11] = [
+    pub const ALL: [QuantType; 12] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -64,6 +65,7 @@ impl QuantType {
         Self::Q4_K,
         Self::Q5_K,
         Self::Q6_K,
+        Self::IQ4_NL,
     ];
 
     /// Map a GGML type id (as stored in GGUF tensor infos) to a supported type.
@@ -79,6 +81,7 @@ impl QuantType {
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
+            20 => Self::IQ4_NL,
             30 => Self::BF16,
             _ => return None,
         })
@@ -97,6 +100,7 @@ impl QuantType {
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
             Self::BF16 => 30,
         }
     }
@@ -105,7 +109,7 @@ impl QuantType {
     pub fn block_len(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => QK,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
         }
     }
@@ -124,6 +128,7 @@ impl QuantType {
             Self::Q4_K => size_of::<quant::BlockQ4K>(),
             Self::Q5_K => size_of::<quant::BlockQ5K>(),
             Self::Q6_K => size_of::<quant::BlockQ6K>(),
+            Self::IQ4_NL => size_of::<quant::BlockIQ4NL>(),
         }
     }
 
@@ -147,7 +152,9 @@ impl QuantType {
     pub fn act_kind(self) -> ActKind {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => ActKind::F32,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => ActKind::Q8,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => {
+                ActKind::Q8
+            }
             Self::Q4_K | Self::Q5_K | Self::Q6_K => ActKind::Q8K,
         }
     }
@@ -181,6 +188,7 @@ impl QuantType {
             Self::Q5_1 => blocks(x, quant::BlockQ5_1::quantize),
             Self::Q8_0 => blocks(x, quant::BlockQ8_0::quantize),
             Self::Q4_K => blocks(x, quant::BlockQ4K::quantize),
+            Self::IQ4_NL => blocks(x, quant::BlockIQ4NL::quantize),
             Self::Q5_K | Self::Q6_K => return None,
         })
     }
@@ -206,6 +214,7 @@ impl QuantType {
             Self::Q4_K => blocks::<quant::BlockQ4K>(row, out),
             Self::Q5_K => blocks::<quant::BlockQ5K>(row, out),
             Self::Q6_K => blocks::<quant::BlockQ6K>(row, out),
+            Self::IQ4_NL => blocks::<quant::BlockIQ4NL>(row, out),
         }
     }
 }
@@ -224,6 +233,7 @@ impl fmt::Display for QuantType {
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
         })
     }
 }

@@ -75,7 +75,8 @@ pub fn random_tensor(
             | QuantType::Q4_1
             | QuantType::Q5_0
             | QuantType::Q5_1
-            | QuantType::Q8_0 => {
+            | QuantType::Q8_0
+            | QuantType::IQ4_NL => {
                 let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * scale).collect();
                 out.extend(
                     ty.quantize_row(&x)

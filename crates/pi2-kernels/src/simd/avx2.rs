@@ -12,7 +12,7 @@
 use super::avx2_x8::rows8;
 use super::x86::{f16_scalar, hsum_ps, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs, PREFETCH};
 use super::{KernelSet, RowKernels};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
+use crate::quant::{BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
 
 /// The AVX2 set; `tier` `AvxVnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
@@ -30,6 +30,7 @@ pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
         bf16: |w, x| unsafe { dot_bf16(w, x) },
         axpy_bf16: |a, x, y| unsafe { axpy_bf16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(flavour),
+        iq4_nl: tiles::<BlockIQ4NL>(flavour),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
         q5_1: tiles::<BlockQ5_1>(flavour),
@@ -152,6 +153,41 @@ impl Block32 for BlockQ4_1 {
     #[inline(always)]
     unsafe fn values(&self) -> (__m256i, f32, f32) {
         (nibbles(&self.qs), f16_scalar(self.d), f16_scalar(self.m))
+    }
+}
+
+/// The IQ4_NL levels of a block's 32 indices, element order (one in-lane table lookup).
+#[inline(always)]
+pub(super) unsafe fn iq4nl_values(qs: &[u8; 16]) -> __m256i {
+    let table = _mm_loadu_si128(crate::quant::iq4_nl::IQ4NL_TABLE.as_ptr() as *const __m128i);
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
+}
+
+impl Block32 for BlockIQ4NL {
+    type Shared = ();
+    #[inline(always)]
+    unsafe fn shared<D: ByteDot>(_: __m256i) {}
+    #[inline(always)]
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
+        // Signed levels: |w| times y with the sign of w moved onto y, as for Q8_0.
+        let w = iq4nl_values(&self.qs);
+        D::udot(
+            _mm256_setzero_si256(),
+            _mm256_sign_epi8(w, w),
+            _mm256_sign_epi8(y, w),
+        )
+    }
+    #[inline(always)]
+    unsafe fn scale(&self) -> f32 {
+        f16_scalar(self.d)
+    }
+    #[inline(always)]
+    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        (iq4nl_values(&self.qs), f16_scalar(self.d), 0.0)
     }
 }
 

@@ -12,7 +12,7 @@
 use super::avx2::{self, Block32};
 use super::x86::{Flavour, Maddubs, PREFETCH};
 use super::{KernelSet, RowKernels, Tier};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
+use crate::quant::{BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
 
 /// The AVX-512 set; `tier` `Avx512Vnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
@@ -30,6 +30,7 @@ pub(super) fn kernel_set(tier: Tier) -> KernelSet {
         bf16: |w, x| unsafe { avx2::dot_bf16(w, x) },
         axpy_bf16: |a, x, y| unsafe { avx2::axpy_bf16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(flavour),
+        iq4_nl: tiles::<BlockIQ4NL>(flavour),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
         q5_1: tiles::<BlockQ5_1>(flavour),
@@ -158,10 +159,28 @@ impl Pair for BlockQ8_0 {
         let lo = _mm256_permute2x128_si256(a, b, 0x20);
         let hi = _mm256_permute2x128_si256(a, b, 0x31);
         let w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        // |w| times y with the sign of w moved onto y.
-        let neg = _mm512_movepi8_mask(w);
-        let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-        sum_pairs(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sy))
+        signed_dot(w, y)
+    }
+}
+
+/// `|w|` times `y` with the sign of `w` moved onto `y`, summed to 16 i32 lanes.
+#[inline(always)]
+unsafe fn signed_dot(w: __m512i, y: __m512i) -> __m512i {
+    let neg = _mm512_movepi8_mask(w);
+    let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+    sum_pairs(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sy))
+}
+
+impl Pair for BlockIQ4NL {
+    #[inline(always)]
+    unsafe fn shared2(_: __m512i) -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, _: __m512i) -> __m512i {
+        let table = _mm_loadu_si128(crate::quant::iq4_nl::IQ4NL_TABLE.as_ptr() as *const __m128i);
+        let w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), nibble_pair(&wi.qs, &wj.qs));
+        signed_dot(w, y)
     }
 }
 

@@ -3,8 +3,8 @@
 
 use crate::packed::{self, Rows8Fn, Rows8KFn};
 use crate::quant::{
-    self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
-    QuantBlock,
+    self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0, QuantBlock,
 };
 use crate::QuantType;
 use std::sync::OnceLock;
@@ -213,6 +213,7 @@ pub struct KernelSet {
     pub q4_k: RowKernels<BlockQ4K>,
     pub q5_k: RowKernels<BlockQ5K>,
     pub q6_k: RowKernels<BlockQ6K>,
+    pub iq4_nl: RowKernels<BlockIQ4NL>,
     /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
     pub x8: X8Kernels,
 }
@@ -292,6 +293,7 @@ impl KernelSet {
             q4_k: RowKernels::reference(),
             q5_k: RowKernels::reference(),
             q6_k: RowKernels::reference(),
+            iq4_nl: RowKernels::reference(),
             x8: X8Kernels::reference(),
         }
     }

@@ -11,7 +11,9 @@
 
 use super::arm::idot;
 use super::{KernelSet, RowKernels, Tier};
-use crate::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
+use crate::quant::{
+    self, BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0,
+};
 use std::arch::aarch64::*;
 
 pub(super) fn kernel_set(dot: bool) -> KernelSet {
@@ -24,6 +26,7 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         bf16: |w, x| unsafe { dot_bf16(w, x) },
         axpy_bf16: |a, x, y| unsafe { axpy_bf16(a, x, y) },
         q4_0: tiles::<BlockQ4_0>(dot),
+        iq4_nl: tiles::<BlockIQ4NL>(dot),
         q4_1: tiles::<BlockQ4_1>(dot),
         q5_0: tiles::<BlockQ5_0>(dot),
         q5_1: tiles::<BlockQ5_1>(dot),
@@ -73,6 +76,24 @@ impl Block32 for BlockQ4_0 {
         (
             vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))), eight),
             vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight),
+        )
+    }
+    fn scale(&self) -> f32 {
+        quant::f16_to_f32(self.d)
+    }
+    fn min_term(&self, _: &BlockQ8) -> f32 {
+        0.0
+    }
+}
+
+impl Block32 for BlockIQ4NL {
+    #[inline(always)]
+    unsafe fn halves(&self) -> (int8x16_t, int8x16_t) {
+        let q = vld1q_u8(self.qs.as_ptr());
+        let table = vld1q_s8(quant::iq4_nl::IQ4NL_TABLE.as_ptr());
+        (
+            vqtbl1q_s8(table, vandq_u8(q, vdupq_n_u8(0x0F))),
+            vqtbl1q_s8(table, vshrq_n_u8(q, 4)),
         )
     }
     fn scale(&self) -> f32 {
