@@ -39,6 +39,7 @@ pub enum QuantType {
     Q5_K,
     Q6_K,
     IQ4_NL,
+    IQ4_XS,
 }
 
 /// The activation format a weight type's dot product consumes.
@@ -48,12 +49,12 @@ pub enum ActKind {
     F32,
     /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL).
     Q8,
-    /// [`quant::BlockQ8K`], 256 per block (k-quants).
+    /// [`quant::BlockQ8K`], 256 per block (k-quants, IQ4_XS).
     Q8K,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 12] = [
+    pub const ALL: [QuantType; 13] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -66,6 +67,7 @@ impl QuantType {
         Self::Q5_K,
         Self::Q6_K,
         Self::IQ4_NL,
+        Self::IQ4_XS,
     ];
 
     /// Map a GGML type id (as stored in GGUF tensor infos) to a supported type.
@@ -82,6 +84,7 @@ impl QuantType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             20 => Self::IQ4_NL,
+            23 => Self::IQ4_XS,
             30 => Self::BF16,
             _ => return None,
         })
@@ -101,6 +104,7 @@ impl QuantType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -110,7 +114,7 @@ impl QuantType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => QK,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => QK_K,
         }
     }
 
@@ -129,6 +133,7 @@ impl QuantType {
             Self::Q5_K => size_of::<quant::BlockQ5K>(),
             Self::Q6_K => size_of::<quant::BlockQ6K>(),
             Self::IQ4_NL => size_of::<quant::BlockIQ4NL>(),
+            Self::IQ4_XS => size_of::<quant::BlockIQ4XS>(),
         }
     }
 
@@ -155,7 +160,7 @@ impl QuantType {
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => {
                 ActKind::Q8
             }
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => ActKind::Q8K,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => ActKind::Q8K,
         }
     }
 
@@ -189,6 +194,7 @@ impl QuantType {
             Self::Q8_0 => blocks(x, quant::BlockQ8_0::quantize),
             Self::Q4_K => blocks(x, quant::BlockQ4K::quantize),
             Self::IQ4_NL => blocks(x, quant::BlockIQ4NL::quantize),
+            Self::IQ4_XS => blocks(x, quant::BlockIQ4XS::quantize),
             Self::Q5_K | Self::Q6_K => return None,
         })
     }
@@ -215,6 +221,7 @@ impl QuantType {
             Self::Q5_K => blocks::<quant::BlockQ5K>(row, out),
             Self::Q6_K => blocks::<quant::BlockQ6K>(row, out),
             Self::IQ4_NL => blocks::<quant::BlockIQ4NL>(row, out),
+            Self::IQ4_XS => blocks::<quant::BlockIQ4XS>(row, out),
         }
     }
 }
@@ -234,6 +241,7 @@ impl fmt::Display for QuantType {
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
             Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
         })
     }
 }

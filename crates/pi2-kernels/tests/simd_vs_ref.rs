@@ -46,7 +46,11 @@ fn row_bytes(ty: QuantType, blocks: usize, seed: &[u8]) -> Vec<u8> {
                 c[2..4].copy_from_slice(&scale(i + 1));
             }
         }
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 | QuantType::IQ4_NL => {
+        QuantType::Q4_0
+        | QuantType::Q5_0
+        | QuantType::Q8_0
+        | QuantType::IQ4_NL
+        | QuantType::IQ4_XS => {
             for (i, c) in b.chunks_exact_mut(ty.block_bytes()).enumerate() {
                 c[..2].copy_from_slice(&scale(i));
             }

@@ -76,12 +76,10 @@ pub fn random_tensor(
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::Q8_0
-            | QuantType::IQ4_NL => {
+            | QuantType::IQ4_NL
+            | QuantType::IQ4_XS => {
                 let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * scale).collect();
-                out.extend(
-                    ty.quantize_row(&x)
-                        .expect("BF16 and 32-element formats have a quantizer"),
-                );
+                out.extend(ty.quantize_row(&x).expect("these formats have a quantizer"));
             }
             QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => {
                 // Random quants and sub-block scales, super-scales chosen so values are ~scale.

@@ -1,4 +1,4 @@
-//! AVX2 k-quant kernels (Q4_K, Q5_K, Q6_K against Q8_K activations), also used by the AVX-512
+//! AVX2 k-quant kernels (Q4_K, Q5_K, Q6_K, and IQ4_XS, against Q8_K activations), also used by the AVX-512
 //! tier. The weights are unsigned (Q6_K's `q - 32` offset is taken out through the activation
 //! block sums), so `maddubs` multiplies them with the signed activations directly, and a `madd`
 //! with the sub-block scale turns the i16 pairs into scaled i32 lanes. The per-sub-block mins
@@ -12,7 +12,7 @@
 
 use super::x86::{f16_scalar, hsum_ps};
 use super::RowKernels;
-use crate::quant::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
+use crate::quant::{scale_min_k4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
 use std::arch::x86_64::*;
 
 /// One weight block against one activation block: scaled integer sums in 8 i32 lanes, the
@@ -69,6 +69,25 @@ unsafe fn scaled(q: __m256i, x: __m256i, sc_lo: i16, sc_hi: i16) -> __m256i {
 unsafe fn high_bits(v: __m256i, shift: i32, mask: i8) -> __m256i {
     let s = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift));
     _mm256_slli_epi16(_mm256_and_si256(s, _mm256_set1_epi8(mask)), 4)
+}
+
+/// IQ4_XS: 8 sub-blocks of 32 signed table levels, each with a signed 6-bit scale. The
+/// levels are signed, so `maddubs` takes their magnitudes with the signs moved onto the
+/// activations (as for Q8_0).
+impl KBlock for BlockIQ4XS {
+    #[inline(always)]
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let qs: &[u8; 16] = self.qs[16 * ib..16 * ib + 16].try_into().unwrap_unchecked();
+            let w = super::avx2::iq4nl_values(qs);
+            let y = load_i8(&x.qs[32 * ib..]);
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+            let sc = _mm256_set1_epi16(self.scale(ib) as i16);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+        }
+        (acc, f16_scalar(self.d), 0.0)
+    }
 }
 
 /// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins.

@@ -3,8 +3,8 @@
 
 use crate::packed::{self, Rows8Fn, Rows8KFn};
 use crate::quant::{
-    self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8_0, QuantBlock,
+    self, BlockIQ4NL, BlockIQ4XS, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, QuantBlock,
 };
 use crate::QuantType;
 use std::sync::OnceLock;
@@ -214,6 +214,7 @@ pub struct KernelSet {
     pub q5_k: RowKernels<BlockQ5K>,
     pub q6_k: RowKernels<BlockQ6K>,
     pub iq4_nl: RowKernels<BlockIQ4NL>,
+    pub iq4_xs: RowKernels<BlockIQ4XS>,
     /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
     pub x8: X8Kernels,
 }
@@ -294,6 +295,7 @@ impl KernelSet {
             q5_k: RowKernels::reference(),
             q6_k: RowKernels::reference(),
             iq4_nl: RowKernels::reference(),
+            iq4_xs: RowKernels::reference(),
             x8: X8Kernels::reference(),
         }
     }

@@ -13,7 +13,10 @@
 
 use super::arm::idot;
 use super::RowKernels;
-use crate::quant::{f16_to_f32, scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
+use crate::quant::{
+    f16_to_f32, iq4_nl::IQ4NL_TABLE, scale_min_k4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8K, QuantBlock,
+};
 use std::arch::aarch64::*;
 
 /// One weight block against one activation block: the scaled integer sum, its float factor
@@ -133,6 +136,28 @@ unsafe fn k4_like<const DOT: bool>(
         f16_to_f32(d),
         f16_to_f32(dmin) * mins as f32,
     )
+}
+
+/// IQ4_XS: 8 sub-blocks of 32 signed table levels (a `tbl` lookup), each with a signed 6-bit
+/// scale.
+impl KBlock for BlockIQ4XS {
+    #[inline(always)]
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+        let table = vld1q_s8(IQ4NL_TABLE.as_ptr());
+        let mut acc = vdupq_n_s32(0);
+        for ib in 0..8 {
+            let q = vld1q_u8(self.qs.as_ptr().add(16 * ib));
+            let lo = vqtbl1q_s8(table, vandq_u8(q, vdupq_n_u8(0x0F)));
+            let hi = vqtbl1q_s8(table, vshrq_n_u8(q, 4));
+            let s = idot::<DOT>(
+                idot::<DOT>(vdupq_n_s32(0), lo, load_x(x, 32 * ib)),
+                hi,
+                load_x(x, 32 * ib + 16),
+            );
+            acc = vmlaq_n_s32(acc, s, self.scale(ib));
+        }
+        (vaddvq_s32(acc), f16_to_f32(self.d), 0.0)
+    }
 }
 
 impl KBlock for BlockQ4K {
