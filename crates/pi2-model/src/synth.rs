@@ -11,7 +11,8 @@ use pi2_kernels::QuantType;
 #[derive(Clone, Debug)]
 pub struct SynthSpec {
     /// `llama`, `qwen2` or `gemma3` (anything else produces a file pi2 must refuse). Gemma 3
-    /// models get a 4-token sliding window on every other layer (layer 1 global).
+    /// models get a 4-token sliding window on every other layer (layer 1 global) and heads
+    /// twice the width / heads.
     pub arch: String,
     pub n_embd: usize,
     pub n_layer: usize,
@@ -171,7 +172,7 @@ fn write_meta(w: &mut GgufWriter, spec: &SynthSpec, vocab: (Vec<String>, Vec<i32
     if a == "gemma3" {
         // A global base unlike the sliding layers' 10000, so a mix-up shows.
         w.meta(&format!("{a}.rope.freq_base"), Value::F32(1e6));
-        let hd = (spec.n_embd / spec.n_head) as u32;
+        let hd = head_dim(spec) as u32;
         w.meta(&format!("{a}.attention.key_length"), Value::U32(hd));
         w.meta(&format!("{a}.attention.value_length"), Value::U32(hd));
         w.meta(&format!("{a}.attention.sliding_window"), Value::U32(4));
@@ -220,12 +221,23 @@ fn write_meta(w: &mut GgufWriter, spec: &SynthSpec, vocab: (Vec<String>, Vec<i32
     w.meta("tokenizer.ggml.add_bos_token", Value::Bool(false));
 }
 
+/// Head size: the width split over the heads, except for gemma3, whose heads are twice as
+/// wide (so its Q/K/V widths differ from the residual stream's, as in Gemma 3).
+fn head_dim(spec: &SynthSpec) -> usize {
+    let hd = spec.n_embd / spec.n_head;
+    if spec.arch == "gemma3" {
+        2 * hd
+    } else {
+        hd
+    }
+}
+
 /// Build the GGUF image of a generated model.
 pub fn build(spec: &SynthSpec) -> GgufWriter {
     let mut rng = Rng::new(spec.seed);
     let (tokens, types, merges) = vocab();
     let n_vocab = tokens.len();
-    let hd = spec.n_embd / spec.n_head;
+    let hd = head_dim(spec);
     let mut w = GgufWriter::new();
     write_meta(&mut w, spec, (tokens, types, merges));
     let f32s = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -273,10 +285,11 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
             };
             w.tensor(&format!("blk.{i}.{name}"), &dims, t(spec.weight_type), data);
         };
-        mat("attn_q.weight", d, d, ws * 2.0, &mut w);
+        let qd = (spec.n_head * hd) as u64;
+        mat("attn_q.weight", qd, d, ws * 2.0, &mut w);
         mat("attn_k.weight", kvd, d, ws * 2.0, &mut w);
         mat("attn_v.weight", kvd, d, ws, &mut w);
-        mat("attn_output.weight", d, d, ws, &mut w);
+        mat("attn_output.weight", d, qd, ws, &mut w);
         mat("ffn_gate.weight", ff, d, ws * 2.0, &mut w);
         mat("ffn_up.weight", ff, d, ws * 2.0, &mut w);
         mat("ffn_down.weight", d, ff, 1.0 / (ff as f32).sqrt(), &mut w);
