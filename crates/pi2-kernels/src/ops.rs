@@ -50,6 +50,14 @@ macro_rules! by_block_type {
                 let $k = &$ks.iq4_xs;
                 $blocks
             }
+            QuantType::Q2_K => {
+                let $k = &$ks.q2_k;
+                $blocks
+            }
+            QuantType::Q3_K => {
+                let $k = &$ks.q3_k;
+                $blocks
+            }
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => $float,
         }
     };

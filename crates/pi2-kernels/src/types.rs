@@ -40,6 +40,8 @@ pub enum QuantType {
     Q6_K,
     IQ4_NL,
     IQ4_XS,
+    Q2_K,
+    Q3_K,
 }
 
 /// The activation format a weight type's dot product consumes.
@@ -54,7 +56,7 @@ pub enum ActKind {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 13] = [
+    pub const ALL: [QuantType; 15] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -68,6 +70,8 @@ impl QuantType {
         Self::Q6_K,
         Self::IQ4_NL,
         Self::IQ4_XS,
+        Self::Q2_K,
+        Self::Q3_K,
     ];
 
     /// Map a GGML type id (as stored in GGUF tensor infos) to a supported type.
@@ -80,6 +84,8 @@ impl QuantType {
             6 => Self::Q5_0,
             7 => Self::Q5_1,
             8 => Self::Q8_0,
+            10 => Self::Q2_K,
+            11 => Self::Q3_K,
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
@@ -100,6 +106,8 @@ impl QuantType {
             Self::Q5_0 => 6,
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
@@ -114,7 +122,7 @@ impl QuantType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => QK,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => QK_K,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => QK_K,
         }
     }
 
@@ -134,6 +142,8 @@ impl QuantType {
             Self::Q6_K => size_of::<quant::BlockQ6K>(),
             Self::IQ4_NL => size_of::<quant::BlockIQ4NL>(),
             Self::IQ4_XS => size_of::<quant::BlockIQ4XS>(),
+            Self::Q2_K => size_of::<quant::BlockQ2K>(),
+            Self::Q3_K => size_of::<quant::BlockQ3K>(),
         }
     }
 
@@ -160,12 +170,14 @@ impl QuantType {
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => {
                 ActKind::Q8
             }
-            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => ActKind::Q8K,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => {
+                ActKind::Q8K
+            }
         }
     }
 
     /// Quantize one row (a whole number of blocks) with the reference quantizer, or `None` for
-    /// Q5_K and Q6_K (pi2 reads them but does not make them).
+    /// Q2_K, Q3_K, Q5_K and Q6_K (pi2 reads them but does not make them).
     pub fn quantize_row(self, x: &[f32]) -> Option<Vec<u8>> {
         fn blocks<B: crate::quant::QuantBlock + bytemuck::Pod>(
             x: &[f32],
@@ -195,7 +207,7 @@ impl QuantType {
             Self::Q4_K => blocks(x, quant::BlockQ4K::quantize),
             Self::IQ4_NL => blocks(x, quant::BlockIQ4NL::quantize),
             Self::IQ4_XS => blocks(x, quant::BlockIQ4XS::quantize),
-            Self::Q5_K | Self::Q6_K => return None,
+            Self::Q2_K | Self::Q3_K | Self::Q5_K | Self::Q6_K => return None,
         })
     }
 
@@ -222,6 +234,8 @@ impl QuantType {
             Self::Q6_K => blocks::<quant::BlockQ6K>(row, out),
             Self::IQ4_NL => blocks::<quant::BlockIQ4NL>(row, out),
             Self::IQ4_XS => blocks::<quant::BlockIQ4XS>(row, out),
+            Self::Q2_K => blocks::<quant::BlockQ2K>(row, out),
+            Self::Q3_K => blocks::<quant::BlockQ3K>(row, out),
         }
     }
 }
@@ -242,6 +256,8 @@ impl fmt::Display for QuantType {
             Self::Q6_K => "Q6_K",
             Self::IQ4_NL => "IQ4_NL",
             Self::IQ4_XS => "IQ4_XS",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
         })
     }
 }

@@ -40,6 +40,17 @@ fn row_bytes(ty: QuantType, blocks: usize, seed: &[u8]) -> Vec<u8> {
                 c[208..].copy_from_slice(&scale(i));
             }
         }
+        QuantType::Q2_K => {
+            for (i, c) in b.chunks_exact_mut(84).enumerate() {
+                c[80..82].copy_from_slice(&scale(i));
+                c[82..84].copy_from_slice(&scale(i + 1));
+            }
+        }
+        QuantType::Q3_K => {
+            for (i, c) in b.chunks_exact_mut(110).enumerate() {
+                c[108..].copy_from_slice(&scale(i));
+            }
+        }
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4_K | QuantType::Q5_K => {
             for (i, c) in b.chunks_exact_mut(ty.block_bytes()).enumerate() {
                 c[..2].copy_from_slice(&scale(i));

@@ -82,6 +82,24 @@ pub fn random_tensor(
                 let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * scale).collect();
                 out.extend(ty.quantize_row(&x).expect("these formats have a quantizer"));
             }
+            QuantType::Q2_K | QuantType::Q3_K => {
+                // Random quants and scales; super-scales chosen so values are ~scale. Q2_K:
+                // w = d*sc*q - dmin*m, sc and m ~ U[0,15], q ~ U[0,3]: dmin = 1.5 d centres
+                // them. Q3_K: w = d*(s-32)*q3, s ~ U[0,63], q3 ~ U[-4,3].
+                for _ in 0..cols / 256 {
+                    let mut b: Vec<u8> = (0..ty.block_bytes())
+                        .map(|_| rng.next_u64() as u8)
+                        .collect();
+                    if ty == QuantType::Q2_K {
+                        let d = scale / 12.0;
+                        b[80..82].copy_from_slice(&f16(d));
+                        b[82..84].copy_from_slice(&f16(1.5 * d));
+                    } else {
+                        b[108..110].copy_from_slice(&f16(scale / 40.0));
+                    }
+                    out.extend_from_slice(&b);
+                }
+            }
             QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => {
                 // Random quants and sub-block scales, super-scales chosen so values are ~scale.
                 for _ in 0..cols / 256 {

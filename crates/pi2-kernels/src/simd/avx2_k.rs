@@ -12,7 +12,10 @@
 
 use super::x86::{f16_scalar, hsum_ps};
 use super::RowKernels;
-use crate::quant::{scale_min_k4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock};
+use crate::quant::{
+    scale_min_k4, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
+    QuantBlock,
+};
 use std::arch::x86_64::*;
 
 /// One weight block against one activation block: scaled integer sums in 8 i32 lanes, the
@@ -69,6 +72,76 @@ unsafe fn scaled(q: __m256i, x: __m256i, sc_lo: i16, sc_hi: i16) -> __m256i {
 unsafe fn high_bits(v: __m256i, shift: i32, mask: i8) -> __m256i {
     let s = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift));
     _mm256_slli_epi16(_mm256_and_si256(s, _mm256_set1_epi8(mask)), 4)
+}
+
+/// Q2_K and Q3_K share their 2-bit layout: bit pair `j` of the 32 bytes of half `h` is the 32
+/// activations from `128h + 32j` on, two sub-blocks of 16 (low and high lanes). `third(h, j)`
+/// gives Q3_K's third bit (4 where set), zero for Q2_K; `scale(sb)` the sub-block scales.
+#[inline(always)]
+unsafe fn two_bit_sums(
+    qs: &[u8; 64],
+    x: &BlockQ8K,
+    third: impl Fn(usize, usize) -> __m256i,
+    scale: impl Fn(usize) -> i16,
+) -> __m256i {
+    let mut acc = _mm256_setzero_si256();
+    for h in 0..2 {
+        let q = load(&qs[32 * h..]);
+        for j in 0..4 {
+            let bits = _mm256_and_si256(
+                _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j as i32)),
+                _mm256_set1_epi8(3),
+            );
+            let u = _mm256_or_si256(bits, third(h, j));
+            let sb = 8 * h + 2 * j;
+            let y = load_i8(&x.qs[128 * h + 32 * j..]);
+            acc = _mm256_add_epi32(acc, scaled(u, y, scale(sb), scale(sb + 1)));
+        }
+    }
+    acc
+}
+
+/// Q2_K: 4-bit scales and mins; the mins go through the activation sums.
+impl KBlock for BlockQ2K {
+    #[inline(always)]
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+        let sums = two_bit_sums(
+            &self.qs,
+            x,
+            |_, _| _mm256_setzero_si256(),
+            |sb| (self.scales[sb] & 0x0F) as i16,
+        );
+        let mins: i32 = (0..16)
+            .map(|sb| (self.scales[sb] >> 4) as i32 * x.bsums[sb] as i32)
+            .sum();
+        (
+            sums,
+            f16_scalar(self.d),
+            f16_scalar(self.dmin) * mins as f32,
+        )
+    }
+}
+
+/// Q3_K: `q - 4 * !hbit` is `u - 4` with `u = q + 4 * hbit` in 0..8: `maddubs` takes `u`,
+/// and the `-4` comes out through the activation sums.
+impl KBlock for BlockQ3K {
+    #[inline(always)]
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+        let s = self.sub_scales();
+        let hm = load(&self.hmask);
+        let sums = two_bit_sums(
+            &self.qs,
+            x,
+            |h, j| {
+                let bit = _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32));
+                _mm256_slli_epi16(_mm256_and_si256(bit, _mm256_set1_epi8(1)), 2)
+            },
+            |sb| s[sb] as i16,
+        );
+        let offset: i32 = (0..16).map(|sb| s[sb] * x.bsums[sb] as i32).sum();
+        let d = f16_scalar(self.d);
+        (sums, d, d * 4.0 * offset as f32)
+    }
 }
 
 /// IQ4_XS: 8 sub-blocks of 32 signed table levels, each with a signed 6-bit scale. The

@@ -32,6 +32,8 @@ pub(super) fn kernel_set(tier: Tier) -> KernelSet {
         q4_0: tiles::<BlockQ4_0>(flavour),
         iq4_nl: tiles::<BlockIQ4NL>(flavour),
         iq4_xs: super::avx2_k::rows(),
+        q2_k: super::avx2_k::rows(),
+        q3_k: super::avx2_k::rows(),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
         q5_1: tiles::<BlockQ5_1>(flavour),

@@ -3,8 +3,8 @@
 
 use crate::packed::{self, Rows8Fn, Rows8KFn};
 use crate::quant::{
-    self, BlockIQ4NL, BlockIQ4XS, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
-    BlockQ6K, BlockQ8_0, QuantBlock,
+    self, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantBlock,
 };
 use crate::QuantType;
 use std::sync::OnceLock;
@@ -215,6 +215,8 @@ pub struct KernelSet {
     pub q6_k: RowKernels<BlockQ6K>,
     pub iq4_nl: RowKernels<BlockIQ4NL>,
     pub iq4_xs: RowKernels<BlockIQ4XS>,
+    pub q2_k: RowKernels<BlockQ2K>,
+    pub q3_k: RowKernels<BlockQ3K>,
     /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
     pub x8: X8Kernels,
 }
@@ -296,6 +298,8 @@ impl KernelSet {
             q6_k: RowKernels::reference(),
             iq4_nl: RowKernels::reference(),
             iq4_xs: RowKernels::reference(),
+            q2_k: RowKernels::reference(),
+            q3_k: RowKernels::reference(),
             x8: X8Kernels::reference(),
         }
     }

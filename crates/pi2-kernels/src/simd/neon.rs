@@ -28,6 +28,8 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         q4_0: tiles::<BlockQ4_0>(dot),
         iq4_nl: tiles::<BlockIQ4NL>(dot),
         iq4_xs: super::neon_k::rows(dot),
+        q2_k: super::neon_k::rows(dot),
+        q3_k: super::neon_k::rows(dot),
         q4_1: tiles::<BlockQ4_1>(dot),
         q5_0: tiles::<BlockQ5_0>(dot),
         q5_1: tiles::<BlockQ5_1>(dot),

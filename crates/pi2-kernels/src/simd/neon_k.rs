@@ -14,8 +14,8 @@
 use super::arm::idot;
 use super::RowKernels;
 use crate::quant::{
-    f16_to_f32, iq4_nl::IQ4NL_TABLE, scale_min_k4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K,
-    BlockQ8K, QuantBlock,
+    f16_to_f32, iq4_nl::IQ4NL_TABLE, scale_min_k4, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K,
+    BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock,
 };
 use std::arch::aarch64::*;
 
@@ -136,6 +136,76 @@ unsafe fn k4_like<const DOT: bool>(
         f16_to_f32(d),
         f16_to_f32(dmin) * mins as f32,
     )
+}
+
+/// Q2_K and Q3_K's shared 2-bit layout (see `avx2_k.rs`): `third(h, j, p)` is Q3_K's third
+/// bit moved to 4 (zero for Q2_K), `scale(sb)` the sub-block scales. Returns the scaled sum.
+#[inline(always)]
+unsafe fn two_bit_sums<const DOT: bool>(
+    qs: &[u8; 64],
+    x: &BlockQ8K,
+    third: impl Fn(usize, usize, usize) -> uint8x16_t,
+    scale: impl Fn(usize) -> i32,
+) -> i32 {
+    let mut acc = vdupq_n_s32(0);
+    for h in 0..2 {
+        for p in 0..2 {
+            let q = vld1q_u8(qs.as_ptr().add(32 * h + 16 * p));
+            for j in 0..4 {
+                let bits = vandq_u8(vshlq_u8(q, vdupq_n_s8(-2 * j as i8)), vdupq_n_u8(3));
+                let u = s8(vorrq_u8(bits, third(h, j, p)));
+                let s = idot::<DOT>(vdupq_n_s32(0), u, load_x(x, 128 * h + 32 * j + 16 * p));
+                acc = vmlaq_n_s32(acc, s, scale(8 * h + 2 * j + p));
+            }
+        }
+    }
+    vaddvq_s32(acc)
+}
+
+impl KBlock for BlockQ2K {
+    #[inline(always)]
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+        let sums = two_bit_sums::<DOT>(
+            &self.qs,
+            x,
+            |_, _, _| vdupq_n_u8(0),
+            |sb| (self.scales[sb] & 0x0F) as i32,
+        );
+        let mins: i32 = (0..16)
+            .map(|sb| (self.scales[sb] >> 4) as i32 * x.bsums[sb] as i32)
+            .sum();
+        (
+            sums,
+            f16_to_f32(self.d),
+            f16_to_f32(self.dmin) * mins as f32,
+        )
+    }
+}
+
+impl KBlock for BlockQ3K {
+    #[inline(always)]
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+        let s = self.sub_scales();
+        let hm = [
+            vld1q_u8(self.hmask.as_ptr()),
+            vld1q_u8(self.hmask.as_ptr().add(16)),
+        ];
+        let sums = two_bit_sums::<DOT>(
+            &self.qs,
+            x,
+            |h, j, p| {
+                let bit = vandq_u8(
+                    vshlq_u8(hm[p], vdupq_n_s8(-((4 * h + j) as i8))),
+                    vdupq_n_u8(1),
+                );
+                vshlq_n_u8(bit, 2)
+            },
+            |sb| s[sb],
+        );
+        let offset: i32 = (0..16).map(|sb| s[sb] * x.bsums[sb] as i32).sum();
+        let d = f16_to_f32(self.d);
+        (sums, d, d * 4.0 * offset as f32)
+    }
 }
 
 /// IQ4_XS: 8 sub-blocks of 32 signed table levels (a `tbl` lookup), each with a signed 6-bit
