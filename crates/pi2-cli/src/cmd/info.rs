@@ -17,16 +17,17 @@ pub struct InfoArgs {
     pub json: bool,
 }
 
-pub fn run(a: InfoArgs) -> Result<()> {
-    let path = model_path(&a.model)?;
-    let m = Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))?;
+/// What the model's parts take: bytes by tensor type, weights, KV cache, buffers, FFN.
+struct Sizes<'m> {
+    by_type: BTreeMap<&'m str, (usize, u64)>,
+    weights: u64,
+    kv: usize,
+    scratch: usize,
+    ffn: u64,
+}
+
+fn sizes(m: &Model, n_ctx: usize) -> Sizes<'_> {
     let c = &m.config;
-    let topo = pi2_engine::topology::Topology::detect();
-    let n_ctx = if a.model.ctx_size == 0 {
-        c.n_ctx_train
-    } else {
-        a.model.ctx_size
-    };
     let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for t in &m.file.tensors {
         let e = by_type.entry(t.type_name()).or_default();
@@ -45,6 +46,32 @@ pub fn run(a: InfoArgs) -> Result<()> {
         .iter()
         .map(|l| l.gate.bytes(&m.file) + l.up.bytes(&m.file) + l.down.bytes(&m.file))
         .sum();
+    Sizes {
+        by_type,
+        weights,
+        kv,
+        scratch,
+        ffn,
+    }
+}
+
+pub fn run(a: InfoArgs) -> Result<()> {
+    let path = model_path(&a.model)?;
+    let m = Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))?;
+    let c = &m.config;
+    let topo = pi2_engine::topology::Topology::detect();
+    let n_ctx = if a.model.ctx_size == 0 {
+        c.n_ctx_train
+    } else {
+        a.model.ctx_size
+    };
+    let Sizes {
+        by_type,
+        weights,
+        kv,
+        scratch,
+        ffn,
+    } = sizes(&m, n_ctx);
     if a.json {
         let v = serde_json::json!({
             "path": path,
