@@ -159,6 +159,16 @@ impl Block32 for BlockQ4_1 {
     }
 }
 
+/// `w . y` for signed `w`: its magnitudes times `y` with the signs of `w` moved onto `y`.
+#[inline(always)]
+unsafe fn signed_dot<D: ByteDot>(w: __m256i, y: __m256i) -> __m256i {
+    D::udot(
+        _mm256_setzero_si256(),
+        _mm256_sign_epi8(w, w),
+        _mm256_sign_epi8(y, w),
+    )
+}
+
 /// The IQ4_NL levels of a block's 32 indices, element order (one in-lane table lookup).
 #[inline(always)]
 pub(super) unsafe fn iq4nl_values(qs: &[u8; 16]) -> __m256i {
@@ -172,13 +182,7 @@ impl Block32 for BlockIQ4NL {
     unsafe fn shared<D: ByteDot>(_: __m256i) {}
     #[inline(always)]
     unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
-        // Signed levels: |w| times y with the sign of w moved onto y, as for Q8_0.
-        let w = iq4nl_values(&self.qs);
-        D::udot(
-            _mm256_setzero_si256(),
-            _mm256_sign_epi8(w, w),
-            _mm256_sign_epi8(y, w),
-        )
+        signed_dot::<D>(iq4nl_values(&self.qs), y)
     }
     #[inline(always)]
     unsafe fn scale(&self) -> f32 {
@@ -275,12 +279,7 @@ impl Block32 for BlockQ8_0 {
     unsafe fn shared<D: ByteDot>(_: __m256i) {}
     #[inline(always)]
     unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
-        let w = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
-        D::udot(
-            _mm256_setzero_si256(),
-            _mm256_sign_epi8(w, w),
-            _mm256_sign_epi8(y, w),
-        )
+        signed_dot::<D>(_mm256_loadu_si256(self.qs.as_ptr() as *const __m256i), y)
     }
     #[inline(always)]
     unsafe fn scale(&self) -> f32 {
