@@ -4,9 +4,11 @@
 //! finds every occurrence of every special, and occurrences are then accepted in that same
 //! order (priority, then position) when they lie in text no earlier special has taken.
 
-use crate::tokenizer::TokenId;
 use aho_corasick::{AhoCorasick, MatchKind};
 use std::collections::BTreeMap;
+
+/// A vocabulary index (the tokenizer's `TokenId`).
+type TokenId = u32;
 
 /// The special tokens of a vocabulary, in partition order, and an automaton over their texts.
 #[derive(Debug)]

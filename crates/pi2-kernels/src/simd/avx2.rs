@@ -10,7 +10,10 @@
 //! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2_x8::rows8;
-use super::x86::{f16_scalar, hsum_ps, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs, PREFETCH};
+use super::x86::{
+    f16_scalar, hsum_ps, iq4nl_values, nibbles, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs,
+    PREFETCH,
+};
 use super::{KernelSet, RowKernels};
 use crate::quant::{BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
 use std::arch::x86_64::*;
@@ -88,14 +91,6 @@ pub(super) fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(
     }
 }
 
-/// The 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..16) then high (16..32).
-#[inline(always)]
-unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
-    let tmp = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-    let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
 /// A 32-element weight block as the AVX2 kernels see it.
 pub(super) trait Block32: Copy {
     /// Per-activation-block work shared by every row (e.g. the sum of the activations).
@@ -167,13 +162,6 @@ unsafe fn signed_dot<D: ByteDot>(w: __m256i, y: __m256i) -> __m256i {
         _mm256_sign_epi8(w, w),
         _mm256_sign_epi8(y, w),
     )
-}
-
-/// The IQ4_NL levels of a block's 32 indices, element order (one in-lane table lookup).
-#[inline(always)]
-pub(super) unsafe fn iq4nl_values(qs: &[u8; 16]) -> __m256i {
-    let table = _mm_loadu_si128(crate::quant::iq4_nl::IQ4NL_TABLE.as_ptr() as *const __m128i);
-    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
 }
 
 impl Block32 for BlockIQ4NL {

@@ -10,7 +10,7 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::x86::{f16_scalar, hsum_ps};
+use super::x86::{f16_scalar, hsum_ps, iq4nl_values};
 use super::RowKernels;
 use crate::quant::{
     scale_min_k4, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
@@ -153,7 +153,7 @@ impl KBlock for BlockIQ4XS {
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
             let qs: &[u8; 16] = self.qs[16 * ib..16 * ib + 16].try_into().unwrap_unchecked();
-            let w = super::avx2::iq4nl_values(qs);
+            let w = iq4nl_values(qs);
             let y = load_i8(&x.qs[32 * ib..]);
             let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
             let sc = _mm256_set1_epi16(self.scale(ib) as i16);

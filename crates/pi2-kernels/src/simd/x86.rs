@@ -140,3 +140,18 @@ pub(super) enum Flavour {
     AvxVnni,
     Avx512Vnni,
 }
+
+/// The 32 nibbles of a Q4 block as bytes: low nibbles (elements 0..16) then high (16..32).
+#[inline(always)]
+pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    let tmp = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// The IQ4_NL levels of a block's 32 indices, element order (one in-lane table lookup).
+#[inline(always)]
+pub(super) unsafe fn iq4nl_values(qs: &[u8; 16]) -> __m256i {
+    let table = _mm_loadu_si128(crate::quant::iq4_nl::IQ4NL_TABLE.as_ptr() as *const __m128i);
+    _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
+}
