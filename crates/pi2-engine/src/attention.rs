@@ -52,9 +52,8 @@ pub(crate) fn block(
                 .for_each(|h| rms_norm_in_place(h, w, c.rms_eps));
         }
     }
-    let window = c.window(li);
     let half = c.n_rot / 2;
-    let tables = if window.is_some() {
+    let tables = if c.window(li).is_some() {
         &s.rope_local
     } else {
         &s.rope
@@ -79,7 +78,6 @@ pub(crate) fn block(
         &s.q[..n * qd],
         &cache,
         pos0,
-        window,
         grow(&mut s.att, n * qd),
     );
     s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
@@ -99,14 +97,12 @@ pub(crate) fn block(
 /// Causal attention, one task per (token, head): `out` gets each head's softmax-weighted
 /// values over the cached positions up to its own (the last `window` of them in a
 /// sliding-window layer).
-#[allow(clippy::too_many_arguments)]
 fn attend(
     ks: &KernelSet,
     c: &ModelConfig,
     qs: &[f32],
     cache: &KvView<'_>,
     pos0: usize,
-    window: Option<usize>,
     out: &mut [f32],
 ) {
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
@@ -117,7 +113,7 @@ fn attend(
         let kvh = h / group;
         let qv = &qs[t * qd + h * hd..t * qd + (h + 1) * hd];
         let len = pos0 + t + 1;
-        let first = window.map_or(0, |w| len.saturating_sub(w));
+        let first = cache.window.map_or(0, |w| len.saturating_sub(w));
         SCORES.with_borrow_mut(|scores| {
             scores.clear();
             let mut max = f32::NEG_INFINITY;

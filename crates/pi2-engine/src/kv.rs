@@ -6,11 +6,13 @@
 
 use half::f16;
 
-/// One layer's cache as attention reads it: position `p` is at slot `p % ring`.
+/// One layer's cache as attention reads it: position `p` is at slot `p % ring`; a sliding
+/// layer's query attends to the last `window` positions only.
 pub(crate) struct KvView<'a> {
     pub k: &'a [u16],
     pub v: &'a [u16],
     pub ring: usize,
+    pub window: Option<usize>,
 }
 
 struct LayerKv {
@@ -121,6 +123,7 @@ impl KvCache {
             k: bytemuck::cast_slice(&l.k[..]),
             v: bytemuck::cast_slice(&l.v[..]),
             ring: l.ring,
+            window: l.window,
         }
     }
 
@@ -169,6 +172,7 @@ mod tests {
     use super::*;
 
     fn read(view: &KvView<'_>, p: usize, kvd: usize) -> Vec<f32> {
+        assert!(view.window.is_none_or(|w| w <= view.ring));
         let s = p % view.ring * kvd;
         view.k[s..s + kvd]
             .iter()
