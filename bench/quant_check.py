@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """pi2 against llama.cpp on files made by llama.cpp's own quantizer, one per type.
 
-    python3 bench/quant_check.py [--model smollm2-135m] [--types IQ4_NL,Q4_0] [--chunks 8]
+    python3 bench/quant_check.py [--model smollm2-135m] [--types IQ4_NL,Q4_0] [--chunks 8] [--pure]
 
 For each type, `llama_model_quantize` (PyPI llama-cpp-python, built as in
 bench/compare_llama_cpp.py) turns the model into `target/quant/NAME-TYPE.gguf` (requantizing
-where the source is already quantized), then both engines compute llama-perplexity's running
+where the source is already quantized; `--pure` gives every matrix whose rows allow it the
+type itself instead of llama.cpp's mix, which otherwise puts Q3_K where a Q2_K file could have
+Q2_K), then both engines compute llama-perplexity's running
 value over the first `--chunks` chunks of 512 tokens of testdata/corpus/kjv_genesis.txt (BOS
 first where the model adds one). Prints a markdown table: the tensor types in the file, both
 PPLs and their relative difference (pi2 must be within 1%).
@@ -28,7 +30,7 @@ import numpy as np
 a = json.loads(sys.argv[1])
 if a["quantize"]:
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype, p.allow_requantize, p.nthread = a["ftype"], True, 2
+    p.ftype, p.allow_requantize, p.nthread, p.pure = a["ftype"], True, 2, a["pure"]
     assert llama_cpp.llama_model_quantize(a["src"].encode(), a["dst"].encode(), ctypes.byref(p)) == 0
 _default = llama_cpp.llama_model_default_params
 def _params():
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--types", default="IQ4_NL")
     ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--pure", action="store_true", help="no type mix: the type on every matrix it fits")
     a = ap.parse_args()
     py = compare_llama_cpp.ensure_llama_cpp()
     subprocess.run([py, "-m", "pip", "install", "-q", "numpy"], check=True)
@@ -64,12 +67,12 @@ def main():
     corpus = ROOT / "testdata" / "corpus" / "kjv_genesis.txt"
     out = ROOT / "target" / "quant"
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{src.name}, first {a.chunks} chunks of 512 of kjv_genesis.txt\n")
+    print(f"{src.name}{' (pure types)' if a.pure else ''}, first {a.chunks} chunks of 512 of kjv_genesis.txt\n")
     print("| type | tensors in the file | pi2 PPL | llama.cpp PPL | difference |")
     print("| --- | --- | ---: | ---: | ---: |")
     for ty in a.types.split(","):
-        dst = out / f"{src.stem}-{ty}.gguf"
-        args = {"src": str(src), "dst": str(dst), "ftype": FTYPES[ty], "quantize": not dst.exists(),
+        dst = out / f"{src.stem}-{ty}{'-pure' if a.pure else ''}.gguf"
+        args = {"src": str(src), "dst": str(dst), "ftype": FTYPES[ty], "quantize": not dst.exists(), "pure": a.pure,
                 "chunks": a.chunks, "corpus": str(corpus)}
         ref = json.loads(subprocess.run([py, "-c", RUNNER, json.dumps(args)], check=True,
                                         capture_output=True, text=True).stdout)["ppl"]
