@@ -1,6 +1,7 @@
 //! llama.cpp's tokenizer test files (`models/ggml-vocab-NAME.gguf` with `.inp` inputs and
-//! `.out` expected ids), taken from the `llama-cpp-python` source distribution on PyPI (it
-//! vendors llama.cpp's tree) into `models/llama-vocab/`, for `crates/pi2-model/tests/
+//! `.out` expected ids) and its collection of 70 chat templates (`models/templates/*.jinja`),
+//! taken from the `llama-cpp-python` source distribution on PyPI (it vendors llama.cpp's tree)
+//! into `models/llama-vocab/` (templates in its `templates/`), for `crates/pi2-model/tests/
 //! llama_vocab.rs`. Only the vocabularies that come with test cases are kept.
 
 use crate::{workspace_root, Result};
@@ -13,6 +14,7 @@ const PACKAGE: &str = "llama-cpp-python";
 const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
 const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 const MEMBER_DIR: &str = "vendor/llama.cpp/models/";
+const TEMPLATES: &str = "templates/";
 /// Written last: its presence (with the digest) means the folder is complete.
 const STAMP: &str = "SOURCE";
 
@@ -20,7 +22,7 @@ const STAMP: &str = "SOURCE";
 pub fn fetch(force: bool) -> Result<()> {
     let dir = workspace_root().join("models/llama-vocab");
     let stamp = dir.join(STAMP);
-    let want_stamp = format!("{SDIST} sha256 {SDIST_SHA256}\n");
+    let want_stamp = format!("{SDIST} sha256 {SDIST_SHA256}, vocabularies and templates\n");
     if !force && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&want_stamp) {
         eprintln!("xtask: {} is present", dir.display());
         return Ok(());
@@ -79,7 +81,11 @@ fn extract(sdist: &[u8], dir: &Path) -> Result<usize> {
         let Some(name) = path.split_once(MEMBER_DIR).map(|(_, n)| n.to_string()) else {
             continue;
         };
-        if !name.starts_with("ggml-vocab-") || name.contains('/') {
+        let template = name
+            .strip_prefix(TEMPLATES)
+            .is_some_and(|t| t.ends_with(".jinja") && !t.contains('/'));
+        let vocab = name.starts_with("ggml-vocab-") && !name.contains('/');
+        if !template && !vocab {
             continue;
         }
         let mut data = Vec::new();
@@ -93,9 +99,11 @@ fn extract(sdist: &[u8], dir: &Path) -> Result<usize> {
         .iter()
         .filter(|(n, _)| {
             let base = n.trim_end_matches(".inp").trim_end_matches(".out");
-            has(&format!("{base}.inp")) && has(&format!("{base}.out"))
+            n.starts_with(TEMPLATES) || has(&format!("{base}.inp")) && has(&format!("{base}.out"))
         })
         .collect();
+    std::fs::create_dir_all(dir.join(TEMPLATES))
+        .map_err(|e| format!("cannot create templates/: {e}"))?;
     for (name, data) in &keep {
         std::fs::write(dir.join(name), data).map_err(|e| format!("cannot write {name}: {e}"))?;
     }

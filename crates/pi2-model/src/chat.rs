@@ -28,6 +28,19 @@ pub const GEMMA: &str = "{{ bos_token }}{% if messages and messages[0]['role'] =
 /// uses ChatML for every model without a template).
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// The `length` filter, with Jinja2's 0 for an undefined value.
+fn length(v: minijinja::Value) -> std::result::Result<usize, Error> {
+    if v.is_undefined() {
+        return Ok(0);
+    }
+    v.len().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("cannot calculate length of value of type {}", v.kind()),
+        )
+    })
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -50,6 +63,10 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         // HF templates call Python string methods (`.strip()`, `.startswith()`, ...).
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Jinja2 (transformers) takes the length of an undefined value as 0: templates test
+        // `tools|length` without passing tools.
+        env.add_filter("length", length);
+        env.add_filter("count", length);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, Error> {

@@ -96,3 +96,56 @@ fn llama_cpp_vocab_tests_pass() {
         );
     }
 }
+
+/// llama.cpp's collection of 70 chat templates (`models/templates/`, fetched with the
+/// vocabularies): each renders a system-user-assistant-user conversation with the last message
+/// in it, or stops with a template error, never a panic. Two fail on purpose: Gemma 2's refuses
+/// a system message (its own `raise_exception`) and FireFunction v2's needs a `datetime`
+/// variable only llama.cpp's own handler for it passes.
+#[test]
+fn llama_cpp_chat_templates_render() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/llama-vocab/templates");
+    assert!(
+        dir.exists(),
+        "llama.cpp's chat templates are missing in {}: run `cargo xtask fetch-model` first",
+        dir.display()
+    );
+    let msgs = [
+        pi2_model::Message::new("system", "You are terse."),
+        pi2_model::Message::new("user", "Hello there"),
+        pi2_model::Message::new("assistant", "Hi."),
+        pi2_model::Message::new("user", "What is 2+2?"),
+    ];
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    let mut failed = Vec::new();
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let src = std::fs::read_to_string(f).unwrap();
+        match pi2_model::ChatTemplate::new(&src, "<s>", "</s>").and_then(|t| t.render(&msgs, true))
+        {
+            Ok(text) => assert!(text.contains("What is 2+2?"), "{name}: {text:?}"),
+            Err(e) => {
+                assert!(matches!(e, ModelError::Template(_)), "{name}: {e}");
+                failed.push(name);
+            }
+        }
+    }
+    eprintln!(
+        "{} of {} templates render",
+        files.len() - failed.len(),
+        files.len()
+    );
+    assert_eq!(files.len(), 70);
+    assert_eq!(
+        failed,
+        [
+            "fireworks-ai-llama-3-firefunction-v2.jinja",
+            "google-gemma-2-2b-it.jinja"
+        ]
+    );
+}
