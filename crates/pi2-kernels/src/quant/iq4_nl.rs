@@ -18,8 +18,8 @@ pub struct BlockIQ4NL {
 }
 const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
 
-/// The index of the table value nearest `v`.
-fn nearest(v: f32) -> u8 {
+/// The index of the table value nearest `v` (the lower index on a tie).
+pub(super) fn nearest(v: f32) -> u8 {
     let mut best = 0;
     for (i, &t) in IQ4NL_TABLE.iter().enumerate() {
         if (v - t as f32).abs() < (v - IQ4NL_TABLE[best] as f32).abs() {
@@ -29,16 +29,25 @@ fn nearest(v: f32) -> u8 {
     best as u8
 }
 
+/// The scale that maps the signed extreme of `x` onto the table's end of the same sign.
+pub(super) fn level_scale(x: &[f32]) -> f32 {
+    let max = x
+        .iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    if max < 0.0 {
+        max / -127.0
+    } else {
+        max / 113.0
+    }
+}
+
 impl BlockIQ4NL {
     /// A plain quantizer for tests and generated models: the scale maps the signed extreme
     /// onto the table's end of the same sign, each weight takes its nearest level (GGML's
     /// quantizer also searches scales; files made by llama.cpp are read as they are).
     pub fn quantize(x: &[f32]) -> Self {
         assert_eq!(x.len(), QK);
-        let max = x
-            .iter()
-            .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-        let d = if max < 0.0 { max / -127.0 } else { max / 113.0 };
+        let d = level_scale(x);
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut qs = [0u8; QK / 2];
         for j in 0..QK / 2 {

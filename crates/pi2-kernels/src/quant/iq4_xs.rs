@@ -4,7 +4,7 @@
 //! `w = d * (ls - 32) * TABLE[q]`. Sub-block `ib`'s 16 bytes of `qs` hold its element `j` in
 //! the low nibble and `j + 16` in the high one.
 
-use super::iq4_nl::IQ4NL_TABLE;
+use super::iq4_nl::{level_scale, nearest, IQ4NL_TABLE};
 use super::{f16_to_f32, f32_to_f16, BlockQ8K, QuantBlock, QK_K};
 use bytemuck::{Pod, Zeroable};
 
@@ -38,19 +38,7 @@ impl BlockIQ4XS {
     /// takes its nearest level (GGML's quantizer searches further).
     pub fn quantize(x: &[f32]) -> Self {
         assert_eq!(x.len(), QK_K);
-        let sub: Vec<f32> = x
-            .chunks_exact(32)
-            .map(|c| {
-                let max = c
-                    .iter()
-                    .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-                if max < 0.0 {
-                    max / -127.0
-                } else {
-                    max / 113.0
-                }
-            })
-            .collect();
+        let sub: Vec<f32> = x.chunks_exact(32).map(level_scale).collect();
         let d = sub.iter().fold(0.0f32, |m, &s| m.max(s)) / 31.0;
         let d16 = f32_to_f16(d);
         let d = f16_to_f32(d16);
@@ -70,15 +58,6 @@ impl BlockIQ4XS {
             b.scales_h |= ((code >> 4) as u16) << (2 * ib);
             let dl = d * ls as f32;
             let id = if dl != 0.0 { 1.0 / dl } else { 0.0 };
-            let nearest = |v: f32| {
-                (0..16)
-                    .min_by(|&i, &j| {
-                        (v - IQ4NL_TABLE[i] as f32)
-                            .abs()
-                            .total_cmp(&(v - IQ4NL_TABLE[j] as f32).abs())
-                    })
-                    .unwrap_or(0) as u8
-            };
             for j in 0..16 {
                 b.qs[16 * ib + j] = nearest(c[j] * id) | (nearest(c[j + 16] * id) << 4);
             }
