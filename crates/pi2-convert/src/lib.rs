@@ -24,6 +24,7 @@ use std::path::Path;
 mod calibrate;
 pub mod head;
 pub mod moe;
+pub mod sensitivity;
 
 pub use calibrate::{calibrate, collect_samples, Calibrated, Samples};
 

@@ -33,10 +33,15 @@ pub(crate) fn dense<'o>(
         d,
         [(gate, gate_out), (up, up_out)],
     );
+    let mut threshold = None;
     if let Some(o) = observer {
         o.observe(li, &s.xn[..n * d], &s.gate[..n * ff]);
+        threshold = o.confirm_threshold(li);
     }
-    gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
+    match threshold {
+        Some(t) => gated_confirmed(act, t, &mut s.gate[..n * ff], &s.up[..n * ff]),
+        None => gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]),
+    }
     if down_transposed {
         accumulate_down_t(ks, &down, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
         return;
@@ -54,6 +59,18 @@ pub(crate) fn dense<'o>(
 pub(crate) fn gated(act: FfnAct, gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = act.gate(*g) * act.up(u);
+    }
+}
+
+/// [`gated`] with every neuron that does not fire at `threshold` dropped (coefficient 0).
+pub(crate) fn gated_confirmed(act: FfnAct, threshold: f32, gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let a = act.gate(*g);
+        *g = if fires(a, threshold) {
+            a * act.up(u)
+        } else {
+            0.0
+        };
     }
 }
 

@@ -30,7 +30,7 @@ pub use generate::{generate, GenerateConfig, Generation, StopReason};
 pub use head::{has_head, logits as head_logits, HeadNeed, HeadScratch, HeadStats, SparseHead};
 pub use kv::kv_bytes;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
-pub use perplexity::{perplexity, PerplexityConfig, PerplexityStep};
+pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
     check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies, Blob,

@@ -19,6 +19,7 @@ mod coact;
 mod hitrate;
 mod predictor;
 mod profile;
+mod sensitivity;
 mod trace;
 
 pub use hitrate::{hit_rates, HitPoint};
@@ -27,6 +28,7 @@ pub use profile::{
     Activation, Calibration, Coactivation, LayerProfile, ModelInfo, Profile, ProfileConfig,
     Profiler, PROFILE_FORMAT, PROFILE_VERSION, SPARSITY_LEVELS,
 };
+pub use sensitivity::{Sensitivity, SPARSITY_STEP};
 pub use trace::{Trace, TRACE_MAGIC, TRACE_VERSION};
 
 /// Sparsity errors: files that are not what they claim, and requests outside their range.
@@ -49,6 +51,8 @@ pub enum SparseError {
     Empty,
     #[error("cannot fit a predictor: {0}")]
     Predictor(String),
+    #[error("layer sensitivity: {0}; convert the model again")]
+    BadSensitivity(String),
 }
 
 /// What an engine reports for each FFN layer it computes densely.
@@ -65,6 +69,15 @@ pub trait FfnObserver {
     /// The final normalized hidden states of every token of the batch (`n * n_embd`), what
     /// the output matrix multiplies (the sparse head's calibration). Ignored unless needed.
     fn observe_head(&mut self, _h: &[f32]) {}
+
+    /// A confirm threshold for dense layer `layer`: when `Some(t)`, the engine drops every
+    /// neuron whose `|act(gate . x)|` is below `t` (as sparse decode drops unconfirmed ones)
+    /// while keeping the dense weights and kernels, so the effect of threshold sparsity alone
+    /// is measured (sensitivity, quality checks). Called after [`FfnObserver::observe`];
+    /// mixture-of-experts layers ignore it.
+    fn confirm_threshold(&self, _layer: usize) -> Option<f32> {
+        None
+    }
 }
 
 /// Activation scores on a log scale in one byte: code `c >= 1` covers `[2^((c-128)/16),

@@ -34,9 +34,17 @@ pub struct ConvertArgs {
     /// Tokens per calibration chunk (each from an empty cache)
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
-    /// FFN sparsity the thresholds are set for (0..0.95)
-    #[arg(long, default_value_t = 0.5)]
-    pub sparsity: f32,
+    /// FFN sparsity: `auto` chooses it per layer from each layer's measured sensitivity, for the
+    /// fewest bytes within --max-ppl-increase; a number sets one level for every layer (0..0.95)
+    #[arg(long, default_value = "auto")]
+    pub sparsity: String,
+    /// With --sparsity auto: the largest perplexity increase over the dense model allowed on the
+    /// held-out calibration tokens, in percent
+    #[arg(long, default_value_t = 3.0)]
+    pub max_ppl_increase: f32,
+    /// With --sparsity auto: calibration tokens each layer's sensitivity is measured on
+    #[arg(long, default_value_t = 256)]
+    pub sensitivity_tokens: usize,
     /// Predictor: lowrank (training-free, fast; the default), trained, or none (the only choice
     /// for mixture-of-experts models)
     #[arg(long)]
@@ -73,8 +81,38 @@ pub struct ConvertArgs {
     pub force: bool,
 }
 
+/// How the thresholds are chosen.
+enum SparsityChoice {
+    Uniform(f32),
+    /// Per layer by sensitivity, within this perplexity increase (0.03: +3%).
+    Auto(f64),
+}
+
+fn sparsity_choice(a: &ConvertArgs) -> Result<SparsityChoice> {
+    if a.sparsity != "auto" {
+        let s: f32 =
+            a.sparsity.parse().ok().with_context(|| {
+                format!("--sparsity `{}`: expected auto or a number", a.sparsity)
+            })?;
+        return Ok(SparsityChoice::Uniform(check_sparsity(s)?));
+    }
+    if !(a.max_ppl_increase > 0.0 && a.max_ppl_increase <= 100.0) {
+        bail!(
+            "--max-ppl-increase {} is outside 0..100 (percent)",
+            a.max_ppl_increase
+        );
+    }
+    if !(16..=1 << 16).contains(&a.sensitivity_tokens) {
+        bail!(
+            "--sensitivity-tokens {} is outside 16..65536",
+            a.sensitivity_tokens
+        );
+    }
+    Ok(SparsityChoice::Auto(f64::from(a.max_ppl_increase) / 100.0))
+}
+
 pub fn run(a: ConvertArgs) -> Result<()> {
-    let sparsity = check_sparsity(a.sparsity)?;
+    let choice = sparsity_choice(&a)?;
     if !(a.head_share > 0.0 && a.head_share < 1.0) {
         bail!("--head-share {} is outside 0..1", a.head_share);
     }
@@ -122,9 +160,24 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         .model
         .check_compatible(&super::profile::model_info(&model, &input))
         .with_context(|| format!("profile {}", profile_path.display()))?;
-    let th = thresholds(&profile, sparsity)?;
     let t0 = Instant::now();
     let mut eng = engine(&model, &a.model)?;
+    let (th, sparsity) = match choice {
+        SparsityChoice::Uniform(s) => (thresholds(&profile, s)?, s),
+        SparsityChoice::Auto(max_increase) => {
+            let quality = convert::sensitivity::QualityTarget {
+                max_increase,
+                chunk: a.chunk,
+                ..Default::default()
+            };
+            let th = auto_thresholds(&a, &model, &profile, &mut eng, &tokens, &quality)?;
+            eprintln!(
+                "convert: sparsity chosen in {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+            th
+        }
+    };
     let bar = ProgressBar::new(tokens.len() as u64).with_style(
         ProgressStyle::with_template("calibrating {bar:30} {pos}/{len} tokens {eta}").unwrap(),
     );
@@ -144,7 +197,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         predictor,
         down_type: a.down_type.as_deref().map(parse_type).transpose()?,
         granule: a.granule,
-        held_out: 0.2,
+        held_out: HELD_OUT,
         fit: FitConfig {
             target_recall: a.recall,
             max_rank: a.max_rank,
@@ -201,6 +254,78 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     );
     Ok(())
 }
+
+/// Per-layer thresholds from measured sensitivity (`--sparsity auto`), printed as a table; and
+/// the mean sparsity.
+fn auto_thresholds(
+    a: &ConvertArgs,
+    model: &Model,
+    profile: &Profile,
+    eng: &mut pi2_engine::Engine<'_>,
+    tokens: &[pi2_model::TokenId],
+    quality: &convert::sensitivity::QualityTarget,
+) -> Result<(Vec<f32>, f32)> {
+    let held = tokens.len() - (tokens.len() as f32 * (1.0 - HELD_OUT)) as usize;
+    let tuning = &tokens[..a.sensitivity_tokens.min(tokens.len() - held)];
+    let held_out = &tokens[tokens.len() - held..];
+    let bytes: Vec<f64> = model
+        .weights
+        .layers
+        .iter()
+        .map(|l| (l.up.bytes(&model.file) + l.down.bytes(&model.file)) as f64)
+        .collect();
+    let bar = ProgressBar::new(0)
+        .with_style(ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} {eta}").unwrap());
+    let c = convert::sensitivity::choose_sparsity(
+        eng,
+        profile,
+        tuning,
+        held_out,
+        &bytes,
+        quality,
+        |what, done, total| {
+            bar.set_message(what.to_string());
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+    )?;
+    bar.finish_and_clear();
+    println!(
+        "sensitivity (KL divergence from dense, nats/token, {} tokens; one layer sparse at a time):",
+        c.sensitivity.tokens
+    );
+    let levels: Vec<String> = c
+        .sensitivity
+        .levels
+        .iter()
+        .map(|s| format!("{s:>7.2}"))
+        .collect();
+    println!("layer  {}  chosen  threshold", levels.join(" "));
+    for (l, kl) in c.sensitivity.kl.iter().enumerate() {
+        let row: Vec<String> = kl.iter().map(|v| format!("{v:>7.4}")).collect();
+        println!(
+            "{l:>5}  {}  {:>6.2}  {:>9.4}",
+            row.join(" "),
+            c.sparsity[l],
+            c.thresholds[l]
+        );
+    }
+    let mean = c.sparsity.iter().sum::<f32>() / c.sparsity.len().max(1) as f32;
+    println!(
+        "held-out perplexity ({} tokens): dense {:.4}, sparse {:.4} ({:+.2}%, limit {:+.1}%); mean sparsity {:.3}; {} held-out checks",
+        held_out.len(),
+        c.dense_ppl,
+        c.sparse_ppl,
+        100.0 * (c.sparse_ppl / c.dense_ppl - 1.0),
+        100.0 * quality.max_increase,
+        mean,
+        c.budgets.len()
+    );
+    Ok((c.thresholds, mean))
+}
+
+/// Share of the calibration tokens held out (predictor cuts, the quality check).
+const HELD_OUT: f32 = 0.2;
 
 /// Mixture-of-experts conversion: count every expert's neurons on the calibration tokens, write
 /// each expert hot-first (streamed), verify, and report per layer.
