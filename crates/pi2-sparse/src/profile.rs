@@ -200,30 +200,30 @@ impl Profile {
     /// Parse and check a profile; `origin` names where it came from in errors.
     pub fn from_json(text: &str, origin: &str) -> Result<Profile, SparseError> {
         let p = origin.to_string();
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| SparseError::BadProfile {
-                path: p.clone(),
-                msg: e.to_string(),
-            })?;
-        if v["format"] != PROFILE_FORMAT {
-            return Err(SparseError::BadProfile {
-                path: p,
-                msg: "no `format: pi2-profile` field".into(),
-            });
-        }
-        if v["version"] != PROFILE_VERSION {
-            return Err(SparseError::BadProfile {
-                path: p,
-                msg: format!(
-                    "version {} (this pi2 reads {PROFILE_VERSION})",
-                    v["version"]
-                ),
-            });
-        }
-        let prof: Profile = serde_json::from_value(v).map_err(|e| SparseError::BadProfile {
+        let bad = |msg: String| SparseError::BadProfile {
             path: p.clone(),
-            msg: e.to_string(),
-        })?;
+            msg,
+        };
+        // The header first (other fields skipped, nothing large allocated): a file that is not
+        // a profile of this version gets that error, not a field-by-field one. The profile is
+        // then read straight into its types (a generic JSON tree of it would take about ten
+        // times its size at the peak).
+        #[derive(Deserialize)]
+        struct Header {
+            format: Option<String>,
+            version: Option<serde_json::Value>,
+        }
+        let h: Header = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if h.format.as_deref() != Some(PROFILE_FORMAT) {
+            return Err(bad("no `format: pi2-profile` field".into()));
+        }
+        let version = h.version.unwrap_or(serde_json::Value::Null);
+        if version != PROFILE_VERSION {
+            return Err(bad(format!(
+                "version {version} (this pi2 reads {PROFILE_VERSION})"
+            )));
+        }
+        let prof: Profile = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let m = &prof.model;
         let consistent = prof.layers.len() == m.n_layer
             && prof.layers.iter().all(|l| {
