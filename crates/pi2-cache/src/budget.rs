@@ -13,22 +13,31 @@ pub enum Region {
     Cold,
     /// Working buffers (activations, staging of a layer read in prefill).
     Scratch,
+    /// Held by the process outside the regions above: code, heap (tokenizer, metadata),
+    /// allocator slack. Charged so that a budget bounds the whole process.
+    Process,
 }
 
-const REGIONS: [Region; 4] = [Region::Fixed, Region::Hot, Region::Cold, Region::Scratch];
+const REGIONS: [Region; 5] = [
+    Region::Fixed,
+    Region::Hot,
+    Region::Cold,
+    Region::Scratch,
+    Region::Process,
+];
 
 /// Byte accounting against a limit.
 #[derive(Clone, Debug)]
 pub struct Budget {
     limit: u64,
-    used: [u64; 4],
+    used: [u64; 5],
 }
 
 impl Budget {
     pub fn new(limit: u64) -> Self {
         Self {
             limit,
-            used: [0; 4],
+            used: [0; 5],
         }
     }
 

@@ -704,7 +704,37 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         serde_json::from_str::<Value>(&ok(&all)).unwrap()["generated_ids"].clone()
     };
     let dense = ids(&["-m", m]);
-    assert_eq!(ids(&["-m", c, "--mem-budget", "6M"]), dense);
+    // The least budget, as the error for a smaller one names it (this process's own memory
+    // included): offloaded there, the tokens are the dense ones.
+    let out = common::pi2(&["run", "-p", "x", "-n", "1", "-m", c, "--mem-budget", "1M"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let least = err
+        .split("pass --mem-budget ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{err}"))
+        .to_string();
+    assert!(err.contains("this process's own memory"), "{err}");
+    assert_eq!(ids(&["-m", c, "--mem-budget", &least]), dense);
+    // The budget bounds the whole process.
+    let v: Value = serde_json::from_str(&ok(&[
+        "run",
+        "-p",
+        "In the beginning",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--json",
+        "-m",
+        c,
+        "--mem-budget",
+        &least,
+    ]))
+    .unwrap();
+    let budget = least.trim_end_matches('M').parse::<u64>().unwrap() << 20;
+    let peak = v["peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak <= budget, "peak RSS {peak} over the budget {budget}");
     assert_eq!(ids(&["-m", m, "--sparse"]), dense);
     // The ablation ladder: one row per mechanism, all offloaded at the same budget.
     let rows: Value = serde_json::from_str(&ok(&[
@@ -718,7 +748,7 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         "-r",
         "1",
         "--mem-budget",
-        "6M",
+        &least,
         "--ablation",
         "-o",
         "json",

@@ -7,7 +7,9 @@ use pi2_model::Model;
 use std::path::Path;
 
 /// The offloaded FFN under `cfg`, for `engine` (its KV cache and buffers for batches of
-/// `n_batch` tokens count against the budget). Direct I/O that the file system refuses falls
+/// `n_batch` tokens count against the budget, and so does this process's own memory:
+/// `cfg.process`, or when it is 0 [`process_bytes`] measured now; a program that builds
+/// several offloads measures once, before the first). Direct I/O that the file system refuses falls
 /// back to buffered reads; [`Offload::engine`] says why.
 pub fn build(
     cfg: &OffloadConfig,
@@ -18,6 +20,11 @@ pub fn build(
     n_batch: usize,
 ) -> Result<Offload> {
     let freq = pi2_engine::unit_frequencies(model)?;
+    let mut cfg = cfg.clone();
+    if cfg.process == 0 {
+        cfg.process = process_bytes(model);
+    }
+    let cfg = &cfg;
     let (kv, scratch) = (
         engine.kv_bytes_full(n_batch) as u64,
         engine.scratch_bytes(n_batch) as u64,
@@ -26,7 +33,13 @@ pub fn build(
         Err(pi2_engine::EngineError::Budget(pi2_cache::CacheError::OverBudget {
             minimum, ..
         })) => Err(too_small(
-            cfg.budget, minimum, model, sparse, engine, n_batch,
+            cfg.budget,
+            minimum,
+            cfg.process,
+            model,
+            sparse,
+            engine,
+            n_batch,
         )),
         other => Ok(other?),
     }
@@ -37,6 +50,7 @@ pub fn build(
 fn too_small(
     budget: u64,
     minimum: u64,
+    process: u64,
     model: &Model,
     sparse: &SparseFfn<'_>,
     engine: &Engine<'_>,
@@ -50,7 +64,8 @@ fn too_small(
     };
     let (kv, n_ctx) = (engine.kv_bytes_full(n_batch) as u64, engine.n_ctx());
     let scratch = engine.scratch_bytes(n_batch) as u64;
-    let without_kv = pi2_engine::min_budget(model, sparse, 0, scratch).unwrap_or(minimum);
+    let without_kv =
+        pi2_engine::min_budget(model, sparse, 0, scratch).map_or(minimum, |m| m + process);
     let per_token = kv / n_ctx.max(1) as u64;
     let fitting_ctx = match budget.checked_sub(without_kv) {
         Some(room) if per_token > 0 => (room / per_token) as usize,
@@ -64,28 +79,109 @@ fn too_small(
         "--mem-budget",
         format!(
             "{} is too small for this model: it needs at least {}, of which the KV cache for \
-             -c {n_ctx} takes {} and the buffers for {n_batch}-token batches {}; pass \
-             --mem-budget {}M or more{context}",
+             -c {n_ctx} takes {}, the buffers for {n_batch}-token batches {} and this \
+             process's own memory (code, tokenizer, metadata) {}; pass --mem-budget {}M or \
+             more{context}",
             human(budget),
             human(minimum),
             human(kv),
             human(scratch),
+            human(process),
             mib(minimum).ceil() as u64,
         ),
     )
 }
 
-/// The smallest budget `engine` can offload `model` under (batches of `n_batch`).
+/// The smallest budget `engine` can offload `model` under (batches of `n_batch`), this
+/// process's own memory (`process`, see [`process_bytes`]) included.
 pub fn min_budget(
     model: &Model,
     sparse: &SparseFfn<'_>,
     engine: &Engine<'_>,
     n_batch: usize,
+    process: u64,
 ) -> Result<u64> {
     Ok(pi2_engine::min_budget(
         model,
         sparse,
         engine.kv_bytes_full(n_batch) as u64,
         engine.scratch_bytes(n_batch) as u64,
-    )?)
+    )? + process)
+}
+
+/// Allocator slack and small buffers made after the offload is sized (with 8 MiB, runs on
+/// Qwen2.5-Coder-0.5B peaked 1.3-4.5 MiB above their budgets).
+const LATER_BYTES: u64 = 16 << 20;
+
+/// What this process holds outside the offload's regions, charged to the budget first so that
+/// `--mem-budget` bounds the whole process: its anonymous memory now (heap: tokenizer,
+/// metadata, parsed profile), the resident pages of its executable, and room for what decode
+/// allocates later (a token's logits and the sampler's candidates, allocator slack). Where
+/// `/proc/self` cannot be read (not Linux or Android) only the later room is counted.
+pub fn process_bytes(model: &Model) -> u64 {
+    let later = LATER_BYTES + 16 * model.config.n_vocab as u64;
+    let anon = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| status_kib(&s, "RssAnon:"))
+        .unwrap_or(0);
+    let code = std::fs::read_link("/proc/self/exe")
+        .ok()
+        .and_then(|exe| {
+            let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+            Some(mapping_rss_kib(&smaps, &exe.to_string_lossy()))
+        })
+        .unwrap_or(0);
+    (anon + code) * 1024 + later
+}
+
+/// A `Key:   123 kB` line of `/proc/self/status`.
+fn status_kib(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// Resident KiB of the mappings of `path` in `/proc/self/smaps`.
+fn mapping_rss_kib(smaps: &str, path: &str) -> u64 {
+    let mut inside = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        // A mapping's header: `start-end perms offset dev inode [path]`.
+        let header = line.split_whitespace().next().is_some_and(|f| {
+            f.contains('-') && f.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+        });
+        if header {
+            inside = line.split_whitespace().nth(5) == Some(path);
+        } else if inside {
+            if let Some(kib) = status_kib(line, "Rss:") {
+                total += kib;
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_proc_formats() {
+        let status = "Name:\tpi2\nRssAnon:\t   52340 kB\nRssFile:\t 100 kB\n";
+        assert_eq!(status_kib(status, "RssAnon:"), Some(52340));
+        assert_eq!(status_kib(status, "VmSwap:"), None);
+        let smaps =
+            "00400000-00500000 r-xp 00000000 08:01 123 /usr/bin/pi2\nSize: 1024 kB\nRss: 600 kB\n\
+                     00600000-00700000 rw-p 00000000 00:00 0 \nRss: 50 kB\n\
+                     00800000-00900000 r--p 00100000 08:01 123 /usr/bin/pi2\nRss: 40 kB\n";
+        assert_eq!(mapping_rss_kib(smaps, "/usr/bin/pi2"), 640);
+        assert_eq!(mapping_rss_kib(smaps, "/other"), 0);
+    }
+
+    #[test]
+    fn this_process_holds_something() {
+        if std::path::Path::new("/proc/self/status").exists() {
+            let m = std::fs::read_to_string("/proc/self/status").unwrap();
+            assert!(status_kib(&m, "RssAnon:").unwrap() > 0);
+        }
+    }
 }

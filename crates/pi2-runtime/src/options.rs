@@ -185,6 +185,8 @@ impl OffloadOptions {
         }
         Ok(pi2_engine::OffloadConfig {
             budget,
+            // Measured when the offload is built (`offload::build`).
+            process: 0,
             hot_share: self.hot_share,
             direct: self.direct,
             engine: self.io_engine,

@@ -24,6 +24,8 @@ pub struct EngineResidency<'a> {
     kv: u64,
     scratch: u64,
     freq: Option<Vec<Vec<f32>>>,
+    /// What the process holds outside the engine's regions ([`crate::offload::process_bytes`]).
+    process: u64,
 }
 
 impl<'a> EngineResidency<'a> {
@@ -48,6 +50,7 @@ impl<'a> EngineResidency<'a> {
             kv: sizing.kv_bytes_full(n_batch) as u64,
             scratch: sizing.scratch_bytes(n_batch) as u64,
             freq: pi2_engine::unit_frequencies(model)?,
+            process: crate::offload::process_bytes(model),
         })
     }
 }
@@ -62,6 +65,7 @@ impl Residency for EngineResidency<'_> {
             self.freq.as_deref(),
             budget,
             hot_share,
+            self.process,
         )
         .map_err(|e| PlanError::Infeasible(e.to_string()))?;
         Ok(ResidencySplit {
@@ -76,10 +80,11 @@ impl Residency for EngineResidency<'_> {
         })
     }
     fn min_budget(&self) -> u64 {
-        pi2_engine::min_budget(self.model, self.sparse, self.kv, self.scratch).unwrap_or(u64::MAX)
+        pi2_engine::min_budget(self.model, self.sparse, self.kv, self.scratch)
+            .map_or(u64::MAX, |m| m + self.process)
     }
     fn in_memory_bytes(&self) -> u64 {
-        self.model.file.file_size() + self.kv + self.scratch
+        self.model.file.file_size() + self.kv + self.scratch + self.process
     }
 }
 
@@ -484,6 +489,8 @@ pub fn apply(
     let offload = match k.mode {
         Mode::Offload => Some(pi2_engine::OffloadConfig {
             budget: k.budget,
+            // Measured when the offload is built (`offload::build`).
+            process: 0,
             hot_share: k.hot_share,
             direct: true,
             // The engine the hardware profile measured.

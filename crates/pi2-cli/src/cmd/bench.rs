@@ -398,6 +398,8 @@ fn offloads<'s>(
     max_batch: usize,
 ) -> Result<Vec<Option<Offload>>> {
     let file = s.model.file.file_size();
+    // Measured before the first offload: later ones must not count the earlier ones' regions.
+    let process = pi2_runtime::offload::process_bytes(s.model);
     let mut out = Vec::new();
     for b in &s.budgets {
         e.set_sparse(s.sparse.as_ref())?;
@@ -410,12 +412,13 @@ fn offloads<'s>(
             Some((ap, ocfg)) => (ocfg.clone(), ap.plan.n_batch),
             None => {
                 let bytes = match b.least {
-                    true => pi2_runtime::offload::min_budget(s.model, sp, e, max_batch)?,
+                    true => pi2_runtime::offload::min_budget(s.model, sp, e, max_batch, process)?,
                     false => b.bytes,
                 };
                 (b.args.options().config(bytes, file)?, max_batch)
             }
         };
+        let cfg = pi2_engine::OffloadConfig { process, ..cfg };
         out.push(Some(pi2_runtime::offload::build(
             &cfg, s.model, &s.path, sp, e, n_batch,
         )?));

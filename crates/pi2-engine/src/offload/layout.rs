@@ -391,7 +391,9 @@ fn step_neurons(c: &pi2_model::ModelConfig) -> usize {
 }
 
 /// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
-/// it. Errors name the minimum budget when it is too small.
+/// it. `process` is what the process holds outside the regions (charged first, see
+/// [`OffloadConfig::process`]). Errors name the minimum budget when it is too small.
+#[allow(clippy::too_many_arguments)]
 pub fn regions(
     model: &Model,
     sparse: &SparseFfn<'_>,
@@ -400,6 +402,7 @@ pub fn regions(
     frequency: Option<&[Vec<f32>]>,
     budget: u64,
     hot_share: f64,
+    process: u64,
 ) -> Result<Regions, EngineError> {
     let c = &model.config;
     let n_ff = c.n_ff;
@@ -407,7 +410,14 @@ pub fn regions(
     let n_units = p.ffn.len();
     let mut budget = Budget::new(budget);
     let (stage_bytes, min_cold) = least_regions(&p, c);
-    let streaming = p.streaming(budget.limit(), stage_bytes + min_cold);
+    let least_fixed = p.fixed_streaming(p.streaming(0, u64::MAX));
+    budget.reserve_with_minimum(
+        Region::Process,
+        process,
+        "this process's own memory (code, tokenizer, metadata)",
+        least_fixed + stage_bytes + min_cold,
+    )?;
+    let streaming = p.streaming(budget.left(), stage_bytes + min_cold);
     budget.reserve_with_minimum(
         Region::Fixed,
         p.fixed_streaming(streaming),

@@ -45,9 +45,13 @@ use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Release};
 /// How to offload.
 #[derive(Clone, Debug)]
 pub struct OffloadConfig {
-    /// Bytes the engine may keep resident: fixed region, pinned hot neurons, cold cache and
-    /// working buffers (process overhead not included, see the README).
+    /// Bytes the engine may keep resident: fixed region, pinned hot neurons, cold cache,
+    /// working buffers and `process`.
     pub budget: u64,
+    /// Bytes the process holds outside the engine's regions (code, heap: tokenizer, metadata,
+    /// parsed profile; slack for later allocations), charged against `budget` first so that
+    /// the budget bounds the whole process. 0 leaves them outside the budget.
+    pub process: u64,
     /// Share of the neuron memory pinned to the hottest neurons (the rest is the LRU cache).
     pub hot_share: f64,
     /// Use `O_DIRECT` (falls back to buffered reads with dropped pages where refused).
@@ -65,6 +69,7 @@ impl Default for OffloadConfig {
     fn default() -> Self {
         Self {
             budget: u64::MAX,
+            process: 0,
             hot_share: 1.0,
             direct: true,
             engine: IoEngine::default(),
@@ -172,6 +177,7 @@ impl Offload {
             frequency,
             cfg.budget,
             cfg.hot_share,
+            cfg.process,
         )?;
         let n_units = p.ffn.len();
         let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
