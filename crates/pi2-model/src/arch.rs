@@ -347,8 +347,7 @@ impl ModelConfig {
             Some(_) => get_usize(f, &k("vocab_size"))?,
             None => f
                 .get("tokenizer.ggml.tokens")
-                .and_then(Value::as_array)
-                .map(|a| a.len())
+                .and_then(Value::array_len)
                 .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?,
         };
         Ok(Self {

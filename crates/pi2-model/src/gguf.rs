@@ -48,6 +48,49 @@ pub enum Value {
     Bool(bool),
     String(String),
     Array(Vec<Value>),
+    /// An array of strings, as the reader keeps them: one buffer (a vocabulary's tokens and
+    /// merges as `Array` items would take about 60 bytes of heap per string).
+    Strings(Strings),
+}
+
+/// Strings in one buffer with their end offsets.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Strings {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl Strings {
+    pub fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.ends.push(self.text.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+}
+
+impl<'a> FromIterator<&'a str> for Strings {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
+        let mut s = Strings::default();
+        iter.into_iter().for_each(|x| s.push(x));
+        s
+    }
 }
 
 impl Value {
@@ -65,7 +108,7 @@ impl Value {
             Value::F64(_) => "f64",
             Value::Bool(_) => "bool",
             Value::String(_) => "string",
-            Value::Array(_) => "array",
+            Value::Array(_) | Value::Strings(_) => "array",
         }
     }
 
@@ -116,9 +159,28 @@ impl Value {
         }
     }
 
+    /// The items of an array of values (not of [`Value::Strings`]: see [`Value::strings`]).
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The items of an array of strings, however it is held (`None` if any is not a string).
+    pub fn strings(&self) -> Option<Vec<&str>> {
+        match self {
+            Value::Strings(s) => Some(s.iter().collect()),
+            Value::Array(a) => a.iter().map(Value::as_str).collect(),
+            _ => None,
+        }
+    }
+
+    /// Items of an array of any kind.
+    pub fn array_len(&self) -> Option<usize> {
+        match self {
+            Value::Array(a) => Some(a.len()),
+            Value::Strings(s) => Some(s.len()),
             _ => None,
         }
     }
@@ -254,6 +316,11 @@ impl<'a> Cursor<'a> {
     }
 
     fn string(&mut self, what: &str) -> Result<String> {
+        self.string_ref(what).map(str::to_string)
+    }
+
+    /// A string, borrowed from the buffer (charged as if copied).
+    fn string_ref(&mut self, what: &str) -> Result<&'a str> {
         let len = self.u64(what)?;
         if len > MAX_STRING_LEN {
             return Err(ModelError::LimitExceeded {
@@ -264,7 +331,7 @@ impl<'a> Cursor<'a> {
         }
         let bytes = self.take(len, what)?;
         self.charge(len)?;
-        String::from_utf8(bytes.to_vec())
+        std::str::from_utf8(bytes)
             .map_err(|_| ModelError::Corrupt(format!("{what} is not valid UTF-8")))
     }
 
@@ -323,6 +390,17 @@ impl<'a> Cursor<'a> {
                         offset: self.pos as u64,
                         len: self.buf.len() as u64,
                     });
+                }
+                if elem_ty == 8 {
+                    // Strings: their bytes are charged as read, their offsets here.
+                    self.charge(n * std::mem::size_of::<usize>() as u64)?;
+                    let mut items = Strings::default();
+                    items.ends.reserve(n as usize);
+                    for _ in 0..n {
+                        let s = self.string_ref(what)?;
+                        items.push(s);
+                    }
+                    return Ok(Value::Strings(items));
                 }
                 self.charge(n * std::mem::size_of::<Value>() as u64)?;
                 let mut items = Vec::with_capacity(n as usize);

@@ -22,6 +22,7 @@ mod strftime;
 #[cfg(feature = "synth")]
 pub mod synth;
 pub mod tokenizer;
+mod vocab;
 pub mod writer;
 
 pub use arch::{
@@ -30,7 +31,7 @@ pub use arch::{
 };
 pub use chat::{ChatTemplate, Message};
 pub use error::{ModelError, Result};
-pub use gguf::{GgufFile, TensorInfo, Value};
+pub use gguf::{GgufFile, Strings, TensorInfo, Value};
 pub use tokenizer::{TokenId, Tokenizer};
 
 use std::path::Path;

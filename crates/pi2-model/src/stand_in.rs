@@ -321,8 +321,7 @@ impl StandIn {
         let n_vocab = tok
             .iter()
             .find(|(k, _)| k == "tokenizer.ggml.tokens")
-            .and_then(|(_, v)| v.as_array())
-            .map(|a| a.len())
+            .and_then(|(_, v)| v.array_len())
             .ok_or(ModelError::Tokenizer(
                 "the tokenizer source has no `tokenizer.ggml.tokens`".into(),
             ))?;

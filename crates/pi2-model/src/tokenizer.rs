@@ -8,6 +8,7 @@
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
 use crate::specials::Specials;
+use crate::vocab::Vocab;
 use fancy_regex::Regex;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -59,9 +60,8 @@ enum Kind {
 /// A tokenizer for one model's vocabulary.
 #[derive(Debug)]
 pub struct Tokenizer {
-    tokens: Vec<String>,
+    vocab: Vocab,
     types: Vec<TokenType>,
-    index: HashMap<String, TokenId>,
     kind: Kind,
     /// Control and user-defined tokens, longest text first (the partition order).
     specials: Specials,
@@ -141,27 +141,16 @@ pub(crate) fn byte_to_char() -> [char; 256] {
     map
 }
 
-fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
+/// The strings of a metadata array, borrowed (no copy per string).
+fn string_array<'f>(f: &'f GgufFile, key: &str) -> Result<Vec<&'f str>> {
     let arr = f
         .get(key)
         .ok_or_else(|| ModelError::MissingKey(key.into()))?;
-    let items = arr.as_array().ok_or(ModelError::WrongKeyType {
+    arr.strings().ok_or(ModelError::WrongKeyType {
         key: key.into(),
-        expected: "array",
+        expected: "string array",
         got: arr.type_name(),
-    })?;
-    items
-        .iter()
-        .map(|v| {
-            v.as_str()
-                .map(str::to_string)
-                .ok_or(ModelError::WrongKeyType {
-                    key: key.into(),
-                    expected: "string array",
-                    got: v.type_name(),
-                })
-        })
-        .collect()
+    })
 }
 
 fn opt_id(f: &GgufFile, key: &str, n: usize) -> Result<Option<TokenId>> {
@@ -204,10 +193,7 @@ impl Tokenizer {
                 }
                 None => vec![TokenType::Normal; n],
             };
-        let mut index = HashMap::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            index.entry(t.clone()).or_insert(i as TokenId);
-        }
+        let vocab = Vocab::new(tokens.iter().copied())?;
         let flag = |k: &str, default: bool| f.get(k).and_then(Value::as_bool).unwrap_or(default);
         let kind = match model {
             "gpt2" => {
@@ -230,8 +216,8 @@ impl Tokenizer {
                             "merge #{rank} `{m}` has no space"
                         )));
                     };
-                    let (Some(&ia), Some(&ib), Some(&im)) =
-                        (index.get(a), index.get(b), index.get(&format!("{a}{b}")))
+                    let (Some(ia), Some(ib), Some(im)) =
+                        (vocab.id(a), vocab.id(b), vocab.id(&format!("{a}{b}")))
                     else {
                         continue; // a merge whose parts or result are not tokens can never apply
                     };
@@ -266,7 +252,7 @@ impl Tokenizer {
                     }
                 };
                 let byte_tokens = (0..256)
-                    .map(|b| index.get(&format!("<0x{b:02X}>")).copied())
+                    .map(|b| vocab.id(&format!("<0x{b:02X}>")))
                     .collect();
                 Kind::Spm {
                     scores,
@@ -289,7 +275,7 @@ impl Tokenizer {
         // llama.cpp also ends generation at these control tokens when present.
         for (i, t) in tokens.iter().enumerate() {
             let named = matches!(
-                t.as_str(),
+                *t,
                 "<|eot_id|>" | "<|im_end|>" | "<|end|>" | "<end_of_turn>" | "<|endoftext|>" | "<EOT>" | "<|end_of_text|>" | "<end_of_utterance>" | "<|return|>" | "<|call|>"
                     // fill-in-the-middle repo/file separators end generation in llama.cpp too
                     | "<|repo_name|>" | "<reponame>" | "<|file_sep|>"
@@ -313,12 +299,11 @@ impl Tokenizer {
         specials.sort_by_key(|&i| Reverse(tokens[i as usize].len()));
         let specials = Specials::new(specials.iter().map(|&i| {
             let control = matches!(types[i as usize], TokenType::Control | TokenType::Unknown);
-            (i, tokens[i as usize].as_str(), control)
+            (i, tokens[i as usize], control)
         }));
         Ok(Self {
-            tokens,
+            vocab,
             types,
-            index,
             kind,
             specials,
             bos,
@@ -330,17 +315,17 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+        self.vocab.len()
     }
 
     /// A token's text as stored in the vocabulary.
     pub fn token_text(&self, id: TokenId) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.vocab.get(id)
     }
 
     /// Look a token up by its exact vocabulary text.
     pub fn token_id(&self, text: &str) -> Option<TokenId> {
-        self.index.get(text).copied()
+        self.vocab.id(text)
     }
 
     pub fn is_eog(&self, id: TokenId) -> bool {
@@ -416,7 +401,7 @@ impl Tokenizer {
             word.clear();
             word.extend(piece.bytes().map(|b| b2c[b as usize]));
             if ignore_merges {
-                if let Some(&id) = self.index.get(word.as_str()) {
+                if let Some(id) = self.vocab.id(&word) {
                     out.push(id);
                     continue;
                 }
@@ -424,8 +409,8 @@ impl Tokenizer {
             let mut syms: Vec<TokenId> = Vec::with_capacity(word.len());
             for ch in word.chars() {
                 let mut buf = [0u8; 4];
-                match self.index.get(ch.encode_utf8(&mut buf) as &str) {
-                    Some(&id) => syms.push(id),
+                match self.vocab.id(ch.encode_utf8(&mut buf)) {
+                    Some(id) => syms.push(id),
                     None => continue, // every byte char is in a byte-level vocabulary; skip if not
                 }
             }
@@ -460,8 +445,8 @@ impl Tokenizer {
         for ch in s.chars() {
             let mut buf = [0u8; 4];
             let c = ch.encode_utf8(&mut buf);
-            match self.index.get(c as &str) {
-                Some(&id) => syms.push(id),
+            match self.vocab.id(c) {
+                Some(id) => syms.push(id),
                 None => syms.extend(c.bytes().filter_map(|b| byte_tokens[b as usize].or(unk))),
             }
         }
@@ -469,18 +454,18 @@ impl Tokenizer {
         let mut merged_text = String::new();
         bpe_merge(&mut syms, |a, b| {
             merged_text.clear();
-            merged_text.push_str(&self.tokens[a as usize]);
-            merged_text.push_str(&self.tokens[b as usize]);
-            self.index
-                .get(&merged_text)
-                .map(|&m| (-scores[m as usize], m))
+            merged_text.push_str(self.vocab.get(a).unwrap_or_default());
+            merged_text.push_str(self.vocab.get(b).unwrap_or_default());
+            self.vocab
+                .id(&merged_text)
+                .map(|m| (-scores[m as usize], m))
         });
         out.extend_from_slice(&syms);
     }
 
     /// The bytes a token stands for. Control tokens render as their text only when `special`.
     pub fn token_bytes(&self, id: TokenId, special: bool) -> Vec<u8> {
-        let Some(text) = self.tokens.get(id as usize) else {
+        let Some(text) = self.vocab.get(id) else {
             return Vec::new();
         };
         match self.types[id as usize] {

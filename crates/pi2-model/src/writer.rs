@@ -70,7 +70,7 @@ impl GgufWriter {
             Value::F32(_) => 6,
             Value::Bool(_) => 7,
             Value::String(_) => 8,
-            Value::Array(_) => 9,
+            Value::Array(_) | Value::Strings(_) => 9,
             Value::U64(_) => 10,
             Value::I64(_) => 11,
             Value::F64(_) => 12,
@@ -93,6 +93,11 @@ impl GgufWriter {
                 out.write_all(&elem.to_le_bytes())?;
                 out.write_all(&(items.len() as u64).to_le_bytes())?;
                 items.iter().try_for_each(|i| Self::write_value(out, i))
+            }
+            Value::Strings(items) => {
+                out.write_all(&8u32.to_le_bytes())?;
+                out.write_all(&(items.len() as u64).to_le_bytes())?;
+                items.iter().try_for_each(|s| Self::write_str(out, s))
             }
             Value::U64(x) => out.write_all(&x.to_le_bytes()),
             Value::I64(x) => out.write_all(&x.to_le_bytes()),
@@ -216,4 +221,35 @@ pub fn write_streamed<W: Write>(
         out.write_all(&vec![0u8; pad as usize])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufFile, Strings};
+
+    #[test]
+    fn string_arrays_read_back_compact_whichever_way_they_were_written() {
+        let texts = ["a", "", "\u{2581}the", "<|im_end|>"];
+        let mut w = GgufWriter::new();
+        w.meta(
+            "as.items",
+            Value::Array(texts.map(|t| Value::String(t.into())).to_vec()),
+        );
+        w.meta(
+            "as.strings",
+            Value::Strings(texts.into_iter().collect::<Strings>()),
+        );
+        w.meta("numbers", Value::Array(vec![Value::I32(1), Value::I32(-2)]));
+        let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+        for key in ["as.items", "as.strings"] {
+            let v = f.get(key).unwrap();
+            assert!(matches!(v, Value::Strings(_)), "{key}: {v:?}");
+            assert_eq!(v.strings().unwrap(), texts);
+            assert_eq!(v.array_len(), Some(4));
+        }
+        let n = f.get("numbers").unwrap();
+        assert_eq!(n.as_array().unwrap().len(), 2);
+        assert_eq!(n.strings(), None);
+    }
 }
