@@ -74,7 +74,9 @@ fn divergence(r: &TopDist, logits: &[f32]) -> f64 {
 }
 
 /// Runs `tokens` in chunks of `chunk` (each from an empty cache) with `thresholds` and calls
-/// `each(chunk_index, position, logits)` for every position.
+/// `each(chunk_index, position, logits)` for the second half of each chunk's positions (as
+/// llama-perplexity scores: every scored token has context, and the output matrix, the largest
+/// cost of a small model's pass, runs for half the tokens).
 fn run_chunks(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
@@ -86,9 +88,10 @@ fn run_chunks(
     let mut obs = Confirm { thresholds };
     for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {
         engine.truncate(0);
-        let logits = engine.forward_observed(part, Logits::From(0), Some(&mut obs))?;
+        let first = part.len() / 2;
+        let logits = engine.forward_observed(part, Logits::From(first), Some(&mut obs))?;
         for (p, row) in logits.chunks_exact(v).enumerate() {
-            each(ci, p, row);
+            each(ci, first + p, row);
         }
     }
     engine.truncate(0);
@@ -96,7 +99,7 @@ fn run_chunks(
 }
 
 /// Per layer and per level of `levels`, the mean divergence (nats per token) from the dense
-/// model over `tokens` when only that layer drops the neurons below its profile threshold for
+/// model over `tokens` (the second half of each chunk) when only that layer drops the neurons below its profile threshold for
 /// that level. `progress(done, total)` after each run. Costs `1 + n_layer * levels` forward
 /// passes over `tokens`.
 pub fn measure_sensitivity(
@@ -135,15 +138,15 @@ pub fn measure_sensitivity(
     let s = Sensitivity {
         levels: levels.to_vec(),
         kl,
-        tokens: tokens.len(),
+        tokens: reference.len(),
     };
     s.check(n_layer)?;
     Ok(s)
 }
 
-/// Perplexity of the model over `tokens` (chunks of `chunk`, each from an empty cache; every
-/// position but the last of a chunk predicts the next token) with per-layer confirm
-/// `thresholds` (`None`: dense).
+/// Perplexity of the model over `tokens` (chunks of `chunk`, each from an empty cache; each
+/// position of a chunk's second half but its last predicts the next token) with per-layer
+/// confirm `thresholds` (`None`: dense).
 pub fn perplexity(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
