@@ -176,7 +176,9 @@ pub struct QualityTarget {
     pub max_increase: f64,
     /// Levels each layer's sensitivity is measured at.
     pub levels: Vec<f32>,
-    /// Highest sparsity any layer may get.
+    /// Highest sparsity any layer may get (never above the highest measured level: beyond it
+    /// a divergence would be extrapolated, and it grows faster than the line through the
+    /// measured points).
     pub max_sparsity: f32,
     /// Tokens per chunk (each from an empty cache).
     pub chunk: usize,
@@ -241,7 +243,9 @@ pub fn choose_sparsity(
     let mut checked: Vec<(Vec<f32>, bool)> = Vec::new();
     for t in 0..CHECKS {
         progress("held-out check", t + 1, CHECKS);
-        let sparsity = sensitivity.allocate(bytes_per_sparsity, budget, target.max_sparsity);
+        let top = target.levels.last().copied().unwrap_or(0.0);
+        let sparsity =
+            sensitivity.allocate(bytes_per_sparsity, budget, target.max_sparsity.min(top));
         let ok = match checked.iter().find(|(s, _)| *s == sparsity) {
             Some(&(_, ok)) => ok,
             None => {

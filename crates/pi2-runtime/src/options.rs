@@ -135,6 +135,11 @@ pub struct OffloadOptions {
     pub merge_gap: String,
     /// An emulated device, `LATENCYus,BANDWIDTHMB/s`.
     pub emulate_flash: Option<String>,
+    /// What the process's own memory counts against the budget; `None`: measured when the
+    /// offload is built ([`crate::offload::process_bytes`]). A program that embeds pi2 beside
+    /// memory of its own says here how much of it the budget covers (`Some(0)` counts as
+    /// `None`).
+    pub process_bytes: Option<u64>,
 }
 
 impl Default for OffloadOptions {
@@ -147,6 +152,7 @@ impl Default for OffloadOptions {
             max_read: "128K".into(),
             merge_gap: "0".into(),
             emulate_flash: None,
+            process_bytes: None,
         }
     }
 }
@@ -185,8 +191,8 @@ impl OffloadOptions {
         }
         Ok(pi2_engine::OffloadConfig {
             budget,
-            // Measured when the offload is built (`offload::build`).
-            process: 0,
+            // 0: measured when the offload is built (`offload::build`).
+            process: self.process_bytes.unwrap_or(0),
             hot_share: self.hot_share,
             direct: self.direct,
             engine: self.io_engine,

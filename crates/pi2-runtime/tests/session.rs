@@ -105,9 +105,13 @@ fn sessions_run_dense_sparse_and_offloaded() {
         min > process && min - process < file,
         "the test model is too small to offload: {min} of {file}"
     );
+    // The process's memory as measured once: other tests running in this process meanwhile
+    // must not move the budget's split.
+    let mut fixed_process = options();
+    fixed_process.offload.process_bytes = Some(process);
     let offloaded_opts = SessionOptions {
         mem_budget: Some(format!("{}K", (min + (file - (min - process)) / 3) >> 10)),
-        ..options()
+        ..fixed_process.clone()
     };
     let p = prepare(&cm, &conv, &offloaded_opts).unwrap();
     let mut e = p.engine(4).unwrap();
@@ -117,7 +121,7 @@ fn sessions_run_dense_sparse_and_offloaded() {
     // Below the least, the error says what to pass: a budget, or a context that fits.
     let short = SessionOptions {
         mem_budget: Some(format!("{}K", (min - 1024) >> 10)),
-        ..options()
+        ..fixed_process
     };
     let p = prepare(&cm, &conv, &short).unwrap();
     let msg = p.engine(4).err().expect("below the least").to_string();

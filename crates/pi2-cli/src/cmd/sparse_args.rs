@@ -170,6 +170,7 @@ impl OffloadArgs {
             max_read: self.max_read.clone(),
             merge_gap: self.merge_gap.clone(),
             emulate_flash: self.emulate_flash.clone(),
+            process_bytes: None,
         }
     }
 
