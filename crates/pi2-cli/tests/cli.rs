@@ -689,7 +689,7 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         "-o",
         c,
     ]);
-    let ids = |args: &[&str]| -> Value {
+    let run_json = |args: &[&str]| -> Value {
         let mut all = vec![
             "run",
             "-p",
@@ -701,11 +701,13 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
             "--json",
         ];
         all.extend_from_slice(args);
-        serde_json::from_str::<Value>(&ok(&all)).unwrap()["generated_ids"].clone()
+        serde_json::from_str::<Value>(&ok(&all)).unwrap()
     };
+    let ids = |args: &[&str]| run_json(args)["generated_ids"].clone();
     let dense = ids(&["-m", m]);
     // The least budget, as the error for a smaller one names it (this process's own memory
-    // included): offloaded there, the tokens are the dense ones.
+    // included): offloaded there, the tokens are the dense ones and the budget bounds the
+    // whole process.
     let out = common::pi2(&["run", "-p", "x", "-n", "1", "-m", c, "--mem-budget", "1M"]);
     let err = String::from_utf8_lossy(&out.stderr);
     let least = err
@@ -715,23 +717,8 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         .unwrap_or_else(|| panic!("{err}"))
         .to_string();
     assert!(err.contains("this process's own memory"), "{err}");
-    assert_eq!(ids(&["-m", c, "--mem-budget", &least]), dense);
-    // The budget bounds the whole process.
-    let v: Value = serde_json::from_str(&ok(&[
-        "run",
-        "-p",
-        "In the beginning",
-        "-n",
-        "12",
-        "--temp",
-        "0",
-        "--json",
-        "-m",
-        c,
-        "--mem-budget",
-        &least,
-    ]))
-    .unwrap();
+    let v = run_json(&["-m", c, "--mem-budget", &least]);
+    assert_eq!(v["generated_ids"], dense);
     let budget = least.trim_end_matches('M').parse::<u64>().unwrap() << 20;
     let peak = v["peak_rss_bytes"].as_u64().unwrap();
     assert!(peak <= budget, "peak RSS {peak} over the budget {budget}");
