@@ -23,7 +23,7 @@ mod scratch;
 mod sparse;
 pub mod topology;
 
-pub use engine::{Engine, EngineConfig, Logits, NeuronStep};
+pub use engine::{Engine, EngineConfig, Logits, NeuronStep, MAX_CTX};
 pub use error::EngineError;
 pub use ffn::fires;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};

@@ -49,8 +49,7 @@ pub struct RunArgs {
 pub fn run(a: RunArgs) -> Result<()> {
     let path = super::model_path(&a.model)?;
     let model = pi2_runtime::load_model(&path)?;
-    let opts = super::session_options(&a.model, &a.session, "run")?;
-    let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
+    let mut opts = super::session_options(&a.model, &a.session, "run")?;
     let tok = &model.tokenizer;
     let user_text = prompt_text(&a)?;
     let prompt_text = if a.chat {
@@ -66,6 +65,20 @@ pub fn run(a: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }
+    // A run of known length never holds more than its prompt and continuation: a KV cache (and
+    // a memory budget's share for it) sized for more would go unused.
+    if let Ok(n) = usize::try_from(a.n_predict) {
+        let need = prompt.len().saturating_add(n).saturating_add(1);
+        let asked = match opts.engine.n_ctx {
+            0 => model.config.n_ctx_train,
+            c => c,
+        };
+        // An absurd -c stays as given, for the engine to refuse by name.
+        if asked <= pi2_engine::MAX_CTX {
+            opts.engine.n_ctx = asked.min(need);
+        }
+    }
+    let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let cfg = GenerateConfig {
         max_tokens: (a.n_predict >= 0).then_some(a.n_predict as usize),
         ignore_eos: a.ignore_eos,
