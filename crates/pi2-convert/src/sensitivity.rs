@@ -24,6 +24,13 @@ impl FfnObserver for Confirm<'_> {
     }
 }
 
+/// Divergences are averaged over the second half of each chunk, as llama-perplexity scores:
+/// every scored token has context, and the output matrix (the largest cost of a small model's
+/// pass) runs for half the tokens.
+fn second_half(n: usize) -> usize {
+    n / 2
+}
+
 /// One position's dense next-token distribution, truncated to its top entries.
 struct TopDist {
     ids: Vec<u32>,
@@ -74,21 +81,20 @@ fn divergence(r: &TopDist, logits: &[f32]) -> f64 {
 }
 
 /// Runs `tokens` in chunks of `chunk` (each from an empty cache) with `thresholds` and calls
-/// `each(chunk_index, position, logits)` for the second half of each chunk's positions (as
-/// llama-perplexity scores: every scored token has context, and the output matrix, the largest
-/// cost of a small model's pass, runs for half the tokens).
+/// `each(chunk_index, position, logits)` for every position from `from(chunk_len)` on.
 fn run_chunks(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
     chunk: usize,
     thresholds: &[Option<f32>],
+    from: fn(usize) -> usize,
     mut each: impl FnMut(usize, usize, &[f32]),
 ) -> Result<(), EngineError> {
     let v = engine.model().config.n_vocab;
     let mut obs = Confirm { thresholds };
     for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {
         engine.truncate(0);
-        let first = part.len() / 2;
+        let first = from(part.len()).min(part.len() - 1);
         let logits = engine.forward_observed(part, Logits::From(first), Some(&mut obs))?;
         for (p, row) in logits.chunks_exact(v).enumerate() {
             each(ci, first + p, row);
@@ -115,9 +121,14 @@ pub fn measure_sensitivity(
     let v = engine.model().config.n_vocab;
     let mut idx = vec![0u32; v];
     let mut reference: Vec<TopDist> = Vec::with_capacity(tokens.len());
-    run_chunks(engine, tokens, chunk, &vec![None; n_layer], |_, _, row| {
-        reference.push(top_dist(row, &mut idx))
-    })?;
+    run_chunks(
+        engine,
+        tokens,
+        chunk,
+        &vec![None; n_layer],
+        second_half,
+        |_, _, row| reference.push(top_dist(row, &mut idx)),
+    )?;
     progress(1, total);
     let mut kl = vec![vec![0.0; levels.len()]; n_layer];
     let mut thresholds = vec![None; n_layer];
@@ -126,10 +137,17 @@ pub fn measure_sensitivity(
             thresholds[l] = Some(profile.layers[l].threshold_for(s)?);
             let mut sum = 0.0;
             let mut k = 0;
-            run_chunks(engine, tokens, chunk, &thresholds, |_, _, row| {
-                sum += divergence(&reference[k], row);
-                k += 1;
-            })?;
+            run_chunks(
+                engine,
+                tokens,
+                chunk,
+                &thresholds,
+                second_half,
+                |_, _, row| {
+                    sum += divergence(&reference[k], row);
+                    k += 1;
+                },
+            )?;
             kl[l][j] = sum / k.max(1) as f64;
             progress(2 + l * levels.len() + j, total);
         }
@@ -144,9 +162,9 @@ pub fn measure_sensitivity(
     Ok(s)
 }
 
-/// Perplexity of the model over `tokens` (chunks of `chunk`, each from an empty cache; each
-/// position of a chunk's second half but its last predicts the next token) with per-layer
-/// confirm `thresholds` (`None`: dense).
+/// Perplexity of the model over `tokens` (chunks of `chunk`, each from an empty cache; every
+/// position but a chunk's last predicts the next token: as many as the tokens allow, since the
+/// quality check compares two runs on them) with per-layer confirm `thresholds` (`None`: dense).
 pub fn perplexity(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
@@ -160,12 +178,19 @@ pub fn perplexity(
     };
     let chunks: Vec<&[TokenId]> = tokens.chunks(chunk.max(1)).collect();
     let (mut sum, mut count) = (0.0, 0usize);
-    run_chunks(engine, tokens, chunk, &th, |ci, p, row| {
-        if let Some(&next) = chunks[ci].get(p + 1) {
-            sum += nll(row, next);
-            count += 1;
-        }
-    })?;
+    run_chunks(
+        engine,
+        tokens,
+        chunk,
+        &th,
+        |_| 0,
+        |ci, p, row| {
+            if let Some(&next) = chunks[ci].get(p + 1) {
+                sum += nll(row, next);
+                count += 1;
+            }
+        },
+    )?;
     Ok((sum / count.max(1) as f64).exp())
 }
 
