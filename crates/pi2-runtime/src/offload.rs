@@ -150,7 +150,12 @@ fn mapping_rss_kib(smaps: &str, path: &str) -> u64 {
             f.contains('-') && f.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
         });
         if header {
-            inside = line.split_whitespace().nth(5) == Some(path);
+            // The path is the rest of the line (it may hold spaces, or end in " (deleted)"
+            // when the executable was replaced; `/proc/self/exe` then reads the same).
+            inside = line
+                .trim_end()
+                .strip_suffix(path)
+                .is_some_and(|head| head.ends_with(char::is_whitespace));
         } else if inside {
             if let Some(kib) = status_kib(line, "Rss:") {
                 total += kib;
@@ -175,6 +180,8 @@ mod tests {
                      00800000-00900000 r--p 00100000 08:01 123 /usr/bin/pi2\nRss: 40 kB\n";
         assert_eq!(mapping_rss_kib(smaps, "/usr/bin/pi2"), 640);
         assert_eq!(mapping_rss_kib(smaps, "/other"), 0);
+        let spaced = "00400000-00500000 r-xp 00000000 08:01 9 /opt/my apps/pi2\nRss: 12 kB\n";
+        assert_eq!(mapping_rss_kib(spaced, "/opt/my apps/pi2"), 12);
     }
 
     #[test]
