@@ -45,8 +45,10 @@ pub struct ConvertArgs {
     /// With --sparsity auto: calibration tokens each layer's sensitivity is measured on
     #[arg(long, default_value_t = 256)]
     pub sensitivity_tokens: usize,
-    /// Predictor: lowrank (training-free, fast; the default), trained, or none (the only choice
-    /// for mixture-of-experts models)
+    /// Predictor: lowrank (training-free, fast), trained, or none (every gate row computed).
+    /// Default: lowrank for ReLU-family FFNs, none for SiLU and GELU ones (their predictors keep
+    /// most neurons as candidates, and their misses would cost quality the --sparsity auto check
+    /// does not see); mixture-of-experts models take none only
     #[arg(long)]
     pub predictor: Option<String>,
     /// Mixture-of-experts models: confirm threshold of every layer (default 0, exact for
@@ -119,13 +121,17 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     if !(0.5..=1.0).contains(&a.recall) {
         bail!("--recall {} is outside 0.5..1", a.recall);
     }
-    let predictor = match a.predictor.as_deref().unwrap_or("lowrank") {
-        "none" => None,
-        k => Some(
-            PredictorKind::from_name(k)
-                .with_context(|| format!("unknown predictor `{k}` (lowrank, trained, none)"))?,
-        ),
+    let parse_predictor = |k: &str| -> Result<Option<PredictorKind>> {
+        match k {
+            "none" => Ok(None),
+            k => Ok(Some(PredictorKind::from_name(k).with_context(|| {
+                format!("unknown predictor `{k}` (lowrank, trained, none)")
+            })?)),
+        }
     };
+    if let Some(k) = a.predictor.as_deref() {
+        parse_predictor(k)?;
+    }
     let input = model_path(&a.model)?;
     // Refuse early, before minutes of work.
     let inputs: Vec<&Path> = [
@@ -155,6 +161,14 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let Some(profile_path) = &a.profile else {
         bail!("--profile is required (make one with `pi2 profile`)");
     };
+    let predictor_name =
+        a.predictor
+            .as_deref()
+            .unwrap_or(match model.config.ffn_act.exact_sparsity() {
+                true => "lowrank",
+                false => "none",
+            });
+    let predictor = parse_predictor(predictor_name)?;
     let profile = Profile::load(profile_path)?;
     profile
         .model
@@ -190,7 +204,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         "convert: {} calibration tokens in {:.1} s; fitting {} predictors ..",
         tokens.len(),
         t0.elapsed().as_secs_f64(),
-        a.predictor.as_deref().unwrap_or("lowrank")
+        predictor_name
     );
     let cfg = ConvertConfig {
         sparsity,
