@@ -233,6 +233,22 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     }
     let head = report.head;
     let report = report.layers;
+    print_report(&report, head, a.head);
+    eprintln!(
+        "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
+        a.output.display(),
+        written.file.file_size() as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The per-layer table of what `convert` chose, and the sparse head's size.
+fn print_report(
+    report: &[convert::LayerReport],
+    head: Option<convert::HeadReport>,
+    asked_head: bool,
+) {
     println!("layer  threshold  fired  rank  recall  candidates");
     for (i, r) in report.iter().enumerate() {
         println!(
@@ -257,16 +273,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             h.bytes as f64 / 1e6,
             100.0 * h.bytes as f64 / h.output_bytes as f64
         ),
-        None if !a.head => {}
+        None if !asked_head => {}
         None => println!("sparse head: none (the output matrix's width is not a multiple of 32 of at least 64)"),
     }
-    eprintln!(
-        "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
-        a.output.display(),
-        written.file.file_size() as f64 / 1e6,
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(())
 }
 
 /// Per-layer thresholds from measured sensitivity (`--sparsity auto`), printed as a table; and
