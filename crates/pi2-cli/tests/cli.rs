@@ -708,7 +708,19 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
     // The least budget, as the error for a smaller one names it (this process's own memory
     // included): offloaded there, the tokens are the dense ones and the budget bounds the
     // whole process.
-    let out = common::pi2(&["run", "-p", "x", "-n", "1", "-m", c, "--mem-budget", "1M"]);
+    let out = common::pi2(&[
+        "run",
+        "-p",
+        "In the beginning",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-m",
+        c,
+        "--mem-budget",
+        "1M",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     let least = err
         .split("pass --mem-budget ")
