@@ -689,17 +689,11 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         "-o",
         c,
     ]);
+    // One greedy run, as every step below makes it.
+    let greedy = ["run", "-p", "In the beginning", "-n", "12", "--temp", "0"];
     let run_json = |args: &[&str]| -> Value {
-        let mut all = vec![
-            "run",
-            "-p",
-            "In the beginning",
-            "-n",
-            "12",
-            "--temp",
-            "0",
-            "--json",
-        ];
+        let mut all = greedy.to_vec();
+        all.push("--json");
         all.extend_from_slice(args);
         serde_json::from_str::<Value>(&ok(&all)).unwrap()
     };
@@ -708,19 +702,7 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
     // The least budget, as the error for a smaller one names it (this process's own memory
     // included): offloaded there, the tokens are the dense ones and the budget bounds the
     // whole process.
-    let out = common::pi2(&[
-        "run",
-        "-p",
-        "In the beginning",
-        "-n",
-        "12",
-        "--temp",
-        "0",
-        "-m",
-        c,
-        "--mem-budget",
-        "1M",
-    ]);
+    let out = common::pi2(&[&greedy[..], &["-m", c, "--mem-budget", "1M"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     let least = err
         .split("pass --mem-budget ")
