@@ -1,5 +1,5 @@
-//! Any bytes as a converted (pi2 bundle) file: the sparse weights and the sparse head load or
-//! fail cleanly.
+//! Any bytes as a converted (pi2 bundle) file: the sparse weights, the sparse head and the
+//! checksum table load (and check) or fail cleanly.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use pi2_model::{GgufFile, Model};
@@ -13,4 +13,5 @@ fuzz_target!(|data: &[u8]| {
     };
     let _ = pi2_engine::load_sparse(&m);
     let _ = pi2_engine::SparseHead::load(&m);
+    let _ = pi2_engine::verify_checksums(&m);
 });

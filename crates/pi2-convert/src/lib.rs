@@ -221,7 +221,7 @@ pub fn convert(
                 || n.ends_with(".ffn_down.weight"))
     };
     for t in &f.tensors {
-        if !ffn_name(&t.name) {
+        if !ffn_name(&t.name) && t.name != pi2_model::checksum::TENSOR {
             w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
         }
     }
@@ -232,6 +232,7 @@ pub fn convert(
         Some(share) => write_head(&mut w, model, &hidden, share)?,
         None => None,
     };
+    w.with_checksums();
     let layers = layers.into_iter().map(|l| l.2).collect();
     Ok((w, ConvertReport { layers, head }))
 }
@@ -431,7 +432,8 @@ fn same_dense_tensors(
 ) -> Result<(), ConvertError> {
     let bad = |m: String| ConvertError::Verify(m);
     let (fs, fc) = (&source.file, &converted.file);
-    for t in fs.tensors.iter().filter(|t| !skip(&t.name)) {
+    let copied = |n: &str| !skip(n) && n != pi2_model::checksum::TENSOR;
+    for t in fs.tensors.iter().filter(|t| copied(&t.name)) {
         let o = fc
             .tensor(&t.name)
             .ok_or_else(|| bad(format!("{} is missing", t.name)))?;
@@ -608,6 +610,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
         }
     }
     pi2_engine::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
+    pi2_engine::verify_checksums(converted)?;
     Ok(())
 }
 

@@ -258,7 +258,7 @@ fn layout(
         sources.push(src);
     };
     for (i, t) in f.tensors.iter().enumerate() {
-        if !is_expert_ffn(&t.name) {
+        if !is_expert_ffn(&t.name) && t.name != pi2_model::checksum::TENSOR {
             add(
                 t.name.clone(),
                 t.dims.clone(),
@@ -301,6 +301,9 @@ fn layout(
             );
         }
     }
+    // Filled by the writer with the checksums of what it wrote (no source of its own).
+    let sums = pi2_model::checksum::layout(tensors.iter().map(|t| (&t.dims[..], t.bytes)));
+    tensors.push(sums);
     Ok((tensors, sources))
 }
 
@@ -439,6 +442,7 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
         }
     }
     pi2_engine::load_sparse(converted)?.ok_or_else(|| bad("no pi2 metadata".into()))?;
+    pi2_engine::verify_checksums(converted)?;
     pi2_engine::unit_frequencies(converted)?;
     Ok(())
 }

@@ -33,8 +33,8 @@ pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Reg
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
-    check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies, Blob,
-    PredictorWeights, SparseFfn, SparseLayer, SparseStats, Weight,
+    check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies,
+    verify_checksums, Blob, PredictorWeights, SparseFfn, SparseLayer, SparseStats, Weight,
 };
 
 /// The README's examples, compiled and run as doctests.

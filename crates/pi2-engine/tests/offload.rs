@@ -416,3 +416,118 @@ fn offloading_needs_a_converted_model_and_its_file() {
         .to_string();
     assert!(err.contains("not the file"), "{err}");
 }
+
+/// Where `name`'s data lies in the file at `path`: (offset, bytes).
+fn tensor_span(path: &Path, name: &str) -> (u64, u64) {
+    let f = GgufFile::open(path).unwrap();
+    let t = f.tensor(name).unwrap();
+    (f.data_offset + t.offset, t.size)
+}
+
+/// Flip one bit in every `step`-th byte of `[at, at + len)` of the file.
+fn flip(path: &Path, at: u64, len: u64, step: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    for o in (at..at + len).step_by(step as usize) {
+        let mut b = [0u8];
+        file.read_exact_at(&mut b, o).unwrap();
+        file.write_all_at(&[b[0] ^ 0x10], o).unwrap();
+    }
+}
+
+/// Faults across the offload path, each ending in the in-memory tokens or a clear error,
+/// never in other tokens without one: a slow device, neuron rows changed on flash while a run
+/// reads them (checksums), resident weights changed before loading, a file truncated under a
+/// running offload. (EIO and short reads: `reader_faults_end_with_clear_errors`.)
+#[test]
+fn faults_across_the_offload_path_end_in_the_right_tokens_or_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted(dir.path());
+    let pristine = std::fs::read(&path).unwrap();
+    let m = Model::load(&path).unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+    let mut mem = Engine::new(&m, &cfg()).unwrap();
+    mem.set_sparse(Some(&sp)).unwrap();
+    let want = run(&mut mem).unwrap();
+    pi2_engine::verify_checksums(&m).unwrap();
+    // Every neuron cold: each decode step reads rows from flash.
+    let cold = |faults: Option<FaultPlan>| OffloadConfig {
+        budget: u64::MAX,
+        hot_share: 0.0,
+        faults,
+        ..Default::default()
+    };
+    let offloaded = |oc: OffloadConfig| {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let o = offload(&m, &sp, &path, &e, oc)?;
+        e.set_offload(Some(o)).unwrap();
+        Ok::<_, pi2_engine::EngineError>(e)
+    };
+
+    // A slow device changes nothing but time.
+    let slow = FaultPlan {
+        latency: std::time::Duration::from_micros(300),
+        ..Default::default()
+    };
+    assert_eq!(
+        run(&mut offloaded(cold(Some(slow))).unwrap()).unwrap(),
+        want
+    );
+
+    // Neuron rows changed on flash after the run started: the reads that land on them fail.
+    for part in ["ffn_gate.weight", "ffn_up.weight", "ffn_down_t.weight"] {
+        let mut e = offloaded(cold(None)).unwrap();
+        let (at, len) = tensor_span(&path, &format!("blk.1.{part}"));
+        flip(&path, at, len, 97);
+        let err = run(&mut e).unwrap_err().to_string();
+        assert!(
+            err.contains("changed or is damaged") && err.contains(&format!("blk.1.{part}")),
+            "{part}: {err}"
+        );
+        std::fs::write(&path, &pristine).unwrap();
+    }
+
+    // Resident weights changed before a load: refused when the offload (or, in memory, the
+    // model) is set up, before any token.
+    let (at, len) = tensor_span(&path, "blk.0.attn_q.weight");
+    flip(&path, at + len / 2, 1, 1);
+    {
+        let changed = Model::load(&path).unwrap();
+        let err = pi2_engine::verify_checksums(&changed)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`blk.0.attn_q.weight` does not match its checksum"),
+            "{err}"
+        );
+        let (csp, _) = pi2_engine::load_sparse(&changed).unwrap().unwrap();
+        let e = Engine::new(&changed, &cfg()).unwrap();
+        let err = offload(&changed, &csp, &path, &e, cold(None))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("does not match its checksum"), "{err}");
+    }
+    std::fs::write(&path, &pristine).unwrap();
+
+    // Truncated under a running offload (the neurons of the last layer, past every resident
+    // tensor): a clear read error.
+    let mut e = offloaded(cold(None)).unwrap();
+    let (at, _) = tensor_span(&path, "blk.1.ffn_gate.weight");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(at)
+        .unwrap();
+    let err = run(&mut e).unwrap_err().to_string();
+    assert!(
+        err.contains("short read") || err.contains("past the end"),
+        "{err}"
+    );
+}

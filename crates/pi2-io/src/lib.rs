@@ -11,10 +11,14 @@
 //!   throughput when several cores submit). It sorts what is pending by offset, merges nearby
 //!   requests into reads of at most `max_request` bytes, keeps at most `depth` reads in flight
 //!   per engine call and reports each request as soon as its read lands.
+//! - [`Checksums`]: CRC-32s of fixed-size records of the file; a reader given a table checks
+//!   every record a request holds whole before reporting it, so bytes changed on the device
+//!   become an error instead of different data.
 //! - [`measure`]: throughput and latency against read size, queue depth and file span
 //!   (`pi2 profile-io`), for the planner.
 
 mod buf;
+mod checksum;
 mod engine;
 pub mod measure;
 mod reader;
@@ -22,6 +26,7 @@ mod reader;
 mod uring;
 
 pub use buf::AlignedBuf;
+pub use checksum::{crc32, Checksums, SumRegion};
 pub use engine::{
     emulated, FaultEngine, FaultPlan, IoEngine, OpenedEngine, PreadEngine, ReadEngine, ReadOp,
 };
@@ -69,6 +74,16 @@ pub enum IoError {
     Closed,
     #[error("cannot start the I/O thread: {source} (the process is out of threads or memory)")]
     Thread { source: std::io::Error },
+    #[error(
+        "the file changed or is damaged: {len} bytes of `{region}` at offset {offset} do not match their checksum (restore the file, or make it again)"
+    )]
+    Checksum {
+        region: String,
+        offset: u64,
+        len: usize,
+    },
+    #[error("the file's checksum table is unusable: {0}")]
+    BadChecksums(String),
 }
 
 impl IoError {
@@ -108,6 +123,16 @@ impl IoError {
                 size: *size,
             },
             IoError::Closed => IoError::Closed,
+            IoError::Checksum {
+                region,
+                offset,
+                len,
+            } => IoError::Checksum {
+                region: region.clone(),
+                offset: *offset,
+                len: *len,
+            },
+            IoError::BadChecksums(why) => IoError::BadChecksums(why.clone()),
         }
     }
 }

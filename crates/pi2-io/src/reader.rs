@@ -1,6 +1,6 @@
 //! The single-queue reader: one I/O thread owns every submission to the device.
 
-use crate::{AlignedBuf, IoError, ReadEngine, ReadOp};
+use crate::{AlignedBuf, Checksums, IoError, ReadEngine, ReadOp};
 use crossbeam::channel::{bounded, Receiver, Sender, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -96,6 +96,16 @@ const COMPLETION_CAPACITY: usize = 1 << 15;
 impl Reader {
     /// Start the I/O thread over `engine`.
     pub fn new(engine: impl ReadEngine + 'static, cfg: ReaderConfig) -> Result<Self, IoError> {
+        Self::with_checksums(engine, cfg, None)
+    }
+
+    /// Start the I/O thread over `engine`, checking every record of `sums` (when given) that a
+    /// request holds whole before reporting the request: a mismatch is the request's error.
+    pub fn with_checksums(
+        engine: impl ReadEngine + 'static,
+        cfg: ReaderConfig,
+        sums: Option<Arc<Checksums>>,
+    ) -> Result<Self, IoError> {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Vec::new()),
             wake: Condvar::new(),
@@ -107,7 +117,7 @@ impl Reader {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pi2-io".into())
-            .spawn(move || io_thread(engine, cfg, sh, tx))
+            .spawn(move || io_thread(engine, cfg, sh, tx, sums))
             .map_err(|source| IoError::Thread { source })?;
         Ok(Self {
             shared,
@@ -235,7 +245,10 @@ struct Piece {
     len: usize,
     dst: *mut u8,
     tag: u64,
-    last: bool,
+    /// The whole request, on its last piece (checked once all of it has landed).
+    last: Option<Request>,
+    /// Where the request starts.
+    first: u64,
 }
 
 /// A device read covering consecutive pieces.
@@ -347,6 +360,7 @@ fn io_thread<E: ReadEngine>(
     cfg: ReaderConfig,
     shared: Arc<Shared>,
     done: Sender<Completion>,
+    sums: Option<Arc<Checksums>>,
 ) {
     let align = engine.alignment().max(1) as u64;
     let max_request = (cfg.max_request as u64).max(align).div_ceil(align) * align;
@@ -356,6 +370,8 @@ fn io_thread<E: ReadEngine>(
         .map(|_| AlignedBuf::new(cap, align as usize))
         .collect();
     let (mut batch, mut pieces, mut spans) = (Vec::new(), Vec::<Piece>::new(), Vec::<Span>::new());
+    // Requests of this batch a piece of which failed (their error is already reported).
+    let mut failed = Vec::<u64>::new();
     let c = &shared.counters;
     loop {
         {
@@ -369,6 +385,7 @@ fn io_thread<E: ReadEngine>(
             std::mem::swap(&mut *pending, &mut batch);
         }
         pieces.clear();
+        failed.clear();
         for r in batch.drain(..) {
             let mut off = 0usize;
             loop {
@@ -379,7 +396,8 @@ fn io_thread<E: ReadEngine>(
                     // SAFETY: within the request's destination (contract of `submit`).
                     dst: unsafe { r.dst.add(off) },
                     tag: r.tag,
-                    last: off + len == r.len,
+                    last: (off + len == r.len).then_some(r),
+                    first: r.offset,
                 });
                 off += len;
                 if off >= r.len {
@@ -423,12 +441,23 @@ fn io_thread<E: ReadEngine>(
                             unsafe {
                                 std::ptr::copy_nonoverlapping(b[at..].as_ptr(), p.dst, p.len)
                             };
-                            if !p.last {
+                            let Some(whole) = p.last else {
                                 continue;
+                            };
+                            match &sums {
+                                // SAFETY: the request's pieces are copied in offset order and
+                                // none failed, so all of its `len` (> 0) bytes have landed.
+                                Some(sums) if whole.len > 0 && !failed.contains(&p.first) => sums
+                                    .verify(whole.offset, unsafe {
+                                        std::slice::from_raw_parts(whole.dst, whole.len)
+                                    }),
+                                _ => Ok(()),
                             }
-                            Ok(())
                         }
-                        Err(e) => Err(e.duplicate()),
+                        Err(e) => {
+                            failed.push(p.first);
+                            Err(e.duplicate())
+                        }
                     };
                     if done
                         .send(Completion {

@@ -8,6 +8,9 @@
 //! tensors. Metadata `pi2.*` holds the format version, thresholds, predictor cuts and the
 //! profile.
 //!
+//! The last tensor, `pi2.checksums`, holds a CRC-32 of every row of every other tensor
+//! ([`crate::checksum`]): neuron rows read from flash are checked as they land.
+//!
 //! The sparse output head, when `pi2 convert` made one, is `head.basis`, `head.coef` and
 //! `head.bounds` with the group boundaries in `pi2.head.groups`.
 //!
@@ -21,7 +24,8 @@ use crate::{GgufFile, LayerWeights, ModelError, Result, Value};
 use pi2_kernels::QuantType;
 
 /// The format version this pi2 writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the checksum table ([`crate::checksum`]).
+pub const FORMAT_VERSION: u32 = 2;
 
 pub const KEY_VERSION: &str = "pi2.version";
 pub const KEY_THRESHOLDS: &str = "pi2.sparse.thresholds";
@@ -130,12 +134,18 @@ pub fn kind(f: &GgufFile) -> Kind {
     }
 }
 
-/// Refuses a converted file of another format version.
+/// Refuses a converted file of another format version, or without its checksum table.
 pub fn check_version(f: &GgufFile) -> Result<()> {
     let v = f.get(KEY_VERSION).and_then(Value::as_u64);
     if v != Some(FORMAT_VERSION as u64) {
         return Err(ModelError::Corrupt(format!(
             "converted-model format version {v:?}; this pi2 reads {FORMAT_VERSION} (convert the model again with this pi2)"
+        )));
+    }
+    if f.tensor(crate::checksum::TENSOR).is_none() {
+        return Err(ModelError::Corrupt(format!(
+            "the converted model has no `{}` table (convert the model again with this pi2)",
+            crate::checksum::TENSOR
         )));
     }
     Ok(())

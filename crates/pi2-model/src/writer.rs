@@ -1,5 +1,6 @@
 //! GGUF writer: metadata and tensors into a valid v3 file image (used by tests and converters).
 
+use crate::checksum::{self, RecordSums};
 use crate::gguf::Value;
 use std::io::{self, Write};
 
@@ -10,6 +11,7 @@ pub struct GgufWriter {
     tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
     alignment: u64,
     magic: Option<[u8; 4]>,
+    checksums: bool,
 }
 
 impl GgufWriter {
@@ -18,6 +20,12 @@ impl GgufWriter {
             alignment: 32,
             ..Default::default()
         }
+    }
+
+    /// End the file with the checksum table of every tensor's records ([`checksum`]).
+    pub fn with_checksums(&mut self) -> &mut Self {
+        self.checksums = true;
+        self
     }
 
     /// Write another magic than `GGUF` (PowerInfer's `PWRI` files, in tests).
@@ -113,7 +121,7 @@ impl GgufWriter {
     }
 
     pub fn write(&self, out: &mut impl Write) -> io::Result<()> {
-        let layout: Vec<TensorLayout> = self
+        let mut layout: Vec<TensorLayout> = self
             .tensors
             .iter()
             .map(|(name, dims, ty, data)| TensorLayout {
@@ -123,6 +131,11 @@ impl GgufWriter {
                 bytes: data.len() as u64,
             })
             .collect();
+        if self.checksums {
+            layout.push(checksum::layout(
+                layout.iter().map(|t| (&t.dims[..], t.bytes)),
+            ));
+        }
         let magic = self.magic.unwrap_or(*b"GGUF");
         write_streamed(
             out,
@@ -205,22 +218,81 @@ fn write_header(
 }
 
 /// Write a GGUF v3 file whose tensor data is produced in order by `data(i, out)` (which must
-/// write exactly `tensors[i].bytes` bytes), so files larger than memory can be made.
+/// write exactly `tensors[i].bytes` bytes), so files larger than memory can be made. A last
+/// tensor named [`checksum::TENSOR`] (from [`checksum::layout`]) is filled here with the
+/// checksums of what `data` wrote.
 pub fn write_streamed<W: Write>(
     out: &mut W,
     magic: [u8; 4],
     metadata: &[(String, Value)],
     alignment: u64,
     tensors: &[TensorLayout],
-    mut data: impl FnMut(usize, &mut W) -> io::Result<()>,
+    mut data: impl FnMut(usize, &mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
+    let sums_at = tensors.iter().position(|t| t.name == checksum::TENSOR);
+    if sums_at.is_some_and(|i| i + 1 != tensors.len()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the checksum table must be the last tensor",
+        ));
+    }
     write_header(out, magic, metadata, alignment, tensors)?;
+    let mut sums = RecordSums::new();
     for (i, t) in tensors.iter().enumerate() {
-        data(i, out)?;
+        let mut tee = Tee {
+            out: &mut *out,
+            sums: sums_at.map(|_| &mut sums),
+            written: 0,
+        };
+        if sums_at == Some(i) {
+            let table: Vec<u8> = tee
+                .sums
+                .take()
+                .into_iter()
+                .flat_map(|s| s.sums.iter())
+                .flat_map(|s| s.to_le_bytes())
+                .collect();
+            tee.write_all(&table)?;
+        } else {
+            if let Some(s) = tee.sums.as_mut() {
+                s.start(checksum::records(&t.dims, t.bytes).0);
+            }
+            data(i, &mut tee)?;
+        }
+        if tee.written != t.bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "tensor `{}`: {} bytes written for {}",
+                    t.name, tee.written, t.bytes
+                ),
+            ));
+        }
         let pad = t.bytes.next_multiple_of(alignment) - t.bytes;
         out.write_all(&vec![0u8; pad as usize])?;
     }
     Ok(())
+}
+
+/// Passes tensor data through, counting it and (when a checksum table is written) hashing it.
+struct Tee<'a, W> {
+    out: &'a mut W,
+    sums: Option<&'a mut RecordSums>,
+    written: u64,
+}
+
+impl<W: Write> Write for Tee<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        if let Some(s) = self.sums.as_mut() {
+            s.update(&buf[..n]);
+        }
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 #[cfg(test)]

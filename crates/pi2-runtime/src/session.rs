@@ -74,6 +74,10 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
             "reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)",
         ));
     }
+    if !offloads {
+        // Used from memory: its bytes are checked once here (offloads check theirs as read).
+        pi2_engine::verify_checksums(model)?;
+    }
     let head = match o.sparse.dense_head {
         true => None,
         false => SparseHead::load(model)?,

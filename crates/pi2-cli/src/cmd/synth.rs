@@ -8,7 +8,7 @@ use pi2_model::stand_in::{Shape, StandIn, StandInSpec, SHAPES};
 use pi2_model::{FfnAct, GgufFile};
 use pi2_runtime::options::parse_type;
 use rayon::prelude::*;
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]

@@ -298,6 +298,7 @@ pub(crate) fn layout(
         true => 0,
         false => (vocab.embd.rows * vocab.embd.row_bytes) as u64,
     };
+    // Every other tensor is resident; the checksum table's size stands for the reader's copy.
     let fixed: u64 = f
         .tensors
         .iter()

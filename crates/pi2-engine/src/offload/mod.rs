@@ -34,10 +34,12 @@ use layout::{hot_block, AttnLayout, FfnLayout, HotLayer, PAD};
 pub use layout::{min_budget, regions, Regions};
 use pi2_cache::{Budget, Lru, SlotCache};
 use pi2_io::{
-    AlignedBuf, IoEngine, IoError, OpenedEngine, PreadEngine, ReadEngine, Reader, ReaderConfig,
+    AlignedBuf, Checksums, IoEngine, IoError, OpenedEngine, PreadEngine, ReadEngine, Reader,
+    ReaderConfig, SumRegion,
 };
 use pi2_model::Model;
 use std::path::Path;
+use std::sync::Arc;
 use vocab::VocabStream;
 
 use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Release};
@@ -179,6 +181,7 @@ impl Offload {
             cfg.hot_share,
             cfg.process,
         )?;
+        verify_resident(model, &p, streamed_layers, streamed_output_rows)?;
         let n_units = p.ffn.len();
         let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
@@ -193,13 +196,16 @@ impl Offload {
                 path.display()
             )));
         }
+        // Every read is checked against the converted file's checksums as it lands.
+        let sums = checksums(model)?;
         // Injected faults and an emulated device both wrap the file's engine.
         let reader = match cfg.faults.as_ref().or(cfg.emulate.as_ref()) {
-            Some(plan) => Reader::new(
+            Some(plan) => Reader::with_checksums(
                 pi2_io::FaultEngine::new(engine, plan.clone()),
                 cfg.reader.clone(),
+                sums,
             )?,
-            None => Reader::new(engine, cfg.reader.clone())?,
+            None => Reader::with_checksums(engine, cfg.reader.clone(), sums)?,
         };
         // Preload the pinned neurons with sequential reads.
         let mut hot = Vec::with_capacity(n_units);
@@ -358,6 +364,58 @@ impl Offload {
         self.attn_buf_layer = [None, None];
         self.vocab.forget();
     }
+}
+
+/// Check what stays resident (mapped, never read again through the reader) against the
+/// checksum table: every tensor but the neurons, a separate token embedding, the streamed
+/// layers' attention and the streamed output rows, which the reader checks as they land.
+fn verify_resident(
+    model: &Model,
+    p: &layout::Layout,
+    streamed_layers: usize,
+    streamed_output_rows: usize,
+) -> Result<(), EngineError> {
+    let f = &model.file;
+    let Some(sums) = pi2_model::checksum::table(f)? else {
+        return Ok(());
+    };
+    let streamed_attn: Vec<u64> = p.attn[p.attn.len() - streamed_layers..]
+        .iter()
+        .flat_map(|a| a.mats.iter().map(|m| m.offset))
+        .collect();
+    let v = &p.vocab;
+    pi2_model::checksum::verify_mapped(f, &sums, |t| {
+        let at = f.data_offset + t.offset;
+        if pi2_model::bundle::is_neuron_tensor(&t.name)
+            || streamed_attn.contains(&at)
+            || (!v.tied && at == v.embd.offset)
+        {
+            0
+        } else if at == v.output.offset {
+            v.output.rows - streamed_output_rows
+        } else {
+            usize::MAX
+        }
+    })?;
+    Ok(())
+}
+
+/// The reader's checksum table: every record of the converted file's tensors (`None` for a
+/// PowerInfer file, which has none).
+fn checksums(model: &Model) -> Result<Option<Arc<Checksums>>, EngineError> {
+    let Some(table) = pi2_model::checksum::table(&model.file)? else {
+        return Ok(None);
+    };
+    let regions = table
+        .into_iter()
+        .map(|t| SumRegion {
+            name: t.name,
+            offset: t.offset,
+            record_len: t.record_len,
+            sums: t.sums,
+        })
+        .collect();
+    Ok(Some(Arc::new(Checksums::new(regions)?)))
 }
 
 /// The configured read engine. An emulated device always reads through `pread` from the page

@@ -58,6 +58,15 @@ fn weight<'a>(
         .map_err(|e| corrupt(format!("{name}: {e}")))
 }
 
+/// Check every record of a converted model's file against its checksum table (nothing for a
+/// file without one): for a model used from memory, whose bytes are not read again.
+pub fn verify_checksums(model: &Model) -> Result<(), EngineError> {
+    if let Some(sums) = pi2_model::checksum::table(&model.file)? {
+        pi2_model::checksum::verify_mapped(&model.file, &sums, |_| usize::MAX)?;
+    }
+    Ok(())
+}
+
 /// The sparse weights of a converted model (and its profile), of a PowerInfer sparse GGUF file
 /// (predictors `blk.N.fc1/fc2`, `ffn_down_t`; no profile), or `None` for a plain model.
 pub fn load_sparse(model: &Model) -> Result<Option<(SparseFfn<'_>, Option<Profile>)>, EngineError> {

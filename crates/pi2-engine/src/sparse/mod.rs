@@ -9,7 +9,7 @@
 use crate::EngineError;
 mod load;
 
-pub use load::{load_sparse, unit_frequencies};
+pub use load::{load_sparse, unit_frequencies, verify_checksums};
 use pi2_kernels::{MatRef, QuantType};
 use pi2_model::Model;
 

@@ -1,0 +1,230 @@
+//! Per-record checksums of a converted file: every tensor's rows (a neuron's gate, up or down
+//! row; an embedding or output row; an attention projection's row) have a CRC-32 in the last
+//! tensor, [`TENSOR`], so a reader can check exactly the records it reads, when it reads them.
+//! Written by the GGUF writers when asked ([`crate::writer::GgufWriter::with_checksums`],
+//! [`crate::writer::write_streamed`] given a [`layout`] entry); read by [`table`].
+
+use crate::{GgufFile, ModelError, Result, TensorInfo};
+
+/// The checksum tensor: one little-endian CRC-32 per record of every tensor before it, in
+/// directory order (GGML I32, one dimension).
+pub const TENSOR: &str = "pi2.checksums";
+
+/// The records of a tensor of GGML `dims` holding `bytes`: `(record_len, count)`. A record is
+/// a row (`dims[0]` elements) when the bytes divide evenly into rows, else the whole tensor.
+pub fn records(dims: &[u64], bytes: u64) -> (u64, u64) {
+    let rows = dims
+        .iter()
+        .skip(1)
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .unwrap_or(0);
+    match bytes {
+        0 => (0, 0),
+        _ if rows > 0 && bytes.is_multiple_of(rows) => (bytes / rows, rows),
+        _ => (bytes, 1),
+    }
+}
+
+/// The checksum tensor's directory entry for a file whose other tensors are `tensors`
+/// (`(dims, bytes)`); it must come last.
+pub fn layout<'a>(tensors: impl Iterator<Item = (&'a [u64], u64)>) -> crate::writer::TensorLayout {
+    let n: u64 = tensors.map(|(d, b)| records(d, b).1).sum();
+    crate::writer::TensorLayout {
+        name: TENSOR.into(),
+        dims: vec![n],
+        ggml_type: crate::bundle::GGML_I32,
+        bytes: 4 * n,
+    }
+}
+
+/// The CRC-32 of one record.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// Checksums of one tensor's records, at absolute file offsets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSums {
+    pub name: String,
+    pub offset: u64,
+    pub record_len: u64,
+    pub sums: Vec<u32>,
+}
+
+/// The file's checksum table, if it has one; a table that does not match the directory (wrong
+/// type, length or place) is an error.
+pub fn table(f: &GgufFile) -> Result<Option<Vec<TensorSums>>> {
+    let Some(pos) = f.tensors.iter().position(|t| t.name == TENSOR) else {
+        return Ok(None);
+    };
+    let t = &f.tensors[pos];
+    let others = &f.tensors[..pos];
+    let want = layout(others.iter().map(|t| (&t.dims[..], t.size)));
+    if pos + 1 != f.tensors.len() || t.ggml_type != want.ggml_type || t.size != want.bytes {
+        return Err(ModelError::Corrupt(format!(
+            "`{TENSOR}` is not the checksum table of this file's tensors (convert the model again)"
+        )));
+    }
+    let mut all = f
+        .tensor_data(t)
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let sums = others
+        .iter()
+        .map(|o| {
+            let (record_len, n) = records(&o.dims, o.size);
+            TensorSums {
+                name: o.name.clone(),
+                offset: f.data_offset + o.offset,
+                record_len,
+                sums: all.by_ref().take(n as usize).collect(),
+            }
+        })
+        .collect();
+    Ok(Some(sums))
+}
+
+/// Check the first `records(tensor)` records of every tensor (all of them for `usize::MAX`)
+/// against `sums` (from [`table`]) in the mapped file: what a loader does before using bytes
+/// it will not read again.
+pub fn verify_mapped(
+    f: &GgufFile,
+    sums: &[TensorSums],
+    records: impl Fn(&TensorInfo) -> usize,
+) -> Result<()> {
+    for (t, s) in f.tensors.iter().zip(sums) {
+        let data = f.tensor_data(t);
+        let bad = data
+            .chunks_exact(s.record_len.max(1) as usize)
+            .zip(&s.sums)
+            .take(records(t))
+            .position(|(rec, &sum)| crc32(rec) != sum);
+        if let Some(k) = bad {
+            return Err(ModelError::Corrupt(format!(
+                "record {k} of `{}` does not match its checksum: the file changed or is damaged (restore it, or convert the model again)",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Accumulates the CRC-32 of every record of a stream of tensors as they are written.
+pub(crate) struct RecordSums {
+    record_len: u64,
+    filled: u64,
+    hasher: crc32fast::Hasher,
+    pub(crate) sums: Vec<u32>,
+}
+
+impl RecordSums {
+    pub(crate) fn new() -> Self {
+        Self {
+            record_len: 0,
+            filled: 0,
+            hasher: crc32fast::Hasher::new(),
+            sums: Vec::new(),
+        }
+    }
+
+    /// A new tensor of `record_len`-byte records begins.
+    pub(crate) fn start(&mut self, record_len: u64) {
+        self.record_len = record_len;
+        self.filled = 0;
+        self.hasher = crc32fast::Hasher::new();
+    }
+
+    pub(crate) fn update(&mut self, mut buf: &[u8]) {
+        while !buf.is_empty() && self.record_len > 0 {
+            let take = ((self.record_len - self.filled) as usize).min(buf.len());
+            self.hasher.update(&buf[..take]);
+            self.filled += take as u64;
+            buf = &buf[take..];
+            if self.filled == self.record_len {
+                let done = std::mem::replace(&mut self.hasher, crc32fast::Hasher::new());
+                self.sums.push(done.finalize());
+                self.filled = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_rows_when_they_divide_evenly() {
+        assert_eq!(records(&[64, 10], 640), (64, 10));
+        assert_eq!(records(&[64], 256), (256, 1));
+        assert_eq!(records(&[3, 3, 2], 90), (15, 6));
+        assert_eq!(records(&[64, 7], 100), (100, 1));
+        assert_eq!(records(&[64, 0], 0), (0, 0));
+        assert_eq!(records(&[2, u64::MAX, 4], 8), (8, 1));
+    }
+
+    /// A written table matches the file; a changed byte is found in the record holding it; a
+    /// table that does not fit the directory is refused.
+    #[test]
+    fn written_tables_check_their_file() {
+        let mut w = crate::writer::GgufWriter::new();
+        w.tensor("a", &[4, 3], 0, (0..48).collect())
+            .tensor("b", &[5], 0, vec![7; 20])
+            .with_checksums();
+        let bytes = w.to_bytes();
+        let f = GgufFile::from_bytes(&bytes).unwrap();
+        let t = table(&f).unwrap().unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!((t[0].record_len, t[0].sums.len()), (16, 3));
+        assert_eq!(t[0].sums[1], crc32(&(16..32).collect::<Vec<u8>>()));
+        assert_eq!((t[1].record_len, t[1].sums.len()), (20, 1));
+        verify_mapped(&f, &t, |_| usize::MAX).unwrap();
+        let mut changed = bytes.clone();
+        changed[(f.data_offset + f.tensors[0].offset) as usize + 40] ^= 4;
+        let g = GgufFile::from_bytes(&changed).unwrap();
+        let err = verify_mapped(&g, &t, |_| usize::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("record 2 of `a`"), "{err}");
+        verify_mapped(&g, &t, |t| if t.name == "a" { 2 } else { 1 }).unwrap();
+        // A table for other tensors (written under another name of the same length, renamed).
+        let mut w = crate::writer::GgufWriter::new();
+        w.tensor("a", &[4, 3], 0, (0..48).collect());
+        w.tensor("pi2.checksumZ", &[2], crate::bundle::GGML_I32, vec![0; 8]);
+        let mut bytes = w.to_bytes();
+        let at = bytes
+            .windows(13)
+            .position(|x| x == b"pi2.checksumZ")
+            .unwrap();
+        bytes[at..at + 13].copy_from_slice(TENSOR.as_bytes());
+        let f = GgufFile::from_bytes(&bytes).unwrap();
+        assert!(table(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("not the checksum table"));
+        // Data that is not the size the directory says.
+        let mut out = Vec::new();
+        let lay = [crate::writer::TensorLayout {
+            name: "a".into(),
+            dims: vec![4],
+            ggml_type: 0,
+            bytes: 16,
+        }];
+        let err = crate::writer::write_streamed(&mut out, *b"GGUF", &[], 32, &lay, |_, o| {
+            o.write_all(&[0; 12])
+        });
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn streamed_sums_equal_sums_of_whole_records() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 37 % 251) as u8).collect();
+        let mut s = RecordSums::new();
+        s.start(100);
+        for piece in data.chunks(33) {
+            s.update(piece);
+        }
+        let want: Vec<u32> = data.chunks(100).map(crc32).collect();
+        assert_eq!(s.sums, want);
+    }
+}
