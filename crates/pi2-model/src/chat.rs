@@ -101,18 +101,63 @@ impl ChatTemplate {
     }
 
     /// Render `messages`, ending with the assistant prompt when `add_generation_prompt`.
+    ///
+    /// On Linux and Android the template runs in a forked child under a memory cap
+    /// ([`TEMPLATE_MEMORY`] plus 16 bytes per byte of messages) and a deadline
+    /// ([`TEMPLATE_DEADLINE`]): a template that would exhaust memory or time ends in an error
+    /// naming it, never in this process running out of either.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            self.render_isolated(messages, add_generation_prompt)
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            self.render_here(messages, add_generation_prompt)
+        }
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn render_isolated(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        use crate::isolate::{run, Failure};
+        let input = input_bytes(messages);
+        let work = || match self.render_here(messages, add_generation_prompt) {
+            Ok(text) => [&[0u8][..], text.as_bytes()].concat(),
+            Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
+        };
+        let memory = TEMPLATE_MEMORY.saturating_add(16 * input as u64);
+        let max = 1 + render_limit(input).max(4096);
+        let bytes = run(work, memory, TEMPLATE_DEADLINE, max).map_err(|f| {
+            ModelError::Template(match f {
+                Failure::Limits => format!(
+                    "the model's chat template needed more than {} MiB or {} s to render (a template that builds huge strings or loops); pass the prompt already formatted, without --chat",
+                    memory >> 20,
+                    TEMPLATE_DEADLINE.as_secs()
+                ),
+                Failure::Panicked => "rendering the chat template failed unexpectedly (a bug in pi2; please report it with the model file)".into(),
+                Failure::System(e) => format!("cannot render the chat template: {e}"),
+            })
+        })?;
+        let text = String::from_utf8_lossy(&bytes[1.min(bytes.len())..]).into_owned();
+        match bytes.first() {
+            Some(0) => Ok(text),
+            Some(1) => Err(ModelError::Template(
+                text.strip_prefix("chat template: ").unwrap_or(&text).into(),
+            )),
+            _ => Err(ModelError::Template("the template renderer returned nothing".into())),
+        }
+    }
+
+    /// Render in this process (bounded in steps and output, not in memory).
+    fn render_here(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ModelError::Template(e.to_string()))?;
-        let input: usize = messages
-            .iter()
-            .map(|m| m.role.len() + m.content.len())
-            .sum();
+        let input = input_bytes(messages);
         let mut out = Capped {
             bytes: Vec::new(),
-            limit: MIN_RENDER_LIMIT + 8 * input,
+            limit: render_limit(input),
         };
         let ctx = context! {
             messages => messages,
@@ -169,9 +214,27 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
+fn input_bytes(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum()
+}
+
+/// Rendered bytes allowed for `input` bytes of messages.
+fn render_limit(input: usize) -> usize {
+    MIN_RENDER_LIMIT.saturating_add(input.saturating_mul(8))
+}
+
 /// Template steps (minijinja fuel) one render may take: real templates need a few hundred per
 /// message.
 pub const TEMPLATE_FUEL: u64 = 5_000_000;
+/// Memory a render may take beyond 16 bytes per byte of messages (real templates need well
+/// under one MiB; this also stays inside the room an offload budget keeps for later
+/// allocations).
+pub const TEMPLATE_MEMORY: u64 = 16 << 20;
+/// Time a render may take (real ones take milliseconds).
+pub const TEMPLATE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Rendered bytes allowed beyond eight times the messages' own.
 const MIN_RENDER_LIMIT: usize = 1 << 20;
 
@@ -230,6 +293,34 @@ mod tests {
         )
         .unwrap();
         assert!(t.render(&msgs, true).is_err());
+    }
+
+    /// Strings that double in a few steps, or one step that asks for a huge string, end in an
+    /// error naming the template's memory (the renderer runs capped in a child process).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn templates_that_exhaust_memory_or_time_end_in_an_error() {
+        let msgs = [Message::new("user", "hi")];
+        let doubling = format!("{{% set s = 'xy' %}}{}{{{{ s|length }}}}", "{% set s = s ~ s %}".repeat(40));
+        let namespaced = "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}";
+        let wide = "{{ 'x'|indent(100000000000, true) }}";
+        let replaced = format!(
+            "{{% set s = 'aaaaaaaaaaaaaaaa' %}}{}{{{{ s|length }}}}",
+            "{% set s = s|replace('a', s) %}".repeat(5)
+        );
+        let t0 = std::time::Instant::now();
+        for src in [&doubling[..], namespaced, wide, &replaced] {
+            let t = ChatTemplate::new(src, "", "").unwrap();
+            let err = t.render(&msgs, true).unwrap_err().to_string();
+            assert!(err.contains("needed more than 16 MiB") || err.contains("bytes"), "{src}: {err}");
+        }
+        assert!(t0.elapsed() < TEMPLATE_DEADLINE);
+        // Normal renders are unchanged and repeat.
+        let t = ChatTemplate::new(CHATML, "", "").unwrap();
+        for _ in 0..3 {
+            let s = t.render(&msgs, true).unwrap();
+            assert_eq!(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        }
     }
 
     #[test]

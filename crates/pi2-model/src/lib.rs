@@ -15,6 +15,8 @@ pub mod chat;
 pub mod checksum;
 pub mod error;
 pub mod gguf;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+mod isolate;
 mod rng;
 mod specials;
 pub mod stand_in;
