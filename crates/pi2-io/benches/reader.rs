@@ -1,8 +1,10 @@
 //! Reader throughput: a decode-like batch of small scattered requests (neuron rows) through the
-//! single-queue reader, with and without merging of nearby requests.
+//! single-queue reader, with and without merging of nearby requests, and with every row checked
+//! against a checksum table (`-checked`).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pi2_io::{PreadEngine, Reader, ReaderConfig, Request};
+use pi2_io::{crc32, Checksums, PreadEngine, Reader, ReaderConfig, Request, SumRegion};
+use std::sync::Arc;
 use std::io::Write;
 
 fn bench_reader(c: &mut Criterion) {
@@ -20,15 +22,31 @@ fn bench_reader(c: &mut Criterion) {
         .map(|i| 1 << 20 | (i * 3 * row as u64))
         .collect();
     let mut dst = vec![0u8; offsets.len() * row];
+    // Every row of the region checksummed, as in a converted model.
+    let sums = Arc::new(
+        Checksums::new(vec![SumRegion {
+            name: "rows".into(),
+            offset: 1 << 20,
+            record_len: row as u64,
+            sums: data[1 << 20..][..3 * 512 * row]
+                .chunks(row)
+                .map(crc32)
+                .collect(),
+        }])
+        .unwrap(),
+    );
     let mut g = c.benchmark_group("reader");
     g.throughput(Throughput::Bytes(dst.len() as u64));
     // The `-cached` cases read through the page cache: they measure the reader's own CPU cost
     // (merging, copies, completions) without the disk's speed, which drifts on shared hosts.
-    for (name, gap, cached) in [
-        ("rows-merged", 4096usize, false),
-        ("rows-unmerged", 0, false),
-        ("rows-merged-cached", 4096, true),
-        ("rows-unmerged-cached", 0, true),
+    for (name, gap, cached, checked) in [
+        ("rows-merged", 4096usize, false, false),
+        ("rows-unmerged", 0, false, false),
+        ("rows-merged-checked", 4096, false, true),
+        ("rows-merged-cached", 4096, true, false),
+        ("rows-unmerged-cached", 0, true, false),
+        ("rows-merged-cached-checked", 4096, true, true),
+        ("rows-unmerged-cached-checked", 0, true, true),
     ] {
         let cfg = ReaderConfig {
             merge_gap: gap,
@@ -40,7 +58,7 @@ fn bench_reader(c: &mut Criterion) {
         } else {
             PreadEngine::open(&path, true).unwrap()
         };
-        let reader = Reader::new(engine, cfg).unwrap();
+        let reader = Reader::with_checksums(engine, cfg, checked.then(|| sums.clone())).unwrap();
         g.bench_function(name, |b| {
             b.iter(|| {
                 let reqs: Vec<Request> = offsets

@@ -100,5 +100,32 @@ fn bench_user_defined(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_parse, bench_tokenize, bench_user_defined);
+/// Checking a converted file's checksum table over its mapped tensors (what an in-memory run
+/// of a converted model does once at load): 64 MiB of 616-byte rows (Q5_0 rows of 896).
+fn bench_checksums(c: &mut Criterion) {
+    let mut w = GgufWriter::new();
+    let rows = (64usize << 20) / 616 / 16;
+    for i in 0..16 {
+        let data: Vec<u8> = (0..rows * 616).map(|k| (k * 31 + i) as u8).collect();
+        w.tensor(&format!("blk.{i}.w"), &[616, rows as u64], 24, data);
+    }
+    w.with_checksums();
+    let bytes = w.to_bytes();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    let table = pi2_model::checksum::table(&f).unwrap().unwrap();
+    let mut g = c.benchmark_group("checksums");
+    g.throughput(Throughput::Bytes((16 * rows * 616) as u64));
+    g.bench_function("verify-mapped", |b| {
+        b.iter(|| pi2_model::checksum::verify_mapped(&f, &table, |_| usize::MAX).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_parse,
+    bench_tokenize,
+    bench_user_defined,
+    bench_checksums
+);
 criterion_main!(benches);

@@ -81,6 +81,8 @@ pub fn table(f: &GgufFile) -> Result<Option<Vec<TensorSums>>> {
             }
         })
         .collect();
+    // Copied: the mapped pages need not stay in this process's memory.
+    f.release(t, 0..t.size as usize);
     Ok(Some(sums))
 }
 

@@ -181,7 +181,10 @@ impl Offload {
             cfg.hot_share,
             cfg.process,
         )?;
-        verify_resident(model, &p, streamed_layers, streamed_output_rows)?;
+        let table = pi2_model::checksum::table(&model.file)?;
+        if let Some(t) = &table {
+            verify_resident(model, t, &p, streamed_layers, streamed_output_rows)?;
+        }
         let n_units = p.ffn.len();
         let cache = SlotCache::new(n_units * n_ff, n_ff, p.bundle, slots, Lru::default())?;
 
@@ -197,7 +200,7 @@ impl Offload {
             )));
         }
         // Every read is checked against the converted file's checksums as it lands.
-        let sums = checksums(model)?;
+        let sums = table.map(checksums).transpose()?;
         // Injected faults and an emulated device both wrap the file's engine.
         let reader = match cfg.faults.as_ref().or(cfg.emulate.as_ref()) {
             Some(plan) => Reader::with_checksums(
@@ -371,20 +374,18 @@ impl Offload {
 /// layers' attention and the streamed output rows, which the reader checks as they land.
 fn verify_resident(
     model: &Model,
+    sums: &[pi2_model::checksum::TensorSums],
     p: &layout::Layout,
     streamed_layers: usize,
     streamed_output_rows: usize,
 ) -> Result<(), EngineError> {
     let f = &model.file;
-    let Some(sums) = pi2_model::checksum::table(f)? else {
-        return Ok(());
-    };
     let streamed_attn: Vec<u64> = p.attn[p.attn.len() - streamed_layers..]
         .iter()
         .flat_map(|a| a.mats.iter().map(|m| m.offset))
         .collect();
     let v = &p.vocab;
-    pi2_model::checksum::verify_mapped(f, &sums, |t| {
+    pi2_model::checksum::verify_mapped(f, sums, |t| {
         let at = f.data_offset + t.offset;
         if pi2_model::bundle::is_neuron_tensor(&t.name)
             || streamed_attn.contains(&at)
@@ -400,12 +401,10 @@ fn verify_resident(
     Ok(())
 }
 
-/// The reader's checksum table: every record of the converted file's tensors (`None` for a
-/// PowerInfer file, which has none).
-fn checksums(model: &Model) -> Result<Option<Arc<Checksums>>, EngineError> {
-    let Some(table) = pi2_model::checksum::table(&model.file)? else {
-        return Ok(None);
-    };
+/// The reader's checksum table: every record of the converted file's tensors.
+fn checksums(
+    table: Vec<pi2_model::checksum::TensorSums>,
+) -> Result<Arc<Checksums>, EngineError> {
     let regions = table
         .into_iter()
         .map(|t| SumRegion {
@@ -415,7 +414,7 @@ fn checksums(model: &Model) -> Result<Option<Arc<Checksums>>, EngineError> {
             sums: t.sums,
         })
         .collect();
-    Ok(Some(Arc::new(Checksums::new(regions)?)))
+    Ok(Arc::new(Checksums::new(regions)?))
 }
 
 /// The configured read engine. An emulated device always reads through `pread` from the page
