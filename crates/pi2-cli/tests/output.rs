@@ -221,3 +221,42 @@ fn a_model_file_truncated_mid_run_ends_in_one_error_line() {
         other => panic!("exit {other:?}: {err}"),
     }
 }
+
+/// A writer killed mid-file (`SIGKILL`: nothing can clean up) leaves no file behind: outputs
+/// are written unnamed and named only when complete (`pi2_convert::write_atomic`).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_writer_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("big.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(["synth", "--shape", "llama2-7b", "--tokenizer"])
+        .arg(common::model())
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill once it has written 64 MiB of the file (its write count, from /proc).
+    let written = |pid: u32| -> u64 {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+        io.lines()
+            .find_map(|l| l.strip_prefix("wchar: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let t0 = std::time::Instant::now();
+    while written(child.id()) < 64 << 20 {
+        assert!(t0.elapsed().as_secs() < 120, "synth wrote too little");
+        assert!(child.try_wait().unwrap().is_none(), "synth ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

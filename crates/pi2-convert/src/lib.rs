@@ -21,11 +21,13 @@ use pi2_sparse::{FitConfig, Predictor, PredictorKind, Profile};
 use rayon::prelude::*;
 use std::path::Path;
 
+mod atomic;
 mod calibrate;
 pub mod head;
 pub mod moe;
 pub mod sensitivity;
 
+pub use atomic::write_atomic;
 pub use calibrate::{calibrate, collect_samples, Calibrated, Samples};
 
 use pi2_model::bundle::{
@@ -489,66 +491,44 @@ fn down_type(
     }
 }
 
-/// Write `w` to `out` through a temporary file in the same folder, renamed into place at the
-/// end. Refuses to write over `input`, and over an existing file unless `force`.
+/// Write `w` to `out` (see [`write_atomic`]: complete or not at all). Refuses to write over
+/// `input`, and over an existing file unless `force`.
 pub fn write_file(
     w: &GgufWriter,
     out: &Path,
     input: &Path,
     force: bool,
 ) -> Result<(), ConvertError> {
-    write_atomic(out, input, force, |file| w.write(file))
+    write_atomic(out, &[input], force, |file| w.write(file), |_| Ok(()))
 }
 
-/// Write `out` with `write` through a temporary file in the same folder, renamed into place at
-/// the end (removed on failure). Refuses to write over `input`, and over an existing file
-/// unless `force`.
-pub(crate) fn write_atomic(
+/// [`write_file`], with the written file re-read and [`verify`]d against `source` before it
+/// gets its name: a file that fails leaves nothing (and an older `out` untouched).
+pub fn write_verified(
+    w: &GgufWriter,
+    source: &Model,
     out: &Path,
     input: &Path,
     force: bool,
-    write: impl FnOnce(&mut std::io::BufWriter<tempfile::NamedTempFile>) -> std::io::Result<()>,
 ) -> Result<(), ConvertError> {
-    let io = |path: &Path| {
-        let p = path.display().to_string();
-        move |source| ConvertError::Io { path: p, source }
-    };
-    if let (Ok(a), Ok(b)) = (out.canonicalize(), input.canonicalize()) {
-        if a == b {
-            return Err(ConvertError::Refused(format!(
-                "{} is the input model; choose another output file",
-                out.display()
-            )));
-        }
-    }
-    if out.exists() && !force {
-        return Err(ConvertError::Refused(format!(
-            "{} exists; pass --force to replace it",
-            out.display()
-        )));
-    }
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    // A new file of an unpredictable name (created exclusively: nothing planted at that name
-    // is followed), removed on any failure, renamed over `out` only when complete.
-    let tmp = tempfile::Builder::new()
-        .prefix(".pi2-convert-")
-        .suffix(".tmp")
-        // Mode 0666 before the umask, as a plain create would give (not tempfile's 0600).
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .tempfile_in(dir)
-        .map_err(io(dir))?;
-    let tmp_path = tmp.path().to_path_buf();
-    let mut file = std::io::BufWriter::with_capacity(1 << 20, tmp);
-    write(&mut file).map_err(io(&tmp_path))?;
-    let tmp = file
-        .into_inner()
-        .map_err(|e| io(&tmp_path)(e.into_error()))?;
-    tmp.as_file().sync_all().map_err(io(&tmp_path))?;
-    tmp.persist(out).map_err(|e| io(out)(e.error))?;
-    Ok(())
+    write_atomic(
+        out,
+        &[input],
+        force,
+        |file| w.write(file),
+        |p| verify_at(source, p, verify),
+    )
+}
+
+/// Load the file at `path` and run `check` on it against `source`.
+pub(crate) fn verify_at(
+    source: &Model,
+    path: &Path,
+    check: fn(&Model, &Model) -> Result<(), ConvertError>,
+) -> Result<(), ConvertError> {
+    let written = Model::load(path)
+        .map_err(|e| ConvertError::Verify(format!("cannot re-read the written file: {e}")))?;
+    check(source, &written)
 }
 
 /// Re-read a converted file and compare it with its source: dense tensors byte for byte, gate

@@ -173,7 +173,7 @@ pub fn convert(
     let meta = metadata(model, counts, thresholds, cfg);
     let (tensors, sources) = layout(model, cfg)?;
     let n_tensors = tensors.len();
-    super::write_atomic(out, input, force, |w| {
+    let written = |w: &mut std::io::BufWriter<std::fs::File>| {
         pi2_model::writer::write_streamed(
             w,
             *b"GGUF",
@@ -186,7 +186,9 @@ pub fn convert(
                 Ok(())
             },
         )
-    })
+    };
+    let check = |p: &Path| super::verify_at(model, p, verify);
+    super::write_atomic(out, &[input], force, written, check)
 }
 
 /// The source's metadata (but its `pi2.*` keys) and the format's.

@@ -4,8 +4,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pi2_io::{crc32, Checksums, PreadEngine, Reader, ReaderConfig, Request, SumRegion};
-use std::sync::Arc;
 use std::io::Write;
+use std::sync::Arc;
 
 fn bench_reader(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();

@@ -144,7 +144,9 @@ impl ChatTemplate {
             Some(1) => Err(ModelError::Template(
                 text.strip_prefix("chat template: ").unwrap_or(&text).into(),
             )),
-            _ => Err(ModelError::Template("the template renderer returned nothing".into())),
+            _ => Err(ModelError::Template(
+                "the template renderer returned nothing".into(),
+            )),
         }
     }
 
@@ -301,7 +303,10 @@ mod tests {
     #[test]
     fn templates_that_exhaust_memory_or_time_end_in_an_error() {
         let msgs = [Message::new("user", "hi")];
-        let doubling = format!("{{% set s = 'xy' %}}{}{{{{ s|length }}}}", "{% set s = s ~ s %}".repeat(40));
+        let doubling = format!(
+            "{{% set s = 'xy' %}}{}{{{{ s|length }}}}",
+            "{% set s = s ~ s %}".repeat(40)
+        );
         let namespaced = "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}";
         let wide = "{{ 'x'|indent(100000000000, true) }}";
         let replaced = format!(
@@ -312,7 +317,10 @@ mod tests {
         for src in [&doubling[..], namespaced, wide, &replaced] {
             let t = ChatTemplate::new(src, "", "").unwrap();
             let err = t.render(&msgs, true).unwrap_err().to_string();
-            assert!(err.contains("needed more than 16 MiB") || err.contains("bytes"), "{src}: {err}");
+            assert!(
+                err.contains("needed more than 16 MiB") || err.contains("bytes"),
+                "{src}: {err}"
+            );
         }
         assert!(t0.elapsed() < TEMPLATE_DEADLINE);
         // Normal renders are unchanged and repeat.

@@ -128,7 +128,8 @@ fn read_until(fd: OwnedFd, pid: i32, deadline: Instant, max: usize) -> Result<Ve
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        let ready =
+            unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
         if ready == 0 {
             // SAFETY: our own child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -139,7 +140,10 @@ fn read_until(fd: OwnedFd, pid: i32, deadline: Instant, max: usize) -> Result<Ve
                 continue;
             }
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            return Err(Failure::System(format!("poll: {}", std::io::Error::last_os_error())));
+            return Err(Failure::System(format!(
+                "poll: {}",
+                std::io::Error::last_os_error()
+            )));
         }
         match file.read(&mut buf) {
             Ok(0) => return Ok(out),
@@ -191,7 +195,10 @@ mod tests {
     #[test]
     fn results_limits_and_panics() {
         let d = Duration::from_secs(5);
-        assert_eq!(run(|| b"hello".to_vec(), 16 << 20, d, 100), Ok(b"hello".to_vec()));
+        assert_eq!(
+            run(|| b"hello".to_vec(), 16 << 20, d, 100),
+            Ok(b"hello".to_vec())
+        );
         // Cut to the maximum.
         assert_eq!(run(|| vec![7; 1000], 16 << 20, d, 10), Ok(vec![7; 10]));
         // More memory than allowed: the child dies, this process does not.
@@ -209,8 +216,14 @@ mod tests {
             vec![]
         };
         let t0 = Instant::now();
-        assert_eq!(run(slow, 16 << 20, Duration::from_millis(300), 10), Err(Failure::Limits));
+        assert_eq!(
+            run(slow, 16 << 20, Duration::from_millis(300), 10),
+            Err(Failure::Limits)
+        );
         assert!(t0.elapsed() < Duration::from_secs(5));
-        assert_eq!(run(|| panic!("bug"), 16 << 20, d, 10), Err(Failure::Panicked));
+        assert_eq!(
+            run(|| panic!("bug"), 16 << 20, d, 10),
+            Err(Failure::Panicked)
+        );
     }
 }

@@ -222,15 +222,12 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let t1 = Instant::now();
     let (writer, report) = convert::convert(&model, &profile, &th, samples, &cfg)?;
     eprintln!("convert: fitted in {:.1} s", t1.elapsed().as_secs_f64());
-    convert::write_file(&writer, &a.output, &input, a.force)?;
-    // The file's bytes now live on disk: free them before mapping it again to verify.
+    // Verified before it gets its name: a file that fails is never seen (nor replaces one).
+    convert::write_verified(&writer, &model, &a.output, &input, a.force)
+        .context("the converted file was not written")?;
     drop(writer);
     let written =
         Model::load(&a.output).with_context(|| format!("cannot re-read {}", a.output.display()))?;
-    if let Err(e) = convert::verify(&model, &written) {
-        let _ = std::fs::remove_file(&a.output);
-        return Err(e).context("verification failed; the output was removed");
-    }
     let head = report.head;
     let report = report.layers;
     print_report(&report, head, a.head);
@@ -419,10 +416,6 @@ fn run_moe(
     bar.finish_and_clear();
     let written =
         Model::load(&a.output).with_context(|| format!("cannot re-read {}", a.output.display()))?;
-    if let Err(e) = convert::moe::verify(model, &written) {
-        let _ = std::fs::remove_file(&a.output);
-        return Err(e).context("verification failed; the output was removed");
-    }
     super::profile::print_expert_counts(model, &counts);
     eprintln!(
         "convert: wrote and verified {} ({:.1} MB) in {:.1} s",

@@ -8,6 +8,7 @@ use pi2_model::stand_in::{Shape, StandIn, StandInSpec, SHAPES};
 use pi2_model::{FfnAct, GgufFile};
 use pi2_runtime::options::parse_type;
 use rayon::prelude::*;
+use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
@@ -91,12 +92,14 @@ pub fn run(a: SynthArgs) -> Result<()> {
         gib(total),
         a.output.display()
     );
-    // Written beside the target and renamed when complete: an interrupted run leaves no
-    // file that looks like a model.
-    let partial = a.output.with_extension("gguf.partial");
-    write(&model, &partial, total).with_context(|| format!("writing {}", partial.display()))?;
-    std::fs::rename(&partial, &a.output)
-        .with_context(|| format!("renaming {} to {}", partial.display(), a.output.display()))?;
+    // Complete or not at all: an interrupted run leaves nothing (see `write_atomic`).
+    pi2_convert::write_atomic(
+        &a.output,
+        &[&tok_path],
+        a.force,
+        |out| write(&model, out, total),
+        |_| Ok(()),
+    )?;
     println!("{}", a.output.display());
     Ok(())
 }
@@ -105,9 +108,7 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
-fn write(model: &StandIn, path: &Path, total: u64) -> Result<()> {
-    let file = std::fs::File::create(path)?;
-    let mut out = BufWriter::with_capacity(8 << 20, file);
+fn write(model: &StandIn, out: &mut BufWriter<File>, total: u64) -> std::io::Result<()> {
     let pb = ProgressBar::new(total).with_style(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}, eta {eta}")
             .expect("valid template"),
@@ -115,7 +116,7 @@ fn write(model: &StandIn, path: &Path, total: u64) -> Result<()> {
     // Rows in batches generated in parallel, written in order.
     const BATCH_BYTES: usize = 64 << 20;
     pi2_model::writer::write_streamed(
-        &mut out,
+        out,
         *b"GGUF",
         &model.metadata,
         32,
@@ -147,7 +148,6 @@ fn write(model: &StandIn, path: &Path, total: u64) -> Result<()> {
             Ok(())
         },
     )?;
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     pb.finish_and_clear();
     Ok(())
 }

@@ -402,9 +402,7 @@ fn verify_resident(
 }
 
 /// The reader's checksum table: every record of the converted file's tensors.
-fn checksums(
-    table: Vec<pi2_model::checksum::TensorSums>,
-) -> Result<Arc<Checksums>, EngineError> {
+fn checksums(table: Vec<pi2_model::checksum::TensorSums>) -> Result<Arc<Checksums>, EngineError> {
     let regions = table
         .into_iter()
         .map(|t| SumRegion {
