@@ -131,6 +131,28 @@ fn no_command_writes_over_a_file_it_reads() {
     }
     assert_eq!(std::fs::metadata(d("model.gguf")).unwrap().len(), before);
     assert_eq!(std::fs::metadata(d("X.trace")).unwrap().len(), before);
+    // An output in a folder that does not exist: refused before any work, nothing created.
+    let missing = dir.path().join("no/such/dir");
+    for cmd in [
+        vec![
+            "profile-hw",
+            "-m",
+            &d("model.gguf"),
+            "--kernel-ms",
+            "1",
+            "--read-ms",
+            "1",
+        ],
+        vec!["profile", "-m", &d("model.gguf"), "-f", &d("cal.txt")],
+    ] {
+        let out = missing.join("out.json").display().to_string();
+        let args: Vec<&str> = cmd.iter().copied().chain(["-o", &out]).collect();
+        common::fails_with(
+            &args,
+            "does not exist (create it, or choose another output)",
+        );
+    }
+    assert!(!dir.path().join("no").exists());
 }
 
 #[test]

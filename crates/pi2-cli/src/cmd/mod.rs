@@ -115,6 +115,15 @@ pub fn check_outputs(
         if out.exists() && !force {
             bail!("{} exists; pass --force to replace it", out.display());
         }
+        // Checked before any work, and never created: a mistyped folder is the user's to fix.
+        let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+            bail!(
+                "cannot write {}: the folder {} does not exist (create it, or choose another output)",
+                out.display(),
+                dir.display()
+            );
+        }
     }
     Ok(())
 }

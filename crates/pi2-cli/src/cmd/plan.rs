@@ -96,7 +96,15 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
             super::check_outputs(&[o], &[&path], a.force)?;
             o.clone()
         }
-        None => pi2_runtime::device::hw_path(&path, emulate)?,
+        None => {
+            // pi2's own cache folder: made if missing.
+            let out = pi2_runtime::device::hw_path(&path, emulate)?;
+            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            out
+        }
     };
     let progress = |s: &str| eprintln!("profile-hw: {s}");
     let hw = measure(&ProfileRequest {
@@ -107,9 +115,6 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         uring: a.io_engine == super::sparse_args::IoEngineArg::Uring,
         progress: &progress,
     })?;
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
     hw.save(&out)?;
     print_hw(&hw);
     println!(
