@@ -70,6 +70,9 @@ pub(crate) fn run(
 }
 
 /// The child: cap, work, write, exit. Never returns.
+///
+/// # Safety
+/// Only in the child of a `fork`, with `fds` the pipe made for it.
 unsafe fn child(fds: [i32; 2], cap: u64, deadline: Duration, work: impl FnOnce() -> Vec<u8>) -> ! {
     // SAFETY (whole function): this process is a copy with one thread; nothing here takes a
     // lock another thread of the parent could have held at the fork but the allocator's,
