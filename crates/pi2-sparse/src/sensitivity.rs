@@ -98,7 +98,9 @@ impl Sensitivity {
             steps[l] += 1;
             spent += cost;
         }
-        steps.into_iter().map(at).collect()
+        // `top` forgives float error at a multiple of the step: never past `max` itself.
+        let max = max.clamp(0.0, 0.95);
+        steps.into_iter().map(|k| at(k).min(max)).collect()
     }
 
     /// The summed divergence [`Sensitivity::allocate`] predicts for per-layer `sparsity`.
