@@ -211,8 +211,11 @@ impl OffloadOptions {
     }
 }
 
+/// Sizes from 2^60 bytes on mean a typo, and would overflow the arithmetic downstream.
+pub const MAX_SIZE: u64 = 1 << 60;
+
 /// `48M`, `1.5G`, `4096`, `512K`, or `50%` of `file_bytes`; `option` names the option in
-/// errors.
+/// errors. Always below [`MAX_SIZE`].
 pub fn parse_size(option: &'static str, s: &str, file_bytes: u64) -> Result<u64> {
     let t = s.trim();
     let bad = || {
@@ -229,7 +232,11 @@ pub fn parse_size(option: &'static str, s: &str, file_bytes: u64) -> Result<u64>
                 format!("size `{s}` must be a positive percentage"),
             ));
         }
-        return Ok((file_bytes as f64 * p / 100.0) as u64);
+        let bytes = file_bytes as f64 * p / 100.0;
+        if bytes >= MAX_SIZE as f64 {
+            return Err(bad());
+        }
+        return Ok(bytes as u64);
     }
     let (num, mult) = match t.char_indices().last().map(|(_, c)| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1u64 << 10),
@@ -240,8 +247,7 @@ pub fn parse_size(option: &'static str, s: &str, file_bytes: u64) -> Result<u64>
     };
     let v: f64 = num.trim().parse().map_err(|_| bad())?;
     let bytes = v * mult as f64;
-    // Sizes past 2^60 bytes mean a typo, and would overflow the arithmetic downstream.
-    if !(v >= 0.0 && v.is_finite() && bytes < (1u64 << 60) as f64) {
+    if !(v >= 0.0 && v.is_finite() && bytes < MAX_SIZE as f64) {
         return Err(bad());
     }
     Ok(bytes as u64)
@@ -353,6 +359,21 @@ mod tests {
         ] {
             let e = parse_size("--mem-budget", bad, f).unwrap_err().to_string();
             assert!(e.starts_with("--mem-budget:"), "{bad}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text and any file size give a size below `MAX_SIZE` or an error naming the
+        /// option: never a panic, never a wrapped or saturated number.
+        #[test]
+        fn any_size_text_is_in_range_or_refused(
+            s in "[ 0-9.eE+%KMGTkmgtinfa-]{0,12}",
+            file in proptest::prelude::any::<u64>(),
+        ) {
+            match parse_size("--mem-budget", &s, file) {
+                Ok(v) => proptest::prop_assert!(v < MAX_SIZE),
+                Err(e) => proptest::prop_assert!(e.to_string().starts_with("--mem-budget:")),
+            }
         }
     }
 
