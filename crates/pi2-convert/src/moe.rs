@@ -304,7 +304,7 @@ fn layout(
         }
     }
     // Filled by the writer with the checksums of what it wrote (no source of its own).
-    let sums = pi2_model::checksum::layout(tensors.iter().map(|t| (&t.dims[..], t.bytes)));
+    let sums = pi2_model::writer::checksum_layout(tensors.iter().map(|t| (&t.dims[..], t.bytes)));
     tensors.push(sums);
     Ok((tensors, sources))
 }

@@ -53,8 +53,7 @@ pub const HEAD_COEF: &str = "head.coef";
 pub const HEAD_BOUNDS: &str = "head.bounds";
 /// PowerInfer's predictor threshold (a probability).
 pub const KEY_POWERINFER_THRESHOLD: &str = "powerinfer.sparse_threshold";
-/// GGML's I32 type id (neuron permutations).
-pub const GGML_I32: u32 = 26;
+pub use crate::gguf::GGML_I32;
 
 /// A bundle tensor of one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -186,6 +186,9 @@ impl Value {
     }
 }
 
+/// GGML's I32 type id (neuron permutations, checksum tables).
+pub const GGML_I32: u32 = 26;
+
 /// GGML tensor types known to the format: (name, elements per block, bytes per block).
 /// pi2 computes with a subset (see `pi2_kernels::QuantType`); the rest are still sized so that
 /// a file holding them can be validated and listed.

@@ -132,7 +132,7 @@ impl GgufWriter {
             })
             .collect();
         if self.checksums {
-            layout.push(checksum::layout(
+            layout.push(checksum_layout(
                 layout.iter().map(|t| (&t.dims[..], t.bytes)),
             ));
         }
@@ -156,6 +156,18 @@ pub struct TensorLayout {
     pub dims: Vec<u64>,
     pub ggml_type: u32,
     pub bytes: u64,
+}
+
+/// The checksum table's directory entry ([`checksum::TENSOR`]) for a file whose other tensors
+/// are `tensors` (`(dims, bytes)`); it must come last.
+pub fn checksum_layout<'a>(tensors: impl Iterator<Item = (&'a [u64], u64)>) -> TensorLayout {
+    let n = checksum::count(tensors);
+    TensorLayout {
+        name: checksum::TENSOR.into(),
+        dims: vec![n],
+        ggml_type: crate::gguf::GGML_I32,
+        bytes: 4 * n,
+    }
 }
 
 /// Bytes of the whole file: header, directory, and each tensor padded to `alignment`.
@@ -219,7 +231,7 @@ fn write_header(
 
 /// Write a GGUF v3 file whose tensor data is produced in order by `data(i, out)` (which must
 /// write exactly `tensors[i].bytes` bytes), so files larger than memory can be made. A last
-/// tensor named [`checksum::TENSOR`] (from [`checksum::layout`]) is filled here with the
+/// tensor named [`checksum::TENSOR`] (from [`checksum_layout`]) is filled here with the
 /// checksums of what `data` wrote.
 pub fn write_streamed<W: Write>(
     out: &mut W,
@@ -298,6 +310,63 @@ impl<W: Write> Write for Tee<'_, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A written table matches the file; a changed byte is found in the record holding it; a
+    /// table that does not fit the directory is refused.
+    #[test]
+    fn written_tables_check_their_file() {
+        let mut w = GgufWriter::new();
+        w.tensor("a", &[4, 3], 0, (0..48).collect())
+            .tensor("b", &[5], 0, vec![7; 20])
+            .with_checksums();
+        let bytes = w.to_bytes();
+        let f = GgufFile::from_bytes(&bytes).unwrap();
+        let t = checksum::table(&f).unwrap().unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!((t[0].record_len, t[0].sums.len()), (16, 3));
+        assert_eq!(
+            t[0].sums[1],
+            checksum::crc32(&(16..32).collect::<Vec<u8>>())
+        );
+        assert_eq!((t[1].record_len, t[1].sums.len()), (20, 1));
+        checksum::verify_mapped(&f, &t, |_| usize::MAX).unwrap();
+        let mut changed = bytes.clone();
+        changed[(f.data_offset + f.tensors[0].offset) as usize + 40] ^= 4;
+        let g = GgufFile::from_bytes(&changed).unwrap();
+        let err = checksum::verify_mapped(&g, &t, |_| usize::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("record 2 of `a`"), "{err}");
+        checksum::verify_mapped(&g, &t, |t| if t.name == "a" { 2 } else { 1 }).unwrap();
+        // A table for other tensors (written under another name of the same length, renamed).
+        let mut w = GgufWriter::new();
+        w.tensor("a", &[4, 3], 0, (0..48).collect());
+        w.tensor("pi2.checksumZ", &[2], crate::gguf::GGML_I32, vec![0; 8]);
+        let mut bytes = w.to_bytes();
+        let at = bytes
+            .windows(13)
+            .position(|x| x == b"pi2.checksumZ")
+            .unwrap();
+        bytes[at..at + 13].copy_from_slice(checksum::TENSOR.as_bytes());
+        let f = GgufFile::from_bytes(&bytes).unwrap();
+        assert!(checksum::table(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("not the checksum table"));
+        // Data that is not the size the directory says.
+        let mut out = Vec::new();
+        let lay = [TensorLayout {
+            name: "a".into(),
+            dims: vec![4],
+            ggml_type: 0,
+            bytes: 16,
+        }];
+        let err = write_streamed(&mut out, *b"GGUF", &[], 32, &lay, |_, o| {
+            o.write_all(&[0; 12])
+        });
+        assert!(err.is_err());
+    }
+
     use crate::gguf::{GgufFile, Strings};
 
     #[test]
