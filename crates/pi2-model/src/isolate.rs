@@ -25,7 +25,7 @@ const EXIT_NO_LIMIT: i32 = 102;
 
 /// Run `work` in a child whose address space may grow by at most `memory` bytes and which
 /// must finish within `deadline`; its result (at most `max_result` bytes, longer is cut) comes
-/// back through a pipe.
+/// back through a pipe, prefixed with its length.
 pub(crate) fn run(
     work: impl FnOnce() -> Vec<u8>,
     memory: u64,
@@ -53,15 +53,23 @@ pub(crate) fn run(
     }
     if pid == 0 {
         // SAFETY: in the child.
-        unsafe { child(fds, cap, deadline, work) }
+        unsafe { child(fds, cap, deadline, max_result, work) }
     }
     // SAFETY: the parent owns both ends; the write end is the child's.
     unsafe { libc::close(fds[1]) };
     let read_end = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-    let out = read_until(read_end, pid, Instant::now() + deadline, max_result);
+    let out = read_until(read_end, pid, Instant::now() + deadline, max_result + 8);
     let status = reap(pid);
+    // A result is whole when its length prefix says so (whatever the exit status reads as:
+    // a parent that ignores SIGCHLD cannot see it).
+    if let Ok(bytes) = &out {
+        if let Some((len, rest)) = bytes.split_first_chunk::<8>() {
+            if u64::from_le_bytes(*len) == rest.len() as u64 {
+                return Ok(rest.to_vec());
+            }
+        }
+    }
     match (out, status) {
-        (Ok(bytes), Some(0)) => Ok(bytes),
         (_, Some(EXIT_PANIC)) => Err(Failure::Panicked),
         (_, Some(EXIT_NO_LIMIT)) => Err(Failure::System("cannot cap its memory".into())),
         (Err(e), _) if !matches!(e, Failure::Limits) => Err(e),
@@ -73,7 +81,13 @@ pub(crate) fn run(
 ///
 /// # Safety
 /// Only in the child of a `fork`, with `fds` the pipe made for it.
-unsafe fn child(fds: [i32; 2], cap: u64, deadline: Duration, work: impl FnOnce() -> Vec<u8>) -> ! {
+unsafe fn child(
+    fds: [i32; 2],
+    cap: u64,
+    deadline: Duration,
+    max_result: usize,
+    work: impl FnOnce() -> Vec<u8>,
+) -> ! {
     // SAFETY (whole function): this process is a copy with one thread; nothing here takes a
     // lock another thread of the parent could have held at the fork but the allocator's,
     // which the C library resets in the child.
@@ -96,8 +110,10 @@ unsafe fn child(fds: [i32; 2], cap: u64, deadline: Duration, work: impl FnOnce()
         // A panic must not print from here (the parent reports it).
         std::panic::set_hook(Box::new(|_| {}));
         let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-            Ok(bytes) => {
-                let mut rest = &bytes[..];
+            Ok(mut bytes) => {
+                bytes.truncate(max_result);
+                let framed = [&(bytes.len() as u64).to_le_bytes()[..], &bytes].concat();
+                let mut rest = &framed[..];
                 while !rest.is_empty() {
                     let n = libc::write(fds[1], rest.as_ptr().cast(), rest.len());
                     if n <= 0 {
