@@ -531,3 +531,41 @@ fn faults_across_the_offload_path_end_in_the_right_tokens_or_a_clear_error() {
         "{err}"
     );
 }
+
+/// Without a predictor every gate row is read every token, so pinning prefers gate rows (a
+/// byte of them saves a byte per token) to up and down rows (a byte saves a byte per firing):
+/// some budgets pin more gate rows than whole neurons, and decode gives the in-memory logits.
+#[test]
+fn gate_rows_pinned_first_without_a_predictor_give_the_same_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted(dir.path());
+    let m = Model::load(&path).unwrap();
+    let (mut sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+    sp.use_predictor = false;
+    let mut mem = Engine::new(&m, &cfg()).unwrap();
+    mem.set_sparse(Some(&sp)).unwrap();
+    let want = run(&mut mem).unwrap();
+    let probe = Engine::new(&m, &cfg()).unwrap();
+    let (kv, scratch) = (probe.kv_bytes_full(8) as u64, probe.scratch_bytes(8) as u64);
+    let minimum = pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap();
+    let file = m.file.file_size();
+    let mut gate_only = 0;
+    for budget in [minimum + file / 16, minimum + file / 8, minimum + file / 4] {
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        let oc = OffloadConfig {
+            budget,
+            hot_share: 1.0,
+            ..Default::default()
+        };
+        let o = offload(&m, &sp, &path, &e, oc).unwrap();
+        let (gates, whole) = (o.hot_gate_counts(), o.hot_counts());
+        assert!(gates.iter().zip(&whole).all(|(g, h)| g >= h));
+        gate_only += gates.iter().sum::<usize>() - whole.iter().sum::<usize>();
+        e.set_offload(Some(o)).unwrap();
+        let got = run(&mut e).unwrap();
+        common::assert_same_logits(&want, &got, &format!("budget {budget}"));
+        assert!(e.offload().unwrap().stats().gate_hot > 0);
+    }
+    assert!(gate_only > 0, "no budget pinned gate rows alone");
+}

@@ -134,6 +134,9 @@ impl ModelProfile {
 pub struct ResidencySplit {
     /// Neurons pinned per layer: the first `hot_counts[l]` of layer `l` (hot-first file order).
     pub hot_counts: Vec<usize>,
+    /// Neurons whose gate row is pinned per layer (the first ones); layers not listed, or
+    /// listed lower, pin the gate rows of `hot_counts` only.
+    pub hot_gate_counts: Vec<usize>,
     /// Cold cache slots (one neuron each).
     pub cold_slots: usize,
     /// Weights read from flash every token because they do not fit.
@@ -194,8 +197,8 @@ const GATE: u8 = 1;
 const UPDOWN: u8 = 2;
 
 /// Replays the recorded steps through an LRU [`SlotCache`] the way the engine's decode uses it:
-/// per step, every unpinned candidate takes a slot (gate row read if absent), then every
-/// unpinned confirmed neuron's up/down rows are read if absent.
+/// per step, every unpinned candidate takes a slot (gate row read if neither pinned nor
+/// present), then every unpinned confirmed neuron's up/down rows are read if absent.
 pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, PlanError> {
     let (n_layer, n_ff) = (m.n_layer, m.n_ff);
     let slots = split.cold_slots.max(1);
@@ -211,6 +214,7 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, PlanEr
     for s in &m.steps {
         let li = s.layer as usize;
         let hot = split.hot_counts.get(li).copied().unwrap_or(0);
+        let hot_gate = split.hot_gate_counts.get(li).copied().unwrap_or(0).max(hot);
         let mut miss = StepMisses::default();
         cache.begin_step();
         slot_of.clear();
@@ -229,7 +233,9 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, PlanEr
                     )
                 })?,
             };
-            if cache.parts(slot) & GATE == 0 {
+            if (i as usize) < hot_gate {
+                out.rows_resident += 1;
+            } else if cache.parts(slot) & GATE == 0 {
                 miss.gate.push((k as u32, i));
                 out.rows_read += 1;
             } else {
@@ -274,6 +280,7 @@ mod tests {
             &m,
             &ResidencySplit {
                 hot_counts: vec![64, 64],
+                hot_gate_counts: Vec::new(),
                 cold_slots: 1,
                 ..Default::default()
             },
@@ -290,6 +297,7 @@ mod tests {
             &m,
             &ResidencySplit {
                 hot_counts: vec![0, 0],
+                hot_gate_counts: Vec::new(),
                 cold_slots: 128,
                 ..Default::default()
             },
@@ -309,6 +317,7 @@ mod tests {
                 &m,
                 &ResidencySplit {
                     hot_counts: vec![0, 0],
+                    hot_gate_counts: Vec::new(),
                     cold_slots: slots,
                     ..Default::default()
                 },

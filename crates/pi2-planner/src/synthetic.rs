@@ -154,6 +154,7 @@ impl Residency for ToyResidency {
             (neurons - hot * self.n_layer).min(self.n_layer * self.n_ff - hot * self.n_layer);
         Ok(ResidencySplit {
             hot_counts: vec![hot; self.n_layer],
+            hot_gate_counts: Vec::new(),
             cold_slots: cold
                 .max(self.n_ff.min(self.n_layer * self.n_ff - hot * self.n_layer))
                 .max(1),

@@ -70,6 +70,7 @@ impl Residency for EngineResidency<'_> {
         .map_err(|e| PlanError::Infeasible(e.to_string()))?;
         Ok(ResidencySplit {
             hot_counts: r.hot_counts.clone(),
+            hot_gate_counts: r.hot_gate_counts.clone(),
             cold_slots: r.cold_slots,
             streamed: pi2_planner::StreamedWeights {
                 attn_layers: r.streamed_layers,

@@ -220,6 +220,7 @@ pub fn offload_json(o: &pi2_engine::Offload, tokens: usize, decode_secs: f64) ->
         "budget_bytes": b.limit(),
         "regions_bytes": regions,
         "hot_neurons": o.hot_counts().iter().sum::<usize>(),
+        "hot_gate_rows": o.hot_gate_counts().iter().sum::<usize>(),
         "cold_slots": o.cold_slots(),
         "engine": o.engine().0,
         "hit_rate": st.hit_rate(),

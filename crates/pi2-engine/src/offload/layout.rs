@@ -43,10 +43,12 @@ impl FfnLayout {
     }
 }
 
-/// The pinned hot neurons of one unit (`n` first neurons of the hot-first file order):
-/// gate rows, up rows and down rows, each block padded to 64 bytes.
+/// The pinned rows of one unit, in hot-first file order: the gate rows of the first `n_gate`
+/// neurons and the up and down rows of the first `n` (`n <= n_gate`), each block padded to 64
+/// bytes.
 pub(crate) struct HotLayer {
     pub n: usize,
+    pub n_gate: usize,
     pub buf: AlignedBuf,
     pub up_at: usize,
     pub down_at: usize,
@@ -334,8 +336,10 @@ pub struct Regions {
     pub(crate) layout: Layout,
     /// The budget's regions (fixed, scratch, hot, cold).
     pub budget: Budget,
-    /// Neurons pinned per layer (the first of each layer in the hot-first file order).
+    /// Neurons pinned whole per unit (the first of each in the hot-first file order).
     pub hot_counts: Vec<usize>,
+    /// Neurons whose gate row is pinned per unit (the first ones; at least `hot_counts`).
+    pub hot_gate_counts: Vec<usize>,
     /// Cold cache slots (one neuron bundle each).
     pub cold_slots: usize,
     /// The last layers that read their attention from flash each time they run.
@@ -440,13 +444,13 @@ pub fn regions(
             0,
         )?;
     }
-    // Pinned hot neurons: the most frequent across units (file order is hot-first per unit).
+    // Pinned rows: those that save the most reading per byte (file order is hot-first per
+    // unit). Without a predictor every gate row is read every token.
     let hot_budget = ((neuron_bytes - min_cold) as f64 * hot_share.clamp(0.0, 1.0)) as u64;
-    let hot_counts = hot_counts(&p.ffn, n_ff, hot_budget, frequency);
-    let hot_bytes: u64 = hot_counts
-        .iter()
-        .zip(&p.ffn)
-        .map(|(&h, l)| hot_block(l, h).2 as u64)
+    let every_gate = !sparse.use_predictor;
+    let (hot_gate_counts, hot_counts) = hot_counts(&p.ffn, n_ff, hot_budget, frequency, every_gate);
+    let hot_bytes: u64 = (0..n_units)
+        .map(|u| hot_block(&p.ffn[u], hot_gate_counts[u], hot_counts[u]).2 as u64)
         .sum();
     budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
     // The rest is the LRU cache, never more slots than neurons outside the pinned set.
@@ -460,56 +464,78 @@ pub fn regions(
         layout: p,
         budget,
         hot_counts,
+        hot_gate_counts,
         cold_slots: slots,
         streamed_layers: streaming.attn_layers,
         streamed_output_rows: streaming.out_rows,
     })
 }
 
-/// Offsets of the up and down blocks and the total size of a hot block of `h` neurons.
-pub(crate) fn hot_block(l: &FfnLayout, h: usize) -> (usize, usize, usize) {
-    let up_at = pad(h * l.gate.row_bytes);
+/// Offsets of the up and down blocks and the total size of a hot block: `g` gate rows, `h` up
+/// and down rows.
+pub(crate) fn hot_block(l: &FfnLayout, g: usize, h: usize) -> (usize, usize, usize) {
+    let up_at = pad(g * l.gate.row_bytes);
     let down_at = up_at + pad(h * l.up.row_bytes);
     (up_at, down_at, down_at + pad(h * l.down.row_bytes))
 }
 
-/// How many neurons of each layer to pin with `bytes`: the globally most frequent (by the
-/// profile), else the same number per layer.
+/// What to pin with `bytes`: `(gate rows, up+down rows)` per unit, first neurons of each. Rows
+/// are taken by the reading they save per byte pinned: a gate row saves its bytes every token
+/// it is read (every token when `every_gate`, there being no predictor; else about as often as
+/// its neuron fires), an up+down pair as often as its neuron fires (the profile's frequency).
+/// Without frequencies, the same number of whole neurons per unit.
 pub(crate) fn hot_counts(
     layout: &[FfnLayout],
     n_ff: usize,
     bytes: u64,
     frequency: Option<&[Vec<f32>]>,
-) -> Vec<usize> {
-    let per = |l: &FfnLayout| (l.gate.row_bytes + l.up.row_bytes + l.down.row_bytes) as u64;
-    // Each layer's three blocks are padded.
+    every_gate: bool,
+) -> (Vec<usize>, Vec<usize>) {
+    // Each unit's three blocks are padded.
     let bytes = bytes.saturating_sub((3 * PAD * layout.len()) as u64);
-    let mut counts = vec![0usize; layout.len()];
+    let (mut gates, mut pairs) = (vec![0usize; layout.len()], vec![0usize; layout.len()]);
     match frequency {
         Some(freq) if freq.len() == layout.len() && freq.iter().all(|f| f.len() == n_ff) => {
-            let mut all: Vec<(f32, usize)> = freq
+            // (saved per byte, unit, is gate), gate before pair on ties (a pair needs its gate).
+            let mut all: Vec<(f32, usize, bool)> = freq
                 .iter()
                 .enumerate()
-                .flat_map(|(li, f)| f.iter().map(move |&v| (v, li)))
+                .flat_map(|(u, f)| {
+                    f.iter().flat_map(move |&v| {
+                        let gate = if every_gate { 1.0 } else { v };
+                        [(gate, u, true), (v, u, false)]
+                    })
+                })
                 .collect();
-            all.sort_by(|a, b| b.0.total_cmp(&a.0));
+            all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.2.cmp(&a.2)));
             let mut left = bytes;
-            for (_, li) in all {
-                let cost = per(&layout[li]);
-                if left < cost {
-                    break;
+            for (_, u, is_gate) in all {
+                let l = &layout[u];
+                let cost = match is_gate {
+                    true => l.gate.row_bytes,
+                    false => l.up.row_bytes + l.down.row_bytes,
+                } as u64;
+                // Counts are prefixes: a pair only with its gate, never more than n_ff.
+                let ok = is_gate || pairs[u] < gates[u];
+                let n = match is_gate {
+                    true => &mut gates[u],
+                    false => &mut pairs[u],
+                };
+                if ok && *n < n_ff && left >= cost {
+                    left -= cost;
+                    *n += 1;
                 }
-                left -= cost;
-                counts[li] += 1;
             }
         }
         _ => {
+            let per = |l: &FfnLayout| (l.gate.row_bytes + l.up.row_bytes + l.down.row_bytes) as u64;
             let total: u64 = layout.iter().map(per).sum::<u64>().max(1);
-            let h = (bytes / total) as usize;
-            counts.iter_mut().for_each(|c| *c = h.min(n_ff));
+            let h = ((bytes / total) as usize).min(n_ff);
+            gates.iter_mut().for_each(|c| *c = h);
+            pairs.iter_mut().for_each(|c| *c = h);
         }
     }
-    counts
+    (gates, pairs)
 }
 
 #[cfg(test)]

@@ -168,6 +168,7 @@ impl Offload {
             layout: p,
             budget,
             hot_counts,
+            hot_gate_counts,
             cold_slots: slots,
             streamed_layers,
             streamed_output_rows,
@@ -210,13 +211,15 @@ impl Offload {
             )?,
             None => Reader::with_checksums(engine, cfg.reader.clone(), sums)?,
         };
-        // Preload the pinned neurons with sequential reads.
+        // Preload the pinned rows with sequential reads.
         let mut hot = Vec::with_capacity(n_units);
-        for (l, &h) in p.ffn.iter().zip(&hot_counts) {
-            let (up_at, down_at, size) = hot_block(l, h);
+        for ((l, &h), &g) in p.ffn.iter().zip(&hot_counts).zip(&hot_gate_counts) {
+            let (up_at, down_at, size) = hot_block(l, g, h);
             let mut buf = AlignedBuf::new(size, PAD);
+            if g > 0 {
+                reader.read_exact_at(l.gate.offset, &mut buf[..g * l.gate.row_bytes])?;
+            }
             if h > 0 {
-                reader.read_exact_at(l.gate.offset, &mut buf[..h * l.gate.row_bytes])?;
                 reader.read_exact_at(l.up.offset, &mut buf[up_at..up_at + h * l.up.row_bytes])?;
                 reader.read_exact_at(
                     l.down.offset,
@@ -225,6 +228,7 @@ impl Offload {
             }
             hot.push(HotLayer {
                 n: h,
+                n_gate: g,
                 buf,
                 up_at,
                 down_at,
@@ -275,9 +279,14 @@ impl Offload {
         &self.budget
     }
 
-    /// Pinned neurons per unit.
+    /// Neurons pinned whole per unit.
     pub fn hot_counts(&self) -> Vec<usize> {
         self.hot.iter().map(|h| h.n).collect()
+    }
+
+    /// Neurons whose gate row is pinned per unit (at least [`Offload::hot_counts`]).
+    pub fn hot_gate_counts(&self) -> Vec<usize> {
+        self.hot.iter().map(|h| h.n_gate).collect()
     }
 
     /// Cold cache slots (neuron bundles).

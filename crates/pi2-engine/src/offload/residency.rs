@@ -1,6 +1,7 @@
 //! The offloaded FFN as the decode pipeline's [`Residency`]: a candidate's rows are pinned (the
-//! first `hot.n` neurons of its unit, in hot-first file order), in a cold slot of the LRU cache
-//! (claimed for the step), or read from flash into that slot. A slot records which parts
+//! first `hot.n` neurons of its unit, in hot-first file order; the gate rows of the first
+//! `hot.n_gate`), in a cold slot of the LRU cache (claimed for the step), or read from flash
+//! into that slot. A slot records which parts
 //! (gate, up+down) it holds, so a neuron confirmed in an earlier step keeps its up/down rows.
 
 use super::{Offload, GATE, UPDOWN};
@@ -48,9 +49,14 @@ impl Residency for Offload {
                 .ok_or_else(|| EngineError::Offload("the neuron cache has no free slot".into()))?,
         };
         let base = self.cache.slot_ptr(slot) as usize;
-        let gate_missing = self.cache.parts(slot) & GATE == 0;
+        // A pinned gate row: the slot is for the up and down rows only.
+        let gate_pinned = i < hot.n_gate;
+        let gate_missing = !gate_pinned && self.cache.parts(slot) & GATE == 0;
         let rows = NeuronRows {
-            gate: base + lay.gate.slot_at,
+            gate: match gate_pinned {
+                true => hot.buf.as_ptr() as usize + i * lay.gate.row_bytes,
+                false => base + lay.gate.slot_at,
+            },
             up: base + lay.up.slot_at,
             down: base + lay.down.slot_at,
             gate_missing,
@@ -65,6 +71,8 @@ impl Residency for Offload {
             });
             self.stats.gate_reads += 1;
             self.stats.decode_bytes += lay.gate.row_bytes as u64;
+        } else if gate_pinned {
+            self.stats.gate_hot += 1;
         } else {
             self.stats.gate_hits += 1;
         }
