@@ -51,7 +51,9 @@ pub fn measure(r: &ProfileRequest<'_>) -> Result<HardwareProfile> {
         storage: storage(r.file, r.emulate)?,
         emulate: r.emulate.map(parse_emulate).transpose()?,
         classes: classes(&Topology::detect()),
-        types: vec![Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32],
+        // The types of common model files and of what `pi2 convert` writes (Q5_0 down rows);
+        // others are costed as the slowest measured one.
+        types: vec![Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32],
         kernel_time: r.kernel_time,
         flash_file: r.file,
         read_sizes: READ_SIZES.to_vec(),
