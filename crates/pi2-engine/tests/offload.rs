@@ -97,6 +97,15 @@ fn offload(
     )
 }
 
+/// In-memory sparse decode's logits, and the least offload budget.
+fn reference_and_least_budget(m: &Model, sp: &SparseFfn<'_>) -> (Vec<Vec<f32>>, u64) {
+    let mut mem = Engine::new(m, &cfg()).unwrap();
+    mem.set_sparse(Some(sp)).unwrap();
+    let want = run(&mut mem).unwrap();
+    let (kv, scratch) = (mem.kv_bytes_full(8) as u64, mem.scratch_bytes(8) as u64);
+    (want, pi2_engine::min_budget(m, sp, kv, scratch).unwrap())
+}
+
 /// The read engines to test: io_uring too where the kernel has it (native x86-64 Linux must;
 /// qemu-user, which runs the aarch64 tests, does not emulate it).
 fn io_engines(path: &Path) -> Vec<IoEngine> {
@@ -253,13 +262,7 @@ fn streamed_weights_give_the_same_logits() {
 fn streamed_weights_case(what: &str, path: &Path) {
     let m = Model::load(path).unwrap();
     let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
-    let mut mem = Engine::new(&m, &cfg()).unwrap();
-    mem.set_sparse(Some(&sp)).unwrap();
-    let want = run(&mut mem).unwrap();
-
-    let probe = Engine::new(&m, &cfg()).unwrap();
-    let (kv, scratch) = (probe.kv_bytes_full(8) as u64, probe.scratch_bytes(8) as u64);
-    let minimum = pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap();
+    let (want, minimum) = reference_and_least_budget(&m, &sp);
     let attn_layer: u64 = ["attn_q", "attn_k", "attn_v", "attn_output"]
         .iter()
         .map(|t| m.file.tensor(&format!("blk.0.{t}.weight")).unwrap().size)
@@ -542,12 +545,7 @@ fn gate_rows_pinned_first_without_a_predictor_give_the_same_logits() {
     let m = Model::load(&path).unwrap();
     let (mut sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     sp.use_predictor = false;
-    let mut mem = Engine::new(&m, &cfg()).unwrap();
-    mem.set_sparse(Some(&sp)).unwrap();
-    let want = run(&mut mem).unwrap();
-    let probe = Engine::new(&m, &cfg()).unwrap();
-    let (kv, scratch) = (probe.kv_bytes_full(8) as u64, probe.scratch_bytes(8) as u64);
-    let minimum = pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap();
+    let (want, minimum) = reference_and_least_budget(&m, &sp);
     let file = m.file.file_size();
     let mut gate_only = 0;
     for budget in [minimum + file / 16, minimum + file / 8, minimum + file / 4] {
