@@ -121,8 +121,10 @@ impl ChatTemplate {
     fn render_isolated(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         use crate::isolate::{run, Failure};
         let input = input_bytes(messages);
+        // A tag byte, then the text or the error's own words.
         let work = || match self.render_here(messages, add_generation_prompt) {
             Ok(text) => [&[0u8][..], text.as_bytes()].concat(),
+            Err(ModelError::Template(why)) => [&[1u8][..], why.as_bytes()].concat(),
             Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
         };
         let memory = TEMPLATE_MEMORY.saturating_add(16 * input as u64);
@@ -141,9 +143,7 @@ impl ChatTemplate {
         let text = String::from_utf8_lossy(&bytes[1.min(bytes.len())..]).into_owned();
         match bytes.first() {
             Some(0) => Ok(text),
-            Some(1) => Err(ModelError::Template(
-                text.strip_prefix("chat template: ").unwrap_or(&text).into(),
-            )),
+            Some(1) => Err(ModelError::Template(text)),
             _ => Err(ModelError::Template(
                 "the template renderer returned nothing".into(),
             )),
