@@ -367,6 +367,18 @@ impl<'m> Engine<'m> {
         self.pool.current_num_threads()
     }
 
+    /// The kernels, and the final normalized hidden states and logits of the last `rows` rows
+    /// the last forward computed logits for (checks that repeat the head's work).
+    pub fn head_inputs(&self, rows: usize) -> (&KernelSet, &[f32], &[f32]) {
+        let c = &self.model.config;
+        let s = &self.s;
+        (
+            &self.ks,
+            &s.xn[..rows * c.n_embd],
+            &s.logits[..rows * c.n_vocab],
+        )
+    }
+
     /// Context length.
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
@@ -397,8 +409,12 @@ impl<'m> Engine<'m> {
         let c = &self.model.config;
         let n = n_batch.max(1);
         let per_token = 8 * c.n_embd + c.q_dim() + 2 * c.kv_dim() + 4 * c.n_ff;
+        // The sparse head's buffers (its factors are mapped tensors, which an offload counts as
+        // resident; it packs no copy under a budget).
+        let head = self.head.head.map_or(0, |h| h.scratch_bytes());
         4 * (n * per_token + c.n_vocab + self.threads() * n * c.n_embd + 2 * c.n_ff * 3)
             + 4 * self.n_ctx * rayon::current_num_threads().max(self.threads())
+            + head
     }
 
     /// Bytes held by the KV cache.
@@ -536,6 +552,9 @@ impl<'m> Engine<'m> {
         let logits = grow(&mut s.logits, rows * c.n_vocab);
         s.acts.quantize(out.ty.act_kind(), &s.xn[..rows * d], d);
         match self.offload.as_mut() {
+            Some(o) if o.streams_output() && rows == 1 && self.head.active() => self
+                .head
+                .run_offloaded(&self.ks, o, &out, &s.acts, logits)?,
             Some(o) if o.streams_output() => o.lm_head(&self.ks, &out, &s.acts, rows, logits)?,
             _ if rows == 1 && self.head.active() => self.head.run(&self.ks, &out, &s.acts, logits),
             _ => matmul(&self.ks, &out, &s.acts, logits),

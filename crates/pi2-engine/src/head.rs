@@ -14,10 +14,12 @@
 //! When the bound cannot separate (more than [`HeadNeed::fallback_share`] of the rows would be
 //! computed), the step falls back to the dense product and says so in [`HeadStats`].
 
+use crate::offload::Offload;
 use crate::sampler::SamplerConfig;
 use crate::EngineError;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use pi2_io::IoError;
 use pi2_kernels::{matmul, ActBuf, ActKind, KernelSet, MatRef, PackedMat, QuantType};
 use pi2_model::bundle::{HEAD_BASIS, HEAD_BOUNDS, HEAD_COEF, KEY_HEAD_GROUPS};
 use pi2_model::{GgufFile, Model};
@@ -88,6 +90,8 @@ pub struct HeadStats {
     pub rows: u64,
     /// Bytes of output rows read (from memory or flash).
     pub bytes: u64,
+    /// Of those, bytes read from flash (an offload that streams output rows).
+    pub flash_bytes: u64,
     /// Steps where the bound could not separate and the dense product ran.
     pub fallbacks: u64,
 }
@@ -132,8 +136,10 @@ fn f16s<'m>(f: &'m GgufFile, name: &str, dims: [usize; 2]) -> Result<&'m [f16], 
 }
 
 impl<'m> SparseHead<'m> {
-    /// The factors of a converted model, if it has them (`None` for a model without).
-    pub fn load(model: &'m Model) -> Result<Option<Self>, EngineError> {
+    /// The factors of a converted model, if it has them (`None` for a model without);
+    /// `pack`: copy the coefficients into the kernels' faster layout (not under a memory budget,
+    /// which counts the mapped tensors: no copies).
+    pub fn load(model: &'m Model, pack: bool) -> Result<Option<Self>, EngineError> {
         let f = &model.file;
         let Some(groups) = f.get(KEY_HEAD_GROUPS) else {
             return Ok(None);
@@ -173,7 +179,11 @@ impl<'m> SparseHead<'m> {
             .map_err(|e| corrupt(format!("`{HEAD_COEF}`: {e}")))?;
         let basis = f16s(f, HEAD_BASIS, [d, d])?;
         let bounds = f16s(f, HEAD_BOUNDS, [3 + groups.len(), vocab])?;
-        Self::from_parts(groups, basis, coef, bounds).map(Some)
+        let mut head = Self::from_parts(groups, basis, coef, bounds)?;
+        if !pack {
+            head.coef = PackedOrMapped::Mapped(coef);
+        }
+        Ok(Some(head))
     }
 
     /// A head from its parts (what [`SparseHead::load`] reads from a file): group boundaries
@@ -230,6 +240,11 @@ impl<'m> SparseHead<'m> {
         2 * (self.basis.len() + self.bounds.len()) + coef
     }
 
+    /// Bytes of the head's per-step buffers beyond its factors (scores, bounds, sorting).
+    pub fn scratch_bytes(&self) -> usize {
+        4 * 3 * self.vocab + 8 * 4 * self.d + 16 * self.vocab.div_ceil(GROUP)
+    }
+
     /// Scored coordinates per row.
     pub fn rank(&self) -> usize {
         self.rank
@@ -267,6 +282,8 @@ pub struct HeadScratch {
     lo: Vec<f32>,
     sorted: Vec<f32>,
     ranges: Vec<(usize, usize)>,
+    /// `ranges` without the group computed first (offloaded: not read twice).
+    other_ranges: Vec<(usize, usize)>,
 }
 
 fn norm(it: impl Iterator<Item = f64>) -> f64 {
@@ -291,6 +308,58 @@ pub fn logits(
     s: &mut HeadScratch,
     logits: &mut [f32],
 ) -> (usize, bool) {
+    let vocab = head.vocab;
+    let exact = |a: usize, b: usize, v: &mut [f32]| {
+        matmul(ks, &out.rows(a..b), acts, v);
+        Ok::<_, std::convert::Infallible>(())
+    };
+    let Ok(selected) = select(ks, head, need, acts, s, exact);
+    match selected {
+        Some(computed) if computed as f32 <= need.fallback_share * vocab as f32 => {
+            logits.fill(f32::NEG_INFINITY);
+            for &(a, b) in &s.ranges {
+                matmul(ks, &out.rows(a..b), acts, &mut logits[a..b]);
+            }
+            (computed, false)
+        }
+        _ => {
+            matmul(ks, out, acts, logits);
+            (vocab, true)
+        }
+    }
+}
+
+/// The rows `need` would compute for the token quantized in `acts` whose exact logits are
+/// `dense`, as ranges of row numbers, ignoring the fallback share (checks of the bound and of
+/// what sampling from the candidates loses); `None` when the bound cannot separate at all.
+pub fn candidates<'s>(
+    ks: &KernelSet,
+    head: &SparseHead<'_>,
+    need: &HeadNeed,
+    acts: &ActBuf,
+    s: &'s mut HeadScratch,
+    dense: &[f32],
+) -> Option<&'s [(usize, usize)]> {
+    let exact = |a: usize, b: usize, v: &mut [f32]| {
+        v.copy_from_slice(&dense[a..b]);
+        Ok::<_, std::convert::Infallible>(())
+    };
+    let Ok(selected) = select(ks, head, need, acts, s, exact);
+    selected.map(|_| &s.ranges[..])
+}
+
+/// Scores and bounds every row, then puts the groups of eight rows that could hold what
+/// `need` asks for into `s.ranges` (merged); `exact(a, b, v)` gives the exact logits of rows
+/// `a..b` (the best-bounded row's group, which raises the greedy bar). Returns the rows
+/// selected, or `None` when no finite bar exists.
+fn select<E>(
+    ks: &KernelSet,
+    head: &SparseHead<'_>,
+    need: &HeadNeed,
+    acts: &ActBuf,
+    s: &mut HeadScratch,
+    exact: impl FnOnce(usize, usize, &mut [f32]) -> Result<(), E>,
+) -> Result<Option<usize>, E> {
     let (d, r, vocab) = (head.d, head.rank, head.vocab);
     s.hq.resize(d, 0.0);
     acts.dequantize_row(0, &mut s.hq);
@@ -367,9 +436,12 @@ pub fn logits(
         if let Some(best) = (0..vocab).max_by(|&a, &b| s.lo[a].total_cmp(&s.lo[b])) {
             let a = best / GROUP * GROUP;
             let b = (a + GROUP).min(vocab);
-            let mut exact = [0.0f32; GROUP];
-            matmul(ks, &out.rows(a..b), acts, &mut exact[..b - a]);
-            threshold = exact[..b - a].iter().copied().fold(threshold, f32::max);
+            let mut best_group = [0.0f32; GROUP];
+            exact(a, b, &mut best_group[..b - a])?;
+            threshold = best_group[..b - a]
+                .iter()
+                .copied()
+                .fold(threshold, f32::max);
         }
     }
     threshold -= need.margin;
@@ -387,15 +459,7 @@ pub fn logits(
             _ => s.ranges.push((a, b)),
         }
     }
-    if !threshold.is_finite() || computed as f32 > need.fallback_share * vocab as f32 {
-        matmul(ks, out, acts, logits);
-        return (vocab, true);
-    }
-    logits.fill(f32::NEG_INFINITY);
-    for &(a, b) in &s.ranges {
-        matmul(ks, &out.rows(a..b), acts, &mut logits[a..b]);
-    }
-    (computed, false)
+    Ok(threshold.is_finite().then_some(computed))
 }
 
 /// The `k`-th largest of `v` (`k >= 1`; the smallest if `k > v.len()`).
@@ -428,6 +492,65 @@ impl HeadState<'_> {
     /// Whether one token's logits go through the sparse head.
     pub(crate) fn active(&self) -> bool {
         self.head.is_some() && self.need.is_some()
+    }
+
+    /// [`HeadState::run`] for an offload that streams output rows: the candidate rows not
+    /// resident are read from flash (sorted, merged into ranges of whole groups); a fallback
+    /// streams the whole matrix as the dense head does.
+    pub(crate) fn run_offloaded(
+        &mut self,
+        ks: &KernelSet,
+        o: &mut Offload,
+        out: &MatRef<'_>,
+        acts: &ActBuf,
+        out_logits: &mut [f32],
+    ) -> Result<(), IoError> {
+        let (Some(head), Some(need)) = (self.head, self.need.as_ref()) else {
+            return o.lm_head(ks, out, acts, 1, out_logits);
+        };
+        let vocab = head.vocab;
+        let (mut flash, mut best) = (0, (0, 0));
+        let exact = |a: usize, b: usize, v: &mut [f32]| {
+            flash += o.lm_head_rows(ks, out, acts, &[(a, b)], out_logits)?;
+            v.copy_from_slice(&out_logits[a..b]);
+            best = (a, b);
+            Ok::<_, IoError>(())
+        };
+        let selected = select(ks, head, need, acts, &mut self.scratch, exact)?;
+        let rows = match selected {
+            Some(rows) if rows as f32 <= need.fallback_share * vocab as f32 => {
+                // The best-bounded group is already computed: keep it, read the others.
+                let (a, b) = best;
+                let mut kept = [0.0f32; GROUP];
+                kept[..b - a].copy_from_slice(&out_logits[a..b]);
+                out_logits.fill(f32::NEG_INFINITY);
+                out_logits[a..b].copy_from_slice(&kept[..b - a]);
+                let s = &mut self.scratch;
+                s.other_ranges.clear();
+                for &(x, y) in &s.ranges {
+                    for part in [(x, y.min(a)), (x.max(b), y)] {
+                        if part.0 < part.1 {
+                            s.other_ranges.push(part);
+                        }
+                    }
+                }
+                flash += o.lm_head_rows(ks, out, acts, &s.other_ranges, out_logits)?;
+                rows
+            }
+            _ => {
+                let before = o.stats().out_bytes;
+                o.lm_head(ks, out, acts, 1, out_logits)?;
+                flash += o.stats().out_bytes - before;
+                self.stats.fallbacks += 1;
+                vocab
+            }
+        };
+        let st = &mut self.stats;
+        st.steps += 1;
+        st.rows += rows as u64;
+        st.bytes += (rows * out.row_bytes()) as u64;
+        st.flash_bytes += flash;
+        Ok(())
     }
 
     /// [`logits`] with the counts kept.

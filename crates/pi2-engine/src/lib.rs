@@ -11,6 +11,7 @@ mod error;
 mod ffn;
 mod generate;
 mod head;
+mod head_tv;
 mod kv;
 mod moe;
 pub mod offload;
@@ -27,10 +28,14 @@ pub use engine::{Engine, EngineConfig, Logits, NeuronStep, MAX_CTX};
 pub use error::EngineError;
 pub use ffn::fires;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
-pub use head::{has_head, logits as head_logits, HeadNeed, HeadScratch, HeadStats, SparseHead};
+pub use head::{
+    candidates as head_candidates, has_head, logits as head_logits, HeadNeed, HeadScratch,
+    HeadStats, SparseHead,
+};
+pub use head_tv::{HeadTv, HeadTvStats};
 pub use kv::kv_bytes;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
-pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
+pub use perplexity::{nll, perplexity, perplexity_with, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
     check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies,

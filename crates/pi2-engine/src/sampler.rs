@@ -94,6 +94,40 @@ impl Sampler {
 
     /// Pick the next token from `logits` (penalties are applied in place).
     pub fn sample(&mut self, logits: &mut [f32]) -> TokenId {
+        let Some(total) = self.truncate(logits) else {
+            return argmax(logits);
+        };
+        let u = self.uniform();
+        let (c, probs) = (&self.candidates, &self.probs);
+        let mut r = u * total;
+        for (p, &(id, _)) in probs.iter().zip(c.iter()) {
+            if r < *p {
+                return id;
+            }
+            r -= p;
+        }
+        c[c.len() - 1].0
+    }
+
+    /// The distribution [`Sampler::sample`] would draw from for `logits` (penalties applied in
+    /// place), as `(token, probability)` pairs into `out`, most probable first; greedy is the
+    /// argmax with probability 1. Draws nothing.
+    pub fn distribution(&mut self, logits: &mut [f32], out: &mut Vec<(TokenId, f64)>) {
+        out.clear();
+        match self.truncate(logits) {
+            None => out.push((argmax(logits), 1.0)),
+            Some(total) => out.extend(
+                self.candidates
+                    .iter()
+                    .zip(&self.probs)
+                    .map(|(&(id, _), &p)| (id, p / total)),
+            ),
+        }
+    }
+
+    /// Penalties, then (unless greedy: `None`) top-k, top-p, min-p and temperature into
+    /// `candidates` and their unnormalized `probs`; returns the probabilities' sum.
+    fn truncate(&mut self, logits: &mut [f32]) -> Option<f64> {
         if self.cfg.repeat_penalty != 1.0 {
             for &t in &self.recent {
                 let l = &mut logits[t as usize];
@@ -105,7 +139,7 @@ impl Sampler {
             }
         }
         if self.cfg.temperature <= 0.0 {
-            return argmax(logits);
+            return None;
         }
         let c = &mut self.candidates;
         c.clear();
@@ -147,17 +181,7 @@ impl Sampler {
         for (p, &(_, l)) in probs.iter_mut().zip(c.iter()) {
             *p = ((l - max) as f64 / t).exp();
         }
-        let total: f64 = probs.iter().sum();
-        let u = self.uniform();
-        let (c, probs) = (&self.candidates, &self.probs);
-        let mut r = u * total;
-        for (p, &(id, _)) in probs.iter().zip(c.iter()) {
-            if r < *p {
-                return id;
-            }
-            r -= p;
-        }
-        c[c.len() - 1].0
+        Some(probs.iter().sum())
     }
 }
 
@@ -227,6 +251,38 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(s.sample(&mut [2.0, 0.0, -20.0]), 0);
         }
+    }
+
+    #[test]
+    fn distribution_is_what_sample_draws_from() {
+        let cfg = SamplerConfig {
+            temperature: 2.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(cfg.clone());
+        let mut d = Vec::new();
+        s.distribution(&mut [1.0, 3.0, -1.0], &mut d);
+        let z: f64 = [1.0f64, 3.0, -1.0].iter().map(|l| (l / 2.0).exp()).sum();
+        let want = [
+            (1, 1.5f64.exp() / z),
+            (0, 0.5f64.exp() / z),
+            (2, (-0.5f64).exp() / z),
+        ];
+        assert_eq!(d.len(), 3);
+        for ((id, p), (wid, wp)) in d.iter().zip(want) {
+            assert_eq!(*id, wid);
+            assert!((p - wp).abs() < 1e-12, "{p} vs {wp}");
+        }
+        // Truncated as sampling truncates; greedy is the argmax alone.
+        let mut s = Sampler::new(SamplerConfig { top_p: 0.5, ..cfg });
+        s.distribution(&mut [2.0, 0.0, -20.0], &mut d);
+        assert_eq!(d, vec![(0, 1.0)]);
+        let mut g = Sampler::new(SamplerConfig::greedy());
+        g.distribution(&mut [0.5, 4.0, 4.0], &mut d);
+        assert_eq!(d, vec![(1, 1.0)]);
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
     }
     let head = match o.sparse.dense_head {
         true => None,
-        false => SparseHead::load(model)?,
+        false => SparseHead::load(model, !offloads)?,
     };
     Ok(Prepared {
         model,

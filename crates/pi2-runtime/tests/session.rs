@@ -40,8 +40,28 @@ fn options() -> SessionOptions {
 
 /// A synthetic model file, and its conversion (50% sparsity, low-rank predictors).
 fn model_files(dir: &Path) -> (PathBuf, PathBuf) {
+    model_files_with(dir, false)
+}
+
+/// [`model_files`]; `narrow`: the final norm's weights keep 8 coordinates and shrink the rest
+/// a thousandfold, so the final hidden states lie near an 8-dimensional space, as a model
+/// whose sparse head's bound separates needs (the random model's states fill every direction).
+fn model_files_with(dir: &Path, narrow: bool) -> (PathBuf, PathBuf) {
     let src = dir.join("src.gguf");
-    std::fs::write(&src, build(&spec()).to_bytes()).unwrap();
+    let mut bytes = build(&spec()).to_bytes();
+    if narrow {
+        let f = pi2_model::GgufFile::from_bytes(&bytes).unwrap();
+        let t = f.tensor("output_norm.weight").unwrap();
+        let at = (f.data_offset + t.offset) as usize;
+        for (j, w) in bytes[at..at + t.size as usize]
+            .chunks_exact_mut(4)
+            .enumerate()
+        {
+            let v = f32::from_le_bytes(w.try_into().unwrap());
+            w.copy_from_slice(&(if j < 8 { v } else { v * 1e-3 }).to_le_bytes());
+        }
+    }
+    std::fs::write(&src, bytes).unwrap();
     let m = Model::load(&src).unwrap();
     let c = &m.config;
     let info = ModelInfo {
@@ -149,21 +169,31 @@ fn sessions_run_dense_sparse_and_offloaded() {
     assert!(prepare(&cm, &conv, &dense).unwrap().sparse.is_none());
 }
 
-/// A converted model's sparse output head decodes the tokens of the dense head, and
-/// `dense_head` turns it off.
+/// A converted model's sparse output head decodes the tokens of the dense head, in memory and
+/// offloaded at the least budget (every output row streamed: the head reads only its candidate
+/// rows from flash), and `dense_head` turns it off.
 #[test]
 fn sparse_head_decodes_the_dense_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, conv) = model_files(dir.path());
+    let (_, conv) = model_files_with(dir.path(), true);
     let cm = Model::load(&conv).unwrap();
-    let run = |dense_head: bool| {
-        let o = SessionOptions {
+    let process = pi2_runtime::offload::process_bytes(&cm);
+    let run = |dense_head: bool, least_budget: bool| {
+        let mut o = SessionOptions {
             sparse: SparseOptions {
                 dense_head,
                 ..SparseOptions::default()
             },
             ..options()
         };
+        o.offload.process_bytes = Some(process);
+        if least_budget {
+            let p = prepare(&cm, &conv, &o).unwrap();
+            let e = p.engine(4).unwrap();
+            let sp = p.sparse.as_ref().unwrap();
+            let min = pi2_runtime::offload::min_budget(&cm, sp, &e, 4, process).unwrap();
+            o.mem_budget = Some(format!("{}K", min.div_ceil(1024)));
+        }
         let p = prepare(&cm, &conv, &o).unwrap();
         assert_eq!(p.head.is_some(), !dense_head);
         let mut e = p.engine(4).unwrap();
@@ -174,13 +204,36 @@ fn sparse_head_decodes_the_dense_tokens() {
             ..GenerateConfig::default()
         };
         let g = generate(&mut e, &mut s, &mut vec![], &TOKENS[..4], &cfg, |_| true).unwrap();
-        (g.tokens, e.head_stats())
+        let out_bytes = e.offload().map(|o| o.stats().out_bytes);
+        (g.tokens, e.head_stats(), out_bytes)
     };
-    let (dense, off) = run(true);
-    let (sparse, on) = run(false);
+    let (dense, off, _) = run(true, false);
+    let (sparse, on, _) = run(false, false);
     assert_eq!(sparse, dense);
     assert_eq!(off.steps, 0);
     assert!(on.steps >= 19, "{on:?}");
+    assert!(
+        on.fallbacks < on.steps,
+        "the test head never separates: {on:?}"
+    );
+    let (streamed_dense, _, dense_reads) = run(true, true);
+    let (streamed, st, reads) = run(false, true);
+    assert_eq!(streamed_dense, dense);
+    assert_eq!(streamed, dense);
+    // The same steps separate offloaded, and those read only (about) their rows.
+    assert_eq!(
+        (st.steps, st.rows, st.fallbacks),
+        (on.steps, on.rows, on.fallbacks)
+    );
+    let (dense_reads, reads) = (dense_reads.unwrap(), reads.unwrap());
+    assert!(
+        st.flash_bytes > 0 && st.flash_bytes <= st.bytes.min(reads),
+        "{st:?} {reads}"
+    );
+    assert!(
+        reads < dense_reads / 4,
+        "{reads} vs {dense_reads} bytes of output rows"
+    );
 }
 
 /// Every refusal names the option and says what to do.
@@ -279,4 +332,59 @@ fn options_that_cannot_work_are_refused_clearly() {
         "no-such.plan.json",
         "",
     );
+}
+
+/// What sampling through the sparse head changes, measured over text: nothing for greedy and
+/// top-k (the bound's guarantee), at most the probability of rows far below the top for
+/// temperature alone; the head separates on this model, so the check sees candidates.
+#[test]
+fn head_tv_is_zero_where_the_bound_guarantees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, conv) = model_files_with(dir.path(), true);
+    let cm = Model::load(&conv).unwrap();
+    let p = prepare(&cm, &conv, &options()).unwrap();
+    let head = p.head.as_ref().unwrap();
+    let act = cm.weights.output.mat(&cm.file).ty.act_kind();
+    let tokens: Vec<u32> = (0..64u32).map(|i| (i * 53 + 7) % 200).collect();
+    let cfg = pi2_engine::PerplexityConfig {
+        n_ctx: 32,
+        n_batch: 8,
+        max_chunks: None,
+        bos: None,
+    };
+    let measure = |sampler: SamplerConfig| {
+        let mut e = p.engine(8).unwrap();
+        let mut tv = pi2_engine::HeadTv::new(head, &sampler, act).unwrap();
+        pi2_engine::perplexity_with(&mut e, &tokens, &cfg, Some(&mut tv), |_| {}).unwrap();
+        tv.stats()
+    };
+    let greedy = measure(SamplerConfig::greedy());
+    // Two chunks of 32, positions 16..30 scored in each.
+    assert_eq!(greedy.tokens, 30);
+    assert!(greedy.fallbacks < greedy.tokens, "{greedy:?}");
+    assert!(
+        greedy.rows < greedy.tokens * cm.config.n_vocab as u64,
+        "{greedy:?}"
+    );
+    assert_eq!(greedy.tv_max, 0.0);
+    let top_k = measure(SamplerConfig {
+        temperature: 1.0,
+        top_k: 5,
+        ..SamplerConfig::default()
+    });
+    assert_eq!(top_k.tv_max, 0.0, "{top_k:?}");
+    let temperature = measure(SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..SamplerConfig::default()
+    });
+    assert!(temperature.tv_max < 1e-3, "{temperature:?}");
+    // A repetition penalty makes decode use the dense head: nothing to compare.
+    let penalty = SamplerConfig {
+        repeat_penalty: 1.1,
+        ..SamplerConfig::default()
+    };
+    assert!(pi2_engine::HeadTv::new(head, &penalty, act).is_none());
 }

@@ -4,7 +4,8 @@ use super::load_model;
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pi2_engine::perplexity::{n_chunks, perplexity, PerplexityConfig};
+use pi2_engine::perplexity::{n_chunks, perplexity_with, PerplexityConfig};
+use pi2_engine::HeadTv;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,6 +29,14 @@ pub struct PerplexityArgs {
     pub no_parse_special: bool,
     #[command(flatten)]
     pub sparse: super::sparse_args::SparseArgs,
+    /// Also measure, on every scored token, the total-variation distance between what the
+    /// sampling options below draw from over the dense head and over the sparse head's
+    /// candidates (a model made by `pi2 convert --head`)
+    #[arg(long = "head-tv")]
+    pub head_tv: bool,
+    /// Sampling options for --head-tv
+    #[command(flatten)]
+    pub sample: crate::SampleArgs,
 }
 
 pub fn run(mut a: PerplexityArgs) -> Result<()> {
@@ -43,6 +52,10 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     if n_ctx < 4 {
         bail!("-c {n_ctx} is too small: perplexity scores the second half of each chunk (use at least 4, usually 512)");
     }
+    let sampler_cfg = super::sampler(&a.sample)?.config().clone();
+    if !a.head_tv && sampling_given(&a.sample) {
+        bail!("sampling options only matter with --head-tv (perplexity itself scores the dense distribution)");
+    }
     let path = super::model_path(&a.model)?;
     let opts = pi2_runtime::SessionOptions {
         engine: a.model.engine_options()?,
@@ -56,6 +69,17 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     if prepared.head.is_some() {
         eprintln!("perplexity: the output matrix is computed whole (the exact dense head); the sparse head serves decode only");
     }
+    let mut head_tv = match (a.head_tv, prepared.head.as_ref()) {
+        (false, _) => None,
+        (true, None) => bail!("--head-tv needs a model made by `pi2 convert --head` (this one has no sparse-head factors), without --dense-head"),
+        (true, Some(h)) => {
+            let act = model.weights.output.mat(&model.file).ty.act_kind();
+            match HeadTv::new(h, &sampler_cfg, act) {
+                Some(tv) => Some(tv),
+                None => bail!("--head-tv: with a repetition penalty decode uses the dense head, so there is nothing to compare (drop --repeat-penalty)"),
+            }
+        }
+    };
     eprintln!("perplexity: tokenizing the input ..");
     let tokens = model.tokenizer.encode(&text, true, !a.no_parse_special);
     if tokens.len() < 2 * n_ctx {
@@ -78,7 +102,7 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     );
     let t0 = Instant::now();
     let mut out = std::io::stdout().lock();
-    let steps = perplexity(&mut engine, &tokens, &cfg, |s| {
+    let steps = perplexity_with(&mut engine, &tokens, &cfg, head_tv.as_mut(), |s| {
         if s.chunk == 1 {
             let secs = t0.elapsed().as_secs_f64();
             eprintln!(
@@ -99,10 +123,35 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     if sparse.is_some() {
         super::sparse_args::print_stats(engine.sparse_stats());
     }
+    if let Some(tv) = &head_tv {
+        let st = tv.stats();
+        let t = st.tokens.max(1) as f64;
+        let vocab = model.config.n_vocab as f64;
+        writeln!(
+            out,
+            "Sparse head for --temp {} --top-k {} --top-p {} --min-p {}: total-variation distance to the dense head mean {:.6}, max {:.6} over {} tokens; rows {:.0} per token ({:.2}% of the vocabulary); {} tokens ({:.1}%) beyond the fallback share (decode computes those densely)",
+            a.sample.temp, a.sample.top_k, a.sample.top_p, a.sample.min_p,
+            st.mean_tv(), st.tv_max, st.tokens,
+            st.rows as f64 / t, 100.0 * st.rows as f64 / t / vocab,
+            st.fallbacks, 100.0 * st.fallbacks as f64 / t
+        )?;
+    }
     eprintln!(
         "perplexity: {} tokens scored in {:.1} s",
         last.chunk * (n_ctx - n_ctx / 2 - 1),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Whether any sampling option differs from its default.
+fn sampling_given(s: &crate::SampleArgs) -> bool {
+    let d = pi2_engine::SamplerConfig::default();
+    s.temp != d.temperature
+        || s.top_k != d.top_k
+        || s.top_p != d.top_p
+        || s.min_p != d.min_p
+        || s.repeat_penalty != d.repeat_penalty
+        || s.repeat_last_n != d.repeat_last_n
+        || s.seed.is_some()
 }

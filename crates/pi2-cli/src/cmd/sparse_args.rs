@@ -93,10 +93,11 @@ pub fn print_head_stats(st: &pi2_engine::HeadStats, n_vocab: usize) {
         return;
     }
     eprintln!(
-        "sparse head: {:.1} rows ({:.2}% of the vocabulary) and {:.0} KB per token, {} fallbacks in {} steps",
+        "sparse head: {:.1} rows ({:.2}% of the vocabulary) and {:.0} KB per token ({:.0} KB from flash), {} fallbacks in {} steps",
         st.rows as f64 / st.steps as f64,
         100.0 * st.rows as f64 / (st.steps as f64 * n_vocab as f64),
         st.bytes as f64 / st.steps as f64 / 1e3,
+        st.flash_bytes as f64 / st.steps as f64 / 1e3,
         st.fallbacks,
         st.steps
     );
@@ -113,6 +114,7 @@ pub fn head_json(st: &pi2_engine::HeadStats, n_vocab: usize) -> serde_json::Valu
         "rows_per_token": per(st.rows),
         "rows_fraction": per(st.rows) / n_vocab as f64,
         "bytes_per_token": per(st.bytes),
+        "flash_bytes_per_token": per(st.flash_bytes),
         "fallbacks": st.fallbacks,
     })
 }

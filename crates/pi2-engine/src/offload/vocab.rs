@@ -43,6 +43,8 @@ pub(crate) struct VocabStream {
     pub(crate) embd_pending: AtomicU64,
     /// Logits of one chunk for batches of several rows (scattered into place after).
     tmp: Vec<f32>,
+    /// The sparse head's streamed row ranges of one call (kept for their allocation).
+    pieces: Vec<(usize, usize)>,
 }
 
 impl VocabStream {
@@ -62,6 +64,7 @@ impl VocabStream {
             embd_rows: Vec::with_capacity(EMBD_BATCH),
             embd_pending: AtomicU64::new(0),
             tmp: Vec::new(),
+            pieces: Vec::new(),
         }
     }
 
@@ -197,6 +200,111 @@ impl Offload {
             self.read_out_chunk((i + 2) % chunks, b)?;
         }
         Ok(())
+    }
+
+    /// Logits of one token for the output rows in `ranges` (sorted, disjoint, starting and
+    /// ending at multiples of 8 or the end) into `logits` (a whole vocabulary row; other rows
+    /// untouched): resident rows from the mapping `out`, the rest read from flash into the
+    /// chunk buffers, one buffer's pieces in flight while the other's are multiplied (the
+    /// sparse head's exact rows). Returns the bytes read.
+    pub(crate) fn lm_head_rows(
+        &mut self,
+        ks: &KernelSet,
+        out: &MatRef<'_>,
+        acts: &ActBuf,
+        ranges: &[(usize, usize)],
+        logits: &mut [f32],
+    ) -> Result<u64, IoError> {
+        let r = self.vocab.resident;
+        let o = self.vocab.layout.output;
+        // The chunk buffers are reused here: let reads ahead land, then forget them.
+        self.wait_until(|o| o.vocab.pending.iter().all(|p| p.load(Acquire) == 0))?;
+        self.vocab.buf_chunk = [None, None];
+        let cap = self.vocab.bufs[0].len();
+        let max_rows = (cap / o.row_bytes.max(1)) / 8 * 8;
+        let mut pieces = std::mem::take(&mut self.vocab.pieces);
+        pieces.clear();
+        for &(a, e) in ranges {
+            if a < r {
+                let m = e.min(r);
+                matmul(ks, &out.rows(a..m), acts, &mut logits[a..m]);
+            }
+            let mut a = a.max(r);
+            while a < e {
+                let m = (a + max_rows).min(e);
+                pieces.push((a, m));
+                a = m;
+            }
+        }
+        // Batches of pieces that fill one buffer each (pieces at PAD-aligned places).
+        let mut batches: Vec<(usize, usize)> = Vec::new();
+        let mut used = cap;
+        for (k, &(a, e)) in pieces.iter().enumerate() {
+            let len = pad((e - a) * o.row_bytes);
+            if used + len > cap {
+                batches.push((k, k));
+                used = 0;
+            }
+            used += len;
+            batches.last_mut().expect("pushed above").1 = k + 1;
+        }
+        let mut read = 0;
+        let result = (|| {
+            if let Some(&first) = batches.first() {
+                read += self.read_out_pieces(&pieces[first.0..first.1], 0)?;
+            }
+            for (j, &(p0, p1)) in batches.iter().enumerate() {
+                let b = j % 2;
+                if let Some(&(q0, q1)) = batches.get(j + 1) {
+                    read += self.read_out_pieces(&pieces[q0..q1], 1 - b)?;
+                }
+                self.wait_until(|o| o.vocab.pending[b].load(Acquire) == 0)?;
+                let mut at = 0;
+                for &(a, e) in &pieces[p0..p1] {
+                    let len = (e - a) * o.row_bytes;
+                    let m = MatRef::new(o.ty, e - a, o.cols, &self.vocab.bufs[b][at..at + len])
+                        .expect("checked at load");
+                    matmul(ks, &m, acts, &mut logits[a..e]);
+                    at += pad(len);
+                }
+            }
+            Ok(read)
+        })();
+        self.vocab.pieces = pieces;
+        result
+    }
+
+    /// Reads `pieces` (row ranges of the output matrix) into buffer `b`, one after another at
+    /// PAD-aligned places. Returns the bytes asked for.
+    fn read_out_pieces(&mut self, pieces: &[(usize, usize)], b: usize) -> Result<u64, IoError> {
+        let v = &mut self.vocab;
+        let o = v.layout.output;
+        let base = v.bufs[b].as_mut_ptr();
+        let mut reqs = Vec::with_capacity(pieces.len());
+        let mut at = 0;
+        for &(a, e) in pieces {
+            let len = (e - a) * o.row_bytes;
+            reqs.push(Request {
+                offset: o.offset + (a * o.row_bytes) as u64,
+                len,
+                // SAFETY: inside buffer `b`: the batches were cut to its size.
+                dst: unsafe { base.add(at) },
+                tag: Tag::Output(b).encode(),
+            });
+            at += pad(len);
+        }
+        let bytes: u64 = reqs.iter().map(|q| q.len as u64).sum();
+        let n = reqs.len() as u64;
+        v.pending[b].fetch_add(n, AcqRel);
+        self.stats.out_chunk_reads += n;
+        self.stats.out_bytes += bytes;
+        // SAFETY: the buffer is not read until every piece has been received, and not written
+        // by anything else meanwhile.
+        let submitted = unsafe { self.reader.submit(&reqs) };
+        if submitted.is_err() {
+            self.vocab.pending[b].fetch_sub(n, AcqRel);
+        }
+        submitted.map(|()| bytes)
     }
 
     fn read_out_chunk(&mut self, i: usize, b: usize) -> Result<(), IoError> {
