@@ -17,7 +17,7 @@ use pi2_engine::{check_thresholds, transposed, EngineError};
 use pi2_kernels::QuantType;
 use pi2_model::writer::GgufWriter;
 use pi2_model::{Model, Value};
-use pi2_sparse::{FitConfig, Predictor, PredictorKind, Profile};
+use pi2_sparse::{placement, FiringColumns, FitConfig, Predictor, PredictorKind, Profile};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -84,6 +84,9 @@ pub struct ConvertConfig {
     /// Build a sparse output head whose resident factors take about this share of the output
     /// matrix (`None`: no head; decode then always computes the whole output matrix).
     pub head_share: Option<f32>,
+    /// Bands of the hot-first order inside which neurons are placed by co-activation (0 or 1:
+    /// frequency order alone).
+    pub placement_band: usize,
 }
 
 /// What [`convert`] built: per layer, and the sparse head.
@@ -115,6 +118,7 @@ impl Default for ConvertConfig {
             // Opt-in: on the models measured so far the bound does not separate at this share
             // (see the README's sparse-head section), and a head that always falls back costs time.
             head_share: None,
+            placement_band: pi2_sparse::PLACEMENT_BAND,
         }
     }
 }
@@ -165,15 +169,16 @@ pub fn convert(
         .map(|li| {
             let s = &samples[li];
             let l = &model.weights.layers[li];
-            let mut fired = vec![0u32; c.n_ff];
+            // Hot first, co-activated neurons together inside bands (`pi2_sparse::placement`).
+            let mut cols = FiringColumns::new(c.n_ff, s.len());
             for t in 0..s.len() {
-                for (i, n) in fired.iter_mut().enumerate() {
-                    *n += s.fired(t, i) as u32;
+                for i in 0..c.n_ff {
+                    if s.fired(t, i) {
+                        cols.set(i, t);
+                    }
                 }
             }
-            // Hot-first order (stable: ties keep the model's order).
-            let mut perm: Vec<u32> = (0..c.n_ff as u32).collect();
-            perm.sort_by_key(|&i| std::cmp::Reverse(fired[i as usize]));
+            let perm = placement(&cols, cfg.placement_band);
             let held = s.len() - s.train;
             let fired_held = (s.train..s.len())
                 .map(|t| (0..c.n_ff).filter(|&i| s.fired(t, i)).count())

@@ -196,3 +196,51 @@ fn bad_requests_are_refused() {
     .to_string();
     assert!(err.contains("expert"), "{err}");
 }
+
+/// Neuron placement: frequency order alone is hot first; co-activation placement keeps each
+/// band of that order (the same neurons, so the pinned prefix stays hot) and reorders inside
+/// it; either file computes the same function.
+#[test]
+fn placement_keeps_bands_of_the_hot_first_order() {
+    let m = Model::from_file(GgufFile::from_bytes(&build(&spec()).to_bytes()).unwrap()).unwrap();
+    let (profile, th, samples) = calibrate(&m);
+    let counts: Vec<u32> = {
+        let s = &samples.layers[0];
+        (0..spec().n_ff)
+            .map(|i| (0..s.len()).filter(|&t| s.fired(t, i)).count() as u32)
+            .collect()
+    };
+    let perm_of = |band: usize| {
+        let conv_cfg = ConvertConfig {
+            placement_band: band,
+            ..config(PredictorKind::Lowrank)
+        };
+        let (w, _) = convert::convert(&m, &profile, &th, samples.clone(), &conv_cfg).unwrap();
+        let conv = Model::from_file(GgufFile::from_bytes(&w.to_bytes()).unwrap()).unwrap();
+        let t = conv.file.tensor("blk.0.ffn_perm").unwrap();
+        let perm: Vec<u32> = conv
+            .file
+            .tensor_data(t)
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect();
+        let mut e = Engine::new(&conv, &cfg()).unwrap();
+        (perm, e.forward(&TOKENS, Logits::Last).unwrap().to_vec())
+    };
+    let (by_freq, want) = perm_of(1);
+    let fired: Vec<u32> = by_freq.iter().map(|&i| counts[i as usize]).collect();
+    assert!(fired.windows(2).all(|w| w[0] >= w[1]), "{fired:?}");
+    let (placed, got) = perm_of(32);
+    assert_ne!(placed, by_freq, "nothing moved inside the bands");
+    for (a, b) in by_freq.chunks(32).zip(placed.chunks(32)) {
+        let (mut a, mut b) = (a.to_vec(), b.to_vec());
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+    }
+    assert!(
+        max_rel_diff(&want, &got) < 1e-3,
+        "{}",
+        max_rel_diff(&want, &got)
+    );
+}

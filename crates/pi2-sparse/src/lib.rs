@@ -17,12 +17,14 @@
 
 mod coact;
 mod hitrate;
+mod placement;
 mod predictor;
 mod profile;
 mod sensitivity;
 mod trace;
 
 pub use hitrate::{hit_rates, HitPoint};
+pub use placement::{pages_touched, placement, FiringColumns, PLACEMENT_BAND};
 pub use predictor::{lowrank, train, Fit, FitConfig, LayerSamples, Predictor, PredictorKind};
 pub use profile::{
     Activation, Calibration, Coactivation, LayerProfile, ModelInfo, Profile, ProfileConfig,

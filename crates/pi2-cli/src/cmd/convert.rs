@@ -17,6 +17,13 @@ use pi2_sparse::{FitConfig, PredictorKind, Profile};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// How `convert` orders neurons in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    Coactivation,
+    Frequency,
+}
+
 #[derive(Args)]
 pub struct ConvertArgs {
     #[command(flatten)]
@@ -75,6 +82,11 @@ pub struct ConvertArgs {
     /// Share of the output matrix the sparse head's resident factors may take (0..1)
     #[arg(long, default_value_t = 0.10)]
     pub head_share: f32,
+    /// Neuron order in the file: `coactivation` (hot first, and inside bands of 512 of that
+    /// order each neuron next to the one it fires with most often: fewer pages read per
+    /// token) or `frequency` (hot first alone)
+    #[arg(long, value_enum, default_value_t = Placement::Coactivation)]
+    pub placement: Placement,
     /// Output GGUF file
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
@@ -218,6 +230,10 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             ..FitConfig::default()
         },
         head_share: a.head.then_some(a.head_share),
+        placement_band: match a.placement {
+            Placement::Coactivation => pi2_sparse::PLACEMENT_BAND,
+            Placement::Frequency => 1,
+        },
     };
     let t1 = Instant::now();
     let (writer, report) = convert::convert(&model, &profile, &th, samples, &cfg)?;
