@@ -86,6 +86,14 @@ impl Budget {
         Ok(())
     }
 
+    /// Give back up to `bytes` of `region`'s reservation (another region may take them);
+    /// returns the bytes given back.
+    pub fn release(&mut self, region: Region, bytes: u64) -> u64 {
+        let got = bytes.min(self.used[region as usize]);
+        self.used[region as usize] -= got;
+        got
+    }
+
     /// Reserve everything left for `region` (returns the bytes taken).
     pub fn take_rest(&mut self, region: Region) -> u64 {
         let rest = self.left();
@@ -102,6 +110,17 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn released_bytes_can_be_reserved_elsewhere() {
+        let mut b = Budget::new(100);
+        b.reserve(Region::Cold, 80, "cache").unwrap();
+        assert!(b.reserve(Region::Fixed, 30, "kv").is_err());
+        assert_eq!(b.release(Region::Cold, 25), 25);
+        b.reserve(Region::Fixed, 30, "kv").unwrap();
+        assert_eq!(b.release(Region::Hot, 5), 0, "nothing reserved there");
+        assert_eq!((b.used(Region::Cold), b.left()), (55, 15));
+    }
 
     #[test]
     fn reservations_are_strict() {

@@ -7,7 +7,9 @@
 //!   key -> slot table, per-slot part bits (a bundle arrives in parts: gate first, up/down later),
 //!   per-group hit statistics, and an [`EvictionPolicy`] ([`Lru`] by default, [`Fifo`] to
 //!   compare). Slots used in the current step are never evicted. Nothing allocates after
-//!   construction.
+//!   construction; [`SlotCache::set_limit`] gives slots back (their memory too) when another
+//!   region of the same budget grows.
+//! - [`release_pages`]: hands the whole pages inside a byte range back to the system.
 
 mod budget;
 mod policy;
@@ -33,6 +35,30 @@ pub enum CacheError {
     },
     #[error("a slot cache needs at least one slot of at least one byte")]
     Empty,
+}
+
+/// Gives the whole pages inside `len` bytes at `ptr` back to the system (`madvise(DONTNEED)`
+/// on Unix; nothing elsewhere): they stop counting as resident, and read as zeros if touched
+/// again. Partial pages at either end are kept.
+///
+/// # Safety
+/// The range must be owned, private, anonymous memory (heap or anonymous mapping) that nothing
+/// reads or writes while the call runs, and whose contents nobody needs any more.
+pub unsafe fn release_pages(ptr: *mut u8, len: usize) {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let start = (ptr as usize).next_multiple_of(page);
+        let end = (ptr as usize + len) / page * page;
+        if end > start {
+            // SAFETY: whole pages inside the caller's range (see the contract). A failure
+            // only leaves the pages resident.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (ptr, len);
 }
 
 /// The README's examples, compiled and run as doctests.

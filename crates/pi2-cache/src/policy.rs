@@ -12,6 +12,9 @@ pub trait EvictionPolicy: Send {
     fn touched(&mut self, slot: u32);
     /// The slot to evict, if any slot is evictable.
     fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32>;
+    /// A slot left the cache for good ([`crate::SlotCache::set_limit`]): forget it. The cache
+    /// never offers it again either way.
+    fn removed(&mut self, _slot: u32) {}
 }
 
 const NIL: u32 = u32::MAX;
@@ -97,6 +100,9 @@ impl EvictionPolicy for Lru {
     fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
         self.0.oldest(evictable)
     }
+    fn removed(&mut self, slot: u32) {
+        self.0.unlink(slot)
+    }
 }
 
 /// First in, first out: hits do not reorder (the baseline LRU must beat).
@@ -116,5 +122,8 @@ impl EvictionPolicy for Fifo {
     fn touched(&mut self, _: u32) {}
     fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
         self.0.oldest(evictable)
+    }
+    fn removed(&mut self, slot: u32) {
+        self.0.unlink(slot)
     }
 }

@@ -56,6 +56,8 @@ pub struct SlotCache<P: EvictionPolicy = Lru> {
     parts: Vec<AtomicU8>,
     step: u64,
     free: u32,
+    /// Slots in use from now on (`..limit`); the rest were given back.
+    limit: u32,
     group_size: usize,
     stats: CacheStats,
     policy: P,
@@ -98,6 +100,7 @@ impl<P: EvictionPolicy> SlotCache<P> {
             parts: (0..n_slots).map(|_| AtomicU8::new(0)).collect(),
             step: 1,
             free: 0,
+            limit: n_slots as u32,
             group_size,
             stats: CacheStats {
                 groups: vec![GroupStats::default(); n_keys.div_ceil(group_size)],
@@ -122,8 +125,36 @@ impl<P: EvictionPolicy> SlotCache<P> {
         (bytes.saturating_sub(4 * n_keys as u64) / per) as usize
     }
 
+    /// Slots in use (at most those allocated; fewer after [`SlotCache::set_limit`]).
     pub fn n_slots(&self) -> usize {
-        self.key_of.len()
+        self.limit as usize
+    }
+
+    /// Keep only the first `n` slots (at least one, at most those allocated): keys in the
+    /// others are evicted and their memory given back to the system (the whole pages among
+    /// them; raised again, they come back with no parts and undefined bytes). Call between
+    /// steps, with no writer filling a slot.
+    pub fn set_limit(&mut self, n: usize) {
+        let n = n.clamp(1, self.key_of.len()) as u32;
+        for s in n..self.limit {
+            let key = self.key_of[s as usize];
+            if key != NONE {
+                self.slot_of[key as usize] = NONE;
+                self.key_of[s as usize] = NONE;
+                self.stats.groups[key as usize / self.group_size].evictions += 1;
+            }
+            self.parts[s as usize].store(0, Ordering::Relaxed);
+            self.policy.removed(s);
+        }
+        if n < self.limit {
+            let start = n as usize * self.stride;
+            let end = self.limit as usize * self.stride;
+            // SAFETY: the range lies inside the arena, and no slot in it is read or written
+            // any more (their keys are gone; the caller excludes writers in flight).
+            unsafe { crate::release_pages(self.arena.as_ptr().add(start), end - start) };
+        }
+        self.free = self.free.min(n);
+        self.limit = n;
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -164,12 +195,14 @@ impl<P: EvictionPolicy> SlotCache<P> {
     /// slots not used in this step. `None` when every slot is in use by this step.
     pub fn insert(&mut self, key: u32) -> Option<Slot> {
         debug_assert_eq!(self.slot_of[key as usize], NONE, "key already cached");
-        let s = if (self.free as usize) < self.key_of.len() {
+        let s = if self.free < self.limit {
             self.free += 1;
             self.free - 1
         } else {
-            let (step, step_of) = (self.step, &self.step_of);
-            let v = self.policy.victim(&|s| step_of[s as usize] != step)?;
+            let (step, step_of, limit) = (self.step, &self.step_of, self.limit);
+            let v = self
+                .policy
+                .victim(&|s| s < limit && step_of[s as usize] != step)?;
             let old = self.key_of[v as usize];
             self.slot_of[old as usize] = NONE;
             self.stats.groups[old as usize / self.group_size].evictions += 1;
@@ -196,7 +229,7 @@ impl<P: EvictionPolicy> SlotCache<P> {
     /// Start of a slot's bytes, for a writer that fills it while the cache is shared (an I/O
     /// thread).
     pub fn slot_ptr(&self, s: Slot) -> *mut u8 {
-        assert!((s.0 as usize) < self.key_of.len(), "slot out of range");
+        assert!(s.0 < self.limit, "slot out of range");
         // SAFETY: within the arena.
         unsafe { self.arena.as_ptr().add(s.0 as usize * self.stride) }
     }
@@ -248,6 +281,47 @@ impl<P: EvictionPolicy> Drop for SlotCache<P> {
 mod tests {
     use super::*;
     use crate::Fifo;
+
+    #[test]
+    fn a_lower_limit_evicts_the_slots_given_back_and_never_uses_them() {
+        // Slots of two pages, so giving them back releases whole pages.
+        let mut c = SlotCache::new(100, 10, 8192, 8, Lru::default()).unwrap();
+        for k in 0..8 {
+            let s = c.insert(k).unwrap();
+            c.slot_mut(s).fill(k as u8 + 1);
+        }
+        c.begin_step();
+        c.set_limit(3);
+        assert_eq!(c.n_slots(), 3);
+        let kept: Vec<u32> = (0..8).filter(|&k| c.peek(k).is_some()).collect();
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        for &k in &kept {
+            let s = c.peek(k).unwrap();
+            assert!(s.0 < 3);
+            // SAFETY: no writer.
+            assert!(unsafe { c.slot(s) }.iter().all(|&b| b == k as u8 + 1));
+        }
+        // New keys take only the slots left, evicting the least recent.
+        for k in 20..30 {
+            c.begin_step();
+            assert!(c.insert(k).unwrap().0 < 3);
+        }
+        assert_eq!((20..30).filter(|&k| c.peek(k).is_some()).count(), 3);
+        let evicted: u64 = c.stats().groups.iter().map(|g| g.evictions).sum();
+        assert_eq!(evicted, 5 + 10);
+        // Raised again: the slots come back (no parts; their memory usable again).
+        c.set_limit(8);
+        c.begin_step();
+        for k in 40..45 {
+            let s = c.insert(k).unwrap();
+            assert!(s.0 >= 3 && c.parts(s) == 0, "a free slot first");
+            c.slot_mut(s).fill(7);
+            // SAFETY: no writer.
+            assert!(unsafe { c.slot(s) }.iter().all(|&b| b == 7));
+        }
+        c.set_limit(0);
+        assert_eq!(c.n_slots(), 1, "at least one slot");
+    }
 
     #[test]
     fn lru_evicts_least_recent_and_spares_the_current_step() {

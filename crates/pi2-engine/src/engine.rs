@@ -396,6 +396,12 @@ impl<'m> Engine<'m> {
         self.kv.truncate(n)
     }
 
+    /// Bytes the KV cache holds after a first batch of `n_batch` tokens (what an offload
+    /// charges at the start; later positions are charged as they are written).
+    pub fn kv_bytes_start(&self, n_batch: usize) -> usize {
+        crate::kv::kv_bytes(&self.model.config, n_batch.clamp(1, self.n_ctx), n_batch)
+    }
+
     /// Bytes the KV cache holds when the context is full, with batches of up to `n_batch`
     /// tokens (sliding-window layers hold their window plus one batch).
     pub fn kv_bytes_full(&self, n_batch: usize) -> usize {
@@ -471,6 +477,11 @@ impl<'m> Engine<'m> {
         let (c, f) = (&m.config, &m.file);
         let n = tokens.len();
         let pos0 = self.kv.len;
+        if let Some(o) = self.offload.as_mut() {
+            // The KV cache grows inside the budget: room comes from the neuron memory.
+            let kv = self.kv.bytes_at(pos0 + n, n, c.kv_dim());
+            o.charge_kv(kv as u64, pos0 + n)?;
+        }
         self.embed(tokens)?;
         if c.embd_scale != 1.0 {
             let x = &mut self.s.x[..n * c.n_embd];

@@ -98,11 +98,17 @@ impl KvCache {
                 }
             }
             None => {
+                // Address space for the whole context at once, memory as positions are
+                // written: the buffers never move, and what they hold is what has been used
+                // (an offload charges it as it grows).
+                if l.k.capacity() < n_ctx * kvd {
+                    l.k.reserve_exact(n_ctx * kvd - l.k.len());
+                    l.v.reserve_exact(n_ctx * kvd - l.v.len());
+                }
                 let need = (pos0 + n) * kvd;
                 if l.k.len() < need {
-                    let cap = need.max(l.k.len() * 2).min(n_ctx * kvd).max(need);
-                    l.k.resize(cap, f16::ZERO);
-                    l.v.resize(cap, f16::ZERO);
+                    l.k.resize(need, f16::ZERO);
+                    l.v.resize(need, f16::ZERO);
                 }
             }
         }
@@ -142,11 +148,27 @@ impl KvCache {
         self.len
     }
 
-    /// Bytes held now.
+    /// Bytes held now (of a global layer, the positions written; its reserved address space
+    /// beyond them is not memory).
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| (l.k.capacity() + l.v.capacity()) * 2)
+            .map(|l| match l.window {
+                Some(_) => (l.k.capacity() + l.v.capacity()) * 2,
+                None => (l.k.len() + l.v.len()) * 2,
+            })
+            .sum()
+    }
+
+    /// Bytes held once positions up to `end` are written by a batch of `n` (`kvd` wide).
+    pub fn bytes_at(&self, end: usize, n: usize, kvd: usize) -> usize {
+        let end = end.min(self.n_ctx);
+        self.layers
+            .iter()
+            .map(|l| match l.window {
+                Some(w) => 2 * 2 * kvd * ring_len(w, n, self.n_ctx).max(l.ring),
+                None => 2 * 2 * kvd * end.max(l.k.len() / kvd.max(1)),
+            })
             .sum()
     }
 }
@@ -181,15 +203,21 @@ mod tests {
     }
 
     #[test]
-    fn global_layers_grow_in_steps() {
+    fn global_layers_hold_the_positions_written() {
         let mut kv = KvCache::new([None, None], 8);
         let view = kv.append(1, 0, &[1.0, 2.0], &[3.0, 4.0], 2);
         assert_eq!((view.k.len(), view.ring), (2, 8));
         assert_eq!(f16::from_bits(view.v[1]).to_f32(), 4.0);
+        assert_eq!(kv.bytes(), 2 * 2 * 2 * 1, "one position of one layer");
+        assert_eq!(
+            kv.bytes_at(4, 1, 2),
+            2 * 2 * 2 * 4 * 2,
+            "four positions of both layers"
+        );
         let view = kv.append(1, 1, &[5.0, 6.0], &[7.0, 8.0], 2);
-        assert_eq!(view.k.len(), 4, "doubled");
+        assert_eq!(view.k.len(), 4, "the positions written");
         assert_eq!(read(&view, 1, 2), [5.0, 6.0]);
-        assert!(kv.bytes() >= 16);
+        assert_eq!(kv.bytes(), 2 * 2 * 2 * 2);
     }
 
     #[test]

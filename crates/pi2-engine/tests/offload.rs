@@ -567,3 +567,90 @@ fn gate_rows_pinned_first_without_a_predictor_give_the_same_logits() {
     }
     assert!(gate_only > 0, "no budget pinned gate rows alone");
 }
+
+/// One budget whose regions move: an offload charged for one batch of KV cache gives cold
+/// slots back (all room in the LRU cache) or pinned rows (all room pinned) as decode writes
+/// positions, with in-memory decode's logits bit for bit and the budget never exceeded; at the
+/// least budget there is nothing to give, and the step that needs more fails saying how far
+/// the context got and what to do.
+#[test]
+fn the_kv_cache_grows_inside_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted(dir.path());
+    let m = Model::load(&path).unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+    let tokens: Vec<u32> = (0..60u32).map(|i| (i * 37 + 11) % 200).collect();
+    let decode = |e: &mut Engine<'_>| -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
+        e.truncate(0);
+        let mut out = vec![e.forward(&tokens[..4], Logits::Last)?.to_vec()];
+        for &t in &tokens[4..] {
+            out.push(e.forward(&[t], Logits::Last)?.to_vec());
+        }
+        Ok(out)
+    };
+    let mut mem = Engine::new(&m, &cfg()).unwrap();
+    mem.set_sparse(Some(&sp)).unwrap();
+    let want = decode(&mut mem).unwrap();
+    let freq: Option<Vec<Vec<f32>>> = pi2_engine::load_sparse(&m)
+        .unwrap()
+        .and_then(|(_, p)| p)
+        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
+    let probe = Engine::new(&m, &cfg()).unwrap();
+    let (start, full, scratch) = (
+        probe.kv_bytes_start(8) as u64,
+        probe.kv_bytes_full(8) as u64,
+        probe.scratch_bytes(8) as u64,
+    );
+    assert!(
+        full > 4 * start,
+        "the test needs the KV cache to grow: {start} of {full}"
+    );
+    let least = pi2_engine::min_budget(&m, &sp, start, scratch).unwrap();
+    let make = |budget: u64, hot_share: f64| {
+        let oc = OffloadConfig {
+            budget,
+            hot_share,
+            ..Default::default()
+        };
+        Offload::new(&m, &sp, &path, start, scratch, freq.as_deref(), &oc).unwrap()
+    };
+    // Beyond the least: room to keep all attention and output rows resident, then neurons.
+    let budget = least + full + (64 << 10);
+    for hot_share in [0.0, 1.0] {
+        let o = make(budget, hot_share);
+        let pinned = |o: &Offload| {
+            o.hot_counts().iter().sum::<usize>() + o.hot_gate_counts().iter().sum::<usize>()
+        };
+        let (slots0, pinned0) = (o.cold_slots(), pinned(&o));
+        let mut e = Engine::new(&m, &cfg()).unwrap();
+        e.set_sparse(Some(&sp)).unwrap();
+        e.set_offload(Some(o)).unwrap();
+        let got = decode(&mut e).unwrap();
+        assert_eq!(got, want, "hot share {hot_share}");
+        let o = e.offload().unwrap();
+        let b = o.budget();
+        assert!(b.total_used() <= b.limit(), "hot share {hot_share}");
+        assert!(o.kv_charged() >= e.kv_bytes() as u64 && o.kv_charged() > start);
+        match hot_share {
+            0.0 => assert!(
+                o.cold_slots() < slots0,
+                "{} of {slots0} slots",
+                o.cold_slots()
+            ),
+            _ => assert!(
+                pinned(o) < pinned0,
+                "{} of {pinned0} rows pinned",
+                pinned(o)
+            ),
+        }
+    }
+    // The least budget: no room to give once the first batch's positions are used.
+    let mut e = Engine::new(&m, &cfg()).unwrap();
+    e.set_sparse(Some(&sp)).unwrap();
+    e.set_offload(Some(make(least, 1.0))).unwrap();
+    let msg = decode(&mut e).unwrap_err().to_string();
+    assert!(
+        msg.contains("the context has reached") && msg.contains("raise --mem-budget"),
+        "{msg}"
+    );
+}

@@ -6,8 +6,8 @@ use pi2_engine::{Engine, Offload, OffloadConfig, SparseFfn};
 use pi2_model::Model;
 use std::path::Path;
 
-/// The offloaded FFN under `cfg`, for `engine` (its KV cache and buffers for batches of
-/// `n_batch` tokens count against the budget, and so does this process's own memory:
+/// The offloaded FFN under `cfg`, for `engine` (its buffers for batches of `n_batch` tokens
+/// and the KV cache of a first batch count against the budget, later positions as they come, and so does this process's own memory:
 /// `cfg.process`, or when it is 0 [`process_bytes`] measured now; a program that builds
 /// several offloads measures once, before the first). Direct I/O that the file system refuses falls
 /// back to buffered reads; [`Offload::engine`] says why.
@@ -24,35 +24,26 @@ pub fn build(
     if cfg.process == 0 {
         cfg.process = process_bytes(model);
     }
+    // The KV cache is charged for a first batch, and grows into room kept for it.
+    let kv = engine.kv_bytes_start(n_batch) as u64;
+    cfg.kv_growth = (engine.kv_bytes_full(n_batch) as u64).saturating_sub(kv);
     let cfg = &cfg;
-    let (kv, scratch) = (
-        engine.kv_bytes_full(n_batch) as u64,
-        engine.scratch_bytes(n_batch) as u64,
-    );
+    let scratch = engine.scratch_bytes(n_batch) as u64;
     match Offload::new(model, sparse, path, kv, scratch, freq.as_deref(), cfg) {
         Err(pi2_engine::EngineError::Budget(pi2_cache::CacheError::OverBudget {
             minimum, ..
-        })) => Err(too_small(
-            cfg.budget,
-            minimum,
-            cfg.process,
-            model,
-            sparse,
-            engine,
-            n_batch,
-        )),
+        })) => Err(too_small(cfg.budget, minimum, cfg.process, engine, n_batch)),
         other => Ok(other?),
     }
 }
 
-/// A budget below the least: what it needs, what the context's KV cache takes of that, and
-/// what to change (a larger budget, or the largest context that fits this one).
+/// A budget below the least: what it needs, what its parts are, and the budget to pass. The
+/// KV cache counts only its first batch here: later positions take room from the neuron
+/// memory as the context grows (`pi2_engine::Offload`), so no `-c` is needed to fit.
 fn too_small(
     budget: u64,
     minimum: u64,
     process: u64,
-    model: &Model,
-    sparse: &SparseFfn<'_>,
     engine: &Engine<'_>,
     n_batch: usize,
 ) -> RuntimeError {
@@ -62,26 +53,16 @@ fn too_small(
         b if b < 1 << 30 => format!("{:.1} MiB", mib(b)),
         b => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
     };
-    let (kv, n_ctx) = (engine.kv_bytes_full(n_batch) as u64, engine.n_ctx());
+    let kv = engine.kv_bytes_start(n_batch) as u64;
     let scratch = engine.scratch_bytes(n_batch) as u64;
-    let without_kv =
-        pi2_engine::min_budget(model, sparse, 0, scratch).map_or(minimum, |m| m + process);
-    let per_token = kv / n_ctx.max(1) as u64;
-    let fitting_ctx = match budget.checked_sub(without_kv) {
-        Some(room) if per_token > 0 => (room / per_token) as usize,
-        _ => 0,
-    };
-    let context = match fitting_ctx {
-        c if c >= 64 => format!(", or lower -c to {} to fit this budget", c.min(n_ctx - 1)),
-        _ => String::new(),
-    };
     RuntimeError::option(
         "--mem-budget",
         format!(
-            "{} is too small for this model: it needs at least {}, of which the KV cache for \
-             -c {n_ctx} takes {}, the buffers for {n_batch}-token batches {} and this \
+            "{} is too small for this model: it needs at least {}, of which the KV cache of a \
+             first {n_batch}-token batch takes {}, the buffers for such batches {} and this \
              process's own memory (code, tokenizer, metadata) {}; pass --mem-budget {}M or \
-             more{context}",
+             more (the KV cache of later tokens takes room from the neuron cache as the \
+             context grows)",
             human(budget),
             human(minimum),
             human(kv),
@@ -93,8 +74,10 @@ fn too_small(
     )
 }
 
-/// The smallest budget `engine` can offload `model` under (batches of `n_batch`), this
-/// process's own memory (`process`, see [`process_bytes`]) included.
+/// The smallest budget under which `engine` runs its whole context offloaded (batches of
+/// `n_batch`; the KV cache of every position, this process's own memory `process` (see
+/// [`process_bytes`]) included). A budget down to the KV cache of a first batch starts; the
+/// context then stops where the budget can give its KV cache no more room.
 pub fn min_budget(
     model: &Model,
     sparse: &SparseFfn<'_>,

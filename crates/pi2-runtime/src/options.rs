@@ -194,6 +194,8 @@ impl OffloadOptions {
             // 0: measured when the offload is built (`offload::build`).
             process: self.process_bytes.unwrap_or(0),
             hot_share: self.hot_share,
+            // Set when the offload is built, from the engine's context (`offload::build`).
+            kv_growth: 0,
             direct: self.direct,
             engine: self.io_engine,
             reader: pi2_io::ReaderConfig {

@@ -61,6 +61,7 @@ impl Residency for EngineResidency<'_> {
             self.model,
             self.sparse,
             self.kv,
+            0,
             self.scratch,
             self.freq.as_deref(),
             budget,
@@ -493,6 +494,8 @@ pub fn apply(
             // Measured when the offload is built (`offload::build`).
             process: 0,
             hot_share: k.hot_share,
+            // Set when the offload is built, from the engine's context (`offload::build`).
+            kv_growth: 0,
             direct: true,
             // The engine the hardware profile measured.
             engine: match plan.device.engine.starts_with("uring") {

@@ -221,6 +221,7 @@ pub fn offload_json(o: &pi2_engine::Offload, tokens: usize, decode_secs: f64) ->
     serde_json::json!({
         "budget_bytes": b.limit(),
         "regions_bytes": regions,
+        "kv_charged_bytes": o.kv_charged(),
         "hot_neurons": o.hot_counts().iter().sum::<usize>(),
         "hot_gate_rows": o.hot_gate_counts().iter().sum::<usize>(),
         "cold_slots": o.cold_slots(),

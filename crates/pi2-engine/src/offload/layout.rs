@@ -390,19 +390,28 @@ fn least_regions(p: &Layout, c: &pi2_model::ModelConfig) -> (u64, u64) {
     (2 * pad(p.stage) as u64, min_cold)
 }
 
+/// The fewest cold slots a cache of `slots` may keep when it gives room back: one decode
+/// step's neurons (or all it has, if fewer).
+pub(crate) fn least_cold_slots(c: &pi2_model::ModelConfig, slots: usize) -> usize {
+    step_neurons(c).min(slots).max(1)
+}
+
 /// Neurons one decode step may touch.
 fn step_neurons(c: &pi2_model::ModelConfig) -> usize {
     c.n_ff * c.n_expert_used.max(1)
 }
 
 /// How [`Offload::new`] would split `budget` (no allocation, no I/O): planners size plans with
-/// it. `process` is what the process holds outside the regions (charged first, see
-/// [`OffloadConfig::process`]). Errors name the minimum budget when it is too small.
+/// it. `kv_bytes` is the KV cache charged now, `kv_growth` what it may grow by later (kept
+/// free of resident attention and output rows; see [`OffloadConfig::kv_growth`]). `process` is
+/// what the process holds outside the regions (charged first, see [`OffloadConfig::process`]).
+/// Errors name the minimum budget when it is too small.
 #[allow(clippy::too_many_arguments)]
 pub fn regions(
     model: &Model,
     sparse: &SparseFfn<'_>,
     kv_bytes: u64,
+    kv_growth: u64,
     scratch: u64,
     frequency: Option<&[Vec<f32>]>,
     budget: u64,
@@ -422,7 +431,9 @@ pub fn regions(
         "this process's own memory (code, tokenizer, metadata)",
         least_fixed + stage_bytes + min_cold,
     )?;
-    let streaming = p.streaming(budget.left(), stage_bytes + min_cold);
+    // Room for the KV cache to grow into comes before resident attention or output rows (it
+    // is taken from the neuron memory as the context grows).
+    let streaming = p.streaming(budget.left(), stage_bytes + min_cold + kv_growth);
     budget.reserve_with_minimum(
         Region::Fixed,
         p.fixed_streaming(streaming),

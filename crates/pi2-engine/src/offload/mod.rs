@@ -23,6 +23,7 @@
 
 use crate::EngineError;
 mod layout;
+mod moving;
 mod residency;
 mod streaming;
 mod vocab;
@@ -30,7 +31,7 @@ mod vocab;
 use crate::residency::Tag;
 use crate::sparse::SparseFfn;
 pub(crate) use layout::Part;
-use layout::{hot_block, AttnLayout, FfnLayout, HotLayer, PAD};
+use layout::{hot_block, least_cold_slots, AttnLayout, FfnLayout, HotLayer, PAD};
 pub use layout::{min_budget, regions, Regions};
 use pi2_cache::{Budget, Lru, SlotCache};
 use pi2_io::{
@@ -56,6 +57,10 @@ pub struct OffloadConfig {
     pub process: u64,
     /// Share of the neuron memory pinned to the hottest neurons (the rest is the LRU cache).
     pub hot_share: f64,
+    /// Bytes the KV cache may grow by beyond what [`Offload::new`] is given: the budget keeps
+    /// them for it before making attention or output rows resident, in the neuron memory,
+    /// which gives them back as positions are written. 0: the KV cache given is all there is.
+    pub kv_growth: u64,
     /// Use `O_DIRECT` (falls back to buffered reads with dropped pages where refused).
     pub direct: bool,
     pub engine: IoEngine,
@@ -73,6 +78,7 @@ impl Default for OffloadConfig {
             budget: u64::MAX,
             process: 0,
             hot_share: 1.0,
+            kv_growth: 0,
             direct: true,
             engine: IoEngine::default(),
             reader: ReaderConfig::default(),
@@ -147,6 +153,12 @@ pub struct Offload {
     /// The token embedding and output matrix: resident rows and streamed ones.
     vocab: VocabStream,
     budget: Budget,
+    /// The KV cache's bytes charged so far (`moving`), and what may not be given back to it:
+    /// the least cold slots; per unit, the firing frequency of each file neuron (which pinned
+    /// rows go first).
+    kv_charged: u64,
+    least_slots: usize,
+    frequency: Option<Vec<Vec<f32>>>,
     direct: bool,
     fallback: Option<String>,
 }
@@ -176,6 +188,7 @@ impl Offload {
             model,
             sparse,
             kv_bytes,
+            cfg.kv_growth,
             scratch,
             frequency,
             cfg.budget,
@@ -259,6 +272,9 @@ impl Offload {
             attn_pending: AtomicU64::new(0),
             vocab: VocabStream::new(p.vocab, streamed_output_rows),
             budget,
+            kv_charged: kv_bytes,
+            least_slots: least_cold_slots(&model.config, slots),
+            frequency: frequency.map(|f| f.to_vec()),
             direct,
             fallback,
         })
