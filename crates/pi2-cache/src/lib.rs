@@ -9,7 +9,8 @@
 //!   compare). Slots used in the current step are never evicted. Nothing allocates after
 //!   construction; [`SlotCache::set_limit`] gives slots back (their memory too) when another
 //!   region of the same budget grows.
-//! - [`release_pages`]: hands the whole pages inside a byte range back to the system.
+//! - [`release_pages`] hands the whole pages inside a byte range back to the system, and
+//!   [`releasable_bytes`] says how many bytes that is.
 
 mod budget;
 mod policy;
@@ -39,7 +40,7 @@ pub enum CacheError {
 
 /// Gives the whole pages inside `len` bytes at `ptr` back to the system (`madvise(DONTNEED)`
 /// on Unix; nothing elsewhere): they stop counting as resident, and read as zeros if touched
-/// again. Partial pages at either end are kept.
+/// again. Partial pages at either end are kept. Releasing pages already released is harmless.
 ///
 /// # Safety
 /// The range must be owned, private, anonymous memory (heap or anonymous mapping) that nothing
@@ -47,10 +48,7 @@ pub enum CacheError {
 pub unsafe fn release_pages(ptr: *mut u8, len: usize) {
     #[cfg(unix)]
     {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let start = (ptr as usize).next_multiple_of(page);
-        let end = (ptr as usize + len) / page * page;
+        let (start, end) = whole_pages(ptr as usize, len);
         if end > start {
             // SAFETY: whole pages inside the caller's range (see the contract). A failure
             // only leaves the pages resident.
@@ -59,6 +57,32 @@ pub unsafe fn release_pages(ptr: *mut u8, len: usize) {
     }
     #[cfg(not(unix))]
     let _ = (ptr, len);
+}
+
+/// Bytes of the whole pages inside `len` bytes at address `at`: what [`release_pages`] gives
+/// back (0 where it gives nothing back).
+pub fn releasable_bytes(at: usize, len: usize) -> u64 {
+    if cfg!(unix) {
+        let (start, end) = whole_pages(at, len);
+        end.saturating_sub(start) as u64
+    } else {
+        0
+    }
+}
+
+/// The page-aligned span inside `[at, at + len)`.
+fn whole_pages(at: usize, len: usize) -> (usize, usize) {
+    let page = page_size();
+    (at.next_multiple_of(page), (at + len) / page * page)
+}
+
+fn page_size() -> usize {
+    #[cfg(unix)]
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    #[cfg(not(unix))]
+    let page = 4096;
+    (page as usize).max(4096)
 }
 
 /// The README's examples, compiled and run as doctests.

@@ -131,10 +131,11 @@ impl<P: EvictionPolicy> SlotCache<P> {
     }
 
     /// Keep only the first `n` slots (at least one, at most those allocated): keys in the
-    /// others are evicted and their memory given back to the system (the whole pages among
-    /// them; raised again, they come back with no parts and undefined bytes). Call between
+    /// others are evicted and their memory given back to the system (the whole pages from slot
+    /// `n` to the arena's end; raised again, slots come back with no parts and undefined
+    /// bytes). Returns the bytes of memory newly given back (0 when raising). Call between
     /// steps, with no writer filling a slot.
-    pub fn set_limit(&mut self, n: usize) {
+    pub fn set_limit(&mut self, n: usize) -> u64 {
         let n = n.clamp(1, self.key_of.len()) as u32;
         for s in n..self.limit {
             let key = self.key_of[s as usize];
@@ -146,15 +147,23 @@ impl<P: EvictionPolicy> SlotCache<P> {
             self.parts[s as usize].store(0, Ordering::Relaxed);
             self.policy.removed(s);
         }
+        let base = self.arena.as_ptr() as usize;
+        let tail = |k: u32| {
+            let at = k as usize * self.stride;
+            (at, self.layout.size() - at)
+        };
+        let mut freed = 0;
         if n < self.limit {
-            let start = n as usize * self.stride;
-            let end = self.limit as usize * self.stride;
+            let ((new, new_len), (old, old_len)) = (tail(n), tail(self.limit));
+            freed = crate::releasable_bytes(base + new, new_len)
+                - crate::releasable_bytes(base + old, old_len);
             // SAFETY: the range lies inside the arena, and no slot in it is read or written
             // any more (their keys are gone; the caller excludes writers in flight).
-            unsafe { crate::release_pages(self.arena.as_ptr().add(start), end - start) };
+            unsafe { crate::release_pages(self.arena.as_ptr().add(new), new_len) };
         }
         self.free = self.free.min(n);
         self.limit = n;
+        freed
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -291,7 +300,8 @@ mod tests {
             c.slot_mut(s).fill(k as u8 + 1);
         }
         c.begin_step();
-        c.set_limit(3);
+        // Five slots of two pages: at least four whole pages go back.
+        assert!(c.set_limit(3) >= 4 * 4096);
         assert_eq!(c.n_slots(), 3);
         let kept: Vec<u32> = (0..8).filter(|&k| c.peek(k).is_some()).collect();
         assert_eq!(kept.len(), 3, "{kept:?}");
@@ -310,7 +320,7 @@ mod tests {
         let evicted: u64 = c.stats().groups.iter().map(|g| g.evictions).sum();
         assert_eq!(evicted, 5 + 10);
         // Raised again: the slots come back (no parts; their memory usable again).
-        c.set_limit(8);
+        assert_eq!(c.set_limit(8), 0);
         c.begin_step();
         for k in 40..45 {
             let s = c.insert(k).unwrap();

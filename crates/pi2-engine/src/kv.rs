@@ -208,7 +208,11 @@ mod tests {
         let view = kv.append(1, 0, &[1.0, 2.0], &[3.0, 4.0], 2);
         assert_eq!((view.k.len(), view.ring), (2, 8));
         assert_eq!(f16::from_bits(view.v[1]).to_f32(), 4.0);
-        assert_eq!(kv.bytes(), 8, "one position of one layer: 2 values of k and v, 2 bytes each");
+        assert_eq!(
+            kv.bytes(),
+            8,
+            "one position of one layer: 2 values of k and v, 2 bytes each"
+        );
         assert_eq!(
             kv.bytes_at(4, 1, 2),
             2 * 2 * 2 * 4 * 2,

@@ -119,6 +119,23 @@ impl<'m> Prepared<'m> {
         Ok(e)
     }
 
+    /// [`Prepared::engine`] for batches of up to `n_batch` tokens, or, when a memory budget
+    /// cannot also hold the buffers of such batches, of the largest halving of it (down to 16)
+    /// that fits: a budget never needs a batch size picked by hand. Returns the engine and its
+    /// batch size; the error of the smallest batch when none fits.
+    pub fn engine_within_budget(&self, n_batch: usize) -> Result<(Engine<'_>, usize)> {
+        let mut b = n_batch.max(1);
+        loop {
+            match self.engine(b) {
+                Err(RuntimeError::Option {
+                    option: "--mem-budget",
+                    ..
+                }) if self.offloads() && b > 16 => b = (b / 2).max(16),
+                other => return other.map(|e| (e, b)),
+            }
+        }
+    }
+
     /// Attaches the offloaded FFN the options or plan ask for (nothing if they do not).
     pub fn attach_offload(&self, e: &mut Engine<'_>, n_batch: usize) -> Result<()> {
         let Some(sp) = self.sparse.as_ref() else {

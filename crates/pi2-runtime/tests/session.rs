@@ -401,3 +401,30 @@ fn head_tv_is_zero_where_the_bound_guarantees_it() {
     };
     assert!(pi2_engine::HeadTv::new(head, &penalty, act).is_none());
 }
+
+/// Under a budget too small for the buffers of the batches asked for, a session takes the
+/// largest halving that fits instead of refusing: nothing but the budget needs choosing.
+#[test]
+fn batches_shrink_to_fit_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, conv) = model_files(dir.path());
+    let cm = Model::load(&conv).unwrap();
+    let process = pi2_runtime::offload::process_bytes(&cm);
+    let mut o = options();
+    o.offload.process_bytes = Some(process);
+    let p = prepare(&cm, &conv, &o).unwrap();
+    let least = |n_batch: usize| {
+        let e = p.engine(n_batch).unwrap();
+        let sp = p.sparse.as_ref().unwrap();
+        let (kv, scratch) = (e.kv_bytes_start(n_batch), e.scratch_bytes(n_batch));
+        pi2_engine::min_budget(&cm, sp, kv as u64, scratch as u64).unwrap() + process
+    };
+    let (small, large) = (least(16), least(256));
+    assert!(small < large, "{small} {large}");
+    o.mem_budget = Some(format!("{}K", (small + 2048).div_ceil(1024)));
+    let p = prepare(&cm, &conv, &o).unwrap();
+    assert!(p.engine(256).is_err(), "256-token batches do not fit");
+    let (mut e, n_batch) = p.engine_within_budget(256).unwrap();
+    assert!((16..256).contains(&n_batch), "{n_batch}");
+    e.forward(&TOKENS[..4], Logits::Last).unwrap();
+}

@@ -83,8 +83,8 @@ pub fn start(
         let metrics = metrics.clone();
         std::thread::Builder::new()
             .name(format!("pi2-slot-{id}"))
-            .spawn(move || match prepared.engine(n_batch) {
-                Ok(engine) => {
+            .spawn(move || match prepared.engine_within_budget(n_batch) {
+                Ok((engine, n_batch)) => {
                     let _ = ready.send(Ok(engine.n_ctx()));
                     Slot {
                         id,

@@ -32,8 +32,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let template = model.chat_template()?;
     let opts = super::session_options(&a.model, &a.session, "chat")?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
-    // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens: buffers for those.
-    let mut engine = prepared.engine(GenerateConfig::default().n_batch)?;
+    // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens (fewer where a memory
+    // budget cannot hold the buffers of such batches): buffers for those.
+    let (mut engine, n_batch) = prepared.engine_within_budget(GenerateConfig::default().n_batch)?;
     let mut sampler = sampler(&a.sample)?;
     let tok = &model.tokenizer;
     let mut messages = Vec::new();
@@ -43,6 +44,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let cfg = GenerateConfig {
         max_tokens: Some(a.n_predict),
         ignore_eos: false,
+        n_batch,
         ..Default::default()
     };
     let mut cached = Vec::new();

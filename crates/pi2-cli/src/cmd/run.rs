@@ -79,13 +79,15 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     }
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
-    let cfg = GenerateConfig {
+    let mut cfg = GenerateConfig {
         max_tokens: (a.n_predict >= 0).then_some(a.n_predict as usize),
         ignore_eos: a.ignore_eos,
         ..Default::default()
     };
-    // The prompt is evaluated in batches of `cfg.n_batch`: buffers (and a budget) for those.
-    let mut engine = prepared.engine(prompt.len().min(cfg.n_batch))?;
+    // The prompt is evaluated in batches of `cfg.n_batch` (fewer where a memory budget cannot
+    // hold their buffers): buffers (and a budget) for those.
+    let (mut engine, n_batch) = prepared.engine_within_budget(prompt.len().min(cfg.n_batch))?;
+    cfg.n_batch = n_batch;
     if prompt.len() >= engine.n_ctx() {
         bail!(
             "the prompt is {} tokens, longer than the context of {} (raise -c/--ctx-size)",

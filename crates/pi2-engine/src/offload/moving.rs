@@ -28,12 +28,13 @@ impl Offload {
         }
         // Nothing may be landing in a slot or a pinned block given back.
         self.wait_until(|o| o.reader.outstanding() == 0)?;
+        // LRU slots above the least, a few at a time until whole pages come free.
         let per_slot = SlotCache::<Lru>::bytes_for(self.cache.slot_bytes(), 1, 0);
-        let spare = self.cache.n_slots().saturating_sub(self.least_slots) as u64;
-        let give = need.div_ceil(per_slot).min(spare);
-        if give > 0 {
-            self.cache.set_limit(self.cache.n_slots() - give as usize);
-            self.budget.release(Region::Cold, give * per_slot);
+        while need > 0 && self.cache.n_slots() > self.least_slots {
+            let spare = (self.cache.n_slots() - self.least_slots) as u64;
+            let give = need.div_ceil(per_slot).clamp(1, spare) as usize;
+            let freed = self.cache.set_limit(self.cache.n_slots() - give);
+            self.budget.release(Region::Cold, freed);
             need -= self.take_slack(need);
         }
         if need > 0 {
@@ -65,56 +66,74 @@ impl Offload {
         got
     }
 
-    /// Unpins rows worth at least `need` bytes (or all of them), least valuable first, and
-    /// releases their memory; returns the bytes given back.
+    /// Unpins rows, least valuable first, until their pages give back at least `need` bytes
+    /// (or nothing is pinned); returns the bytes of memory given back.
     fn unpin(&mut self, need: u64) -> u64 {
-        let old: Vec<(usize, usize)> = self.hot.iter().map(|h| (h.n_gate, h.n)).collect();
-        let mut freed = 0u64;
+        let before: Vec<u64> = (0..self.hot.len())
+            .map(|u| self.unpinned_pages(u))
+            .collect();
+        let mut now = before.clone();
+        let mut freed = 0;
         while freed < need {
-            // Up and down rows of the least frequently firing pinned neuron.
+            // Up and down rows of the least frequently firing pinned neuron; then gate rows,
+            // from the unit with the most.
             let pair = (0..self.hot.len())
                 .filter(|&u| self.hot[u].n > 0)
                 .min_by(|&a, &b| self.pinned_value(a).total_cmp(&self.pinned_value(b)));
-            if let Some(u) = pair {
-                self.hot[u].n -= 1;
-                let l = &self.layers[u];
-                freed += (l.up.row_bytes + l.down.row_bytes) as u64;
+            let gate = || {
+                (0..self.hot.len())
+                    .filter(|&u| self.hot[u].n_gate > 0)
+                    .max_by_key(|&u| self.hot[u].n_gate)
+            };
+            let u = match (pair, gate()) {
+                (Some(u), _) => {
+                    self.hot[u].n -= 1;
+                    u
+                }
+                (None, Some(u)) => {
+                    self.hot[u].n_gate -= 1;
+                    u
+                }
+                (None, None) => break,
+            };
+            let pages = self.unpinned_pages(u);
+            freed += pages - now[u];
+            now[u] = pages;
+        }
+        for u in 0..self.hot.len() {
+            if now[u] == before[u] {
                 continue;
             }
-            // Then gate rows, from the unit with the most.
-            let Some(u) = (0..self.hot.len())
-                .filter(|&u| self.hot[u].n_gate > 0)
-                .max_by_key(|&u| self.hot[u].n_gate)
-            else {
-                break;
-            };
-            self.hot[u].n_gate -= 1;
-            freed += self.layers[u].gate.row_bytes as u64;
-        }
-        for (u, &(g0, h0)) in old.iter().enumerate() {
-            let (l, h) = (&self.layers[u], &mut self.hot[u]);
-            let base = h.buf.as_mut_ptr();
-            let ranges = [
-                (h.n_gate * l.gate.row_bytes, g0 * l.gate.row_bytes),
-                (
-                    h.up_at + h.n * l.up.row_bytes,
-                    h.up_at + h0 * l.up.row_bytes,
-                ),
-                (
-                    h.down_at + h.n * l.down.row_bytes,
-                    h.down_at + h0 * l.down.row_bytes,
-                ),
-            ];
-            for (a, b) in ranges {
-                if b > a {
-                    // SAFETY: inside this unit's pinned block, rows no longer pinned: nothing
-                    // reads them (residency now sends those neurons to the cache) and no read
-                    // is in flight (the caller waited).
-                    unsafe { pi2_cache::release_pages(base.add(a), b - a) };
-                }
+            for (at, len) in self.unpinned_spans(u) {
+                // SAFETY: inside this unit's pinned block, past the rows still pinned: nothing
+                // reads them (residency now sends those neurons to the cache) and no read is
+                // in flight (the caller waited).
+                unsafe { pi2_cache::release_pages(self.hot[u].buf.as_mut_ptr().add(at), len) };
             }
         }
         freed
+    }
+
+    /// Unit `u`'s pinned block past the rows still pinned, per section (gate, up, down): the
+    /// spans from the last pinned row to the section's end, as (offset, length).
+    fn unpinned_spans(&self, u: usize) -> [(usize, usize); 3] {
+        let (l, h) = (&self.layers[u], &self.hot[u]);
+        let ends = [h.up_at, h.down_at, h.buf.len()];
+        let kept = [
+            h.n_gate * l.gate.row_bytes,
+            h.up_at + h.n * l.up.row_bytes,
+            h.down_at + h.n * l.down.row_bytes,
+        ];
+        std::array::from_fn(|k| (kept[k], ends[k].saturating_sub(kept[k])))
+    }
+
+    /// Bytes of whole pages in unit `u`'s unpinned spans (given back by [`Offload::unpin`]).
+    fn unpinned_pages(&self, u: usize) -> u64 {
+        let base = self.hot[u].buf.as_ptr() as usize;
+        self.unpinned_spans(u)
+            .iter()
+            .map(|&(at, len)| pi2_cache::releasable_bytes(base + at, len))
+            .sum()
     }
 
     /// How often unit `u`'s last pinned whole neuron fires (lower: unpinned sooner).
