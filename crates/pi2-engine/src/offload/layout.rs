@@ -390,6 +390,10 @@ fn least_regions(p: &Layout, c: &pi2_model::ModelConfig) -> (u64, u64) {
     (2 * pad(p.stage) as u64, min_cold)
 }
 
+/// Room for the KV cache's growth left unreserved by [`regions`] (up to this much; the rest
+/// of the growth is lent to the neuron memory).
+const KV_SLACK: u64 = 1 << 20;
+
 /// The fewest cold slots a cache of `slots` may keep when it gives room back: one decode
 /// step's neurons (or all it has, if fewer).
 pub(crate) fn least_cold_slots(c: &pi2_model::ModelConfig, slots: usize) -> usize {
@@ -446,7 +450,13 @@ pub fn regions(
         "prefill staging (two FFN units)",
         min_cold,
     )?;
-    let neuron_bytes = budget.left();
+    // The KV cache's first growth stays unreserved: neuron memory goes back in whole pages
+    // only, which a small growth may not free.
+    let keep = kv_growth.min(KV_SLACK);
+    let neuron_bytes = budget
+        .left()
+        .saturating_sub(keep)
+        .max(min_cold.min(budget.left()));
     if neuron_bytes < min_cold {
         budget.reserve_with_minimum(
             Region::Cold,
@@ -466,9 +476,13 @@ pub fn regions(
     budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
     // The rest is the LRU cache, never more slots than neurons outside the pinned set.
     let unpinned = n_units * n_ff - hot_counts.iter().sum::<usize>();
-    let slots = SlotCache::<Lru>::slots_in(budget.left(), p.bundle, n_units * n_ff)
-        .min(unpinned)
-        .max(step_neurons(c).min(unpinned).max(1));
+    let slots = SlotCache::<Lru>::slots_in(
+        budget.left() - keep.min(budget.left()),
+        p.bundle,
+        n_units * n_ff,
+    )
+    .min(unpinned)
+    .max(step_neurons(c).min(unpinned).max(1));
     let cold_bytes = SlotCache::<Lru>::bytes_for(p.bundle, slots, n_units * n_ff);
     budget.reserve(Region::Cold, cold_bytes, "the neuron cache")?;
     Ok(Regions {
