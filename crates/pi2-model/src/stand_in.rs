@@ -1,4 +1,5 @@
-//! Full-size stand-in models: the exact shapes of Llama-2 7B/13B, Mistral 7B and Mixtral 8x7B
+//! Full-size stand-in models: the exact shapes of Llama-2 7B/13B, Mistral 7B, Mixtral 8x7B and
+//! (without its biases) Qwen2.5-1.5B
 //! with deterministic random weights built so that, when the model runs, its FFN neurons fire
 //! at planted rates. Their outputs mean nothing; they exist to measure speed and memory on the
 //! I/O, cache and compute regime of real sparse models whose weights cannot be downloaded here.
@@ -44,7 +45,21 @@ pub struct Shape {
 }
 
 /// The shapes `pi2 synth` knows. `tiny` and `tiny-moe` are for tests.
-pub const SHAPES: [Shape; 6] = [
+pub const SHAPES: [Shape; 7] = [
+    // Qwen2.5-1.5B's shape (without its attention biases and tied output): a 1.5B-class model
+    // for timing profiling and conversion.
+    Shape {
+        name: "qwen2.5-1.5b",
+        n_layer: 28,
+        n_embd: 1536,
+        n_ff: 8960,
+        n_head: 12,
+        n_head_kv: 2,
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ctx: 32768,
+        rope_base: 1_000_000.0,
+    },
     Shape {
         name: "llama2-7b",
         n_layer: 32,

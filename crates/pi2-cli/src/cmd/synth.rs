@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Model shape: llama2-7b, llama2-13b, mistral-7b, mixtral-8x7b (tiny, tiny-moe: tests)
+    /// Model shape: llama2-7b, llama2-13b, mistral-7b, mixtral-8x7b, qwen2.5-1.5b (tiny,
+    /// tiny-moe: tests)
     #[arg(long)]
     pub shape: String,
     /// FFN: relu (ReGLU), dreglu (dReLU, TurboSparse), silu (SwiGLU)
