@@ -69,9 +69,16 @@ pub fn measure(r: &ProfileRequest<'_>) -> Result<HardwareProfile> {
     Ok(hw)
 }
 
-/// The plan's prediction again, with the flash measured now. `None` for plans that read
-/// nothing or without a cached hardware profile.
-pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Option<(f64, f64)>> {
+/// The plan's prediction again, with the flash measured now, for a process holding `process`
+/// bytes outside the offload's regions (measured before any offload was built; see
+/// [`crate::offload::process_bytes`]). `None` for plans that read nothing or without a cached
+/// hardware profile.
+pub fn repredict_now(
+    model: &Model,
+    path: &Path,
+    plan: &PlanFile,
+    process: u64,
+) -> Result<Option<(f64, f64)>> {
     if plan.knobs.mode != Mode::Offload {
         return Ok(None);
     }
@@ -103,7 +110,7 @@ pub fn repredict_now(model: &Model, path: &Path, plan: &PlanFile) -> Result<Opti
         progress: &progress,
     })?;
     hw.flash = flash;
-    let res = EngineResidency::new(model, &sparse, plan.n_ctx, plan.n_batch)?;
+    let res = EngineResidency::new(model, &sparse, plan.n_ctx, plan.n_batch, Some(process))?;
     let toks = recording_tokens(model, None, 32)?;
     let mp = model_profile(model, path, &sparse, recording_threads(&hw), &toks)?;
     let cm = cost_model(&hw, &mp, &res, toks.len(), plan.n_batch);

@@ -29,12 +29,15 @@ pub struct EngineResidency<'a> {
 }
 
 impl<'a> EngineResidency<'a> {
-    /// The accounting of an engine of context `n_ctx` and batches of `n_batch`.
+    /// The accounting of an engine of context `n_ctx` and batches of `n_batch`, in a process
+    /// holding `process` bytes outside the regions (`None`: measured now, which a process that
+    /// already holds an offload's regions must not do: they would count twice).
     pub fn new(
         model: &'a Model,
         sparse: &'a SparseFfn<'a>,
         n_ctx: usize,
         n_batch: usize,
+        process: Option<u64>,
     ) -> Result<Self> {
         let sizing = Engine::new(
             model,
@@ -50,7 +53,7 @@ impl<'a> EngineResidency<'a> {
             kv: sizing.kv_bytes_full(n_batch) as u64,
             scratch: sizing.scratch_bytes(n_batch) as u64,
             freq: pi2_engine::unit_frequencies(model)?,
-            process: crate::offload::process_bytes(model),
+            process: process.unwrap_or_else(|| crate::offload::process_bytes(model)),
         })
     }
 }
@@ -349,7 +352,7 @@ pub fn solve(
         0 => model.config.n_ctx_train,
         n => n,
     };
-    let res = EngineResidency::new(model, &sparse, n_ctx, req.n_batch)?;
+    let res = EngineResidency::new(model, &sparse, n_ctx, req.n_batch, None)?;
     let toks = recording_tokens(model, req.file, req.tokens)?;
     let mp = model_profile(model, path, &sparse, recording_threads(hw), &toks)?;
     let cm = cost_model(hw, &mp, &res, toks.len(), req.n_batch);

@@ -396,10 +396,9 @@ fn offloads<'s>(
     s: &'s Setup<'_>,
     e: &mut Engine<'s>,
     max_batch: usize,
+    process: u64,
 ) -> Result<Vec<Option<Offload>>> {
     let file = s.model.file.file_size();
-    // Measured before the first offload: later ones must not count the earlier ones' regions.
-    let process = pi2_runtime::offload::process_bytes(s.model);
     let mut out = Vec::new();
     for b in &s.budgets {
         e.set_sparse(s.sparse.as_ref())?;
@@ -432,7 +431,10 @@ fn bench_threads(a: &BenchArgs, s: &Setup<'_>, t: usize, rows: &mut Vec<Row>) ->
     // Generation runs one token per forward pass: only prompts need batch buffers.
     let max_batch = a.n_prompt.iter().copied().max().unwrap_or(0).max(1);
     let mut e = Engine::new(s.model, &cfg)?;
-    let mut offloads = offloads(s, &mut e, max_batch)?;
+    // Measured before the first offload: later ones (and the plan's prediction redone below)
+    // must not count the earlier ones' regions.
+    let process = pi2_runtime::offload::process_bytes(s.model);
+    let mut offloads = offloads(s, &mut e, max_batch, process)?;
     let tests = a
         .n_prompt
         .iter()
@@ -441,7 +443,7 @@ fn bench_threads(a: &BenchArgs, s: &Setup<'_>, t: usize, rows: &mut Vec<Row>) ->
         .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (0, n)));
     for (np, ng) in tests {
         let now = match &s.applied {
-            Some(ap) => pi2_runtime::hardware::repredict_now(s.model, &s.path, &ap.plan)?,
+            Some(ap) => pi2_runtime::hardware::repredict_now(s.model, &s.path, &ap.plan, process)?,
             None => None,
         };
         let (samples, stats) = measure_test(a, s, &mut e, &mut offloads, np, ng)?;
