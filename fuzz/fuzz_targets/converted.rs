@@ -12,6 +12,6 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = pi2_engine::load_sparse(&m);
-    let _ = pi2_engine::SparseHead::load(&m);
+    let _ = pi2_engine::SparseHead::load(&m, true);
     let _ = pi2_engine::verify_checksums(&m);
 });
