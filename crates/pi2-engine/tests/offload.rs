@@ -75,6 +75,14 @@ fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
     Ok(out)
 }
 
+/// Each unit's neuron firing frequencies from the converted file's profile.
+fn frequencies(m: &Model) -> Option<Vec<Vec<f32>>> {
+    pi2_engine::load_sparse(m)
+        .unwrap()
+        .and_then(|(_, p)| p)
+        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect())
+}
+
 fn offload(
     m: &Model,
     sp: &SparseFfn<'_>,
@@ -82,10 +90,7 @@ fn offload(
     e: &Engine<'_>,
     oc: OffloadConfig,
 ) -> Result<Offload, pi2_engine::EngineError> {
-    let freq: Option<Vec<Vec<f32>>> = pi2_engine::load_sparse(m)
-        .unwrap()
-        .and_then(|(_, p)| p)
-        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
+    let freq = frequencies(m);
     Offload::new(
         m,
         sp,
@@ -599,10 +604,7 @@ fn the_kv_cache_grows_inside_the_budget() {
     let mut mem = Engine::new(&m, &cfg()).unwrap();
     mem.set_sparse(Some(&sp)).unwrap();
     let want = decode(&mut mem).unwrap();
-    let freq: Option<Vec<Vec<f32>>> = pi2_engine::load_sparse(&m)
-        .unwrap()
-        .and_then(|(_, p)| p)
-        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect());
+    let freq = frequencies(&m);
     let probe = Engine::new(&m, &cfg()).unwrap();
     let (start, full, scratch) = (
         probe.kv_bytes_start(8) as u64,

@@ -19,11 +19,12 @@ use std::sync::atomic::{
     Ordering::{AcqRel, Acquire, Release},
 };
 
-/// Embedding row requests of one lookup round, kept to reuse their allocation.
+/// Requests of one lookup round (embedding rows) or one batch of output pieces, kept to reuse
+/// their allocation.
 struct Requests(Vec<Request>);
 
-// SAFETY: the pointers address this offload's own embedding buffer; they are only written
-// through by the reader between `submit` and the completions `embed` waits for.
+// SAFETY: the pointers address this offload's own embedding or chunk buffers; they are only
+// written through by the reader between `submit` and the completions waited for.
 unsafe impl Send for Requests {}
 unsafe impl Sync for Requests {}
 
@@ -43,8 +44,11 @@ pub(crate) struct VocabStream {
     pub(crate) embd_pending: AtomicU64,
     /// Logits of one chunk for batches of several rows (scattered into place after).
     tmp: Vec<f32>,
-    /// The sparse head's streamed row ranges of one call (kept for their allocation).
+    /// The sparse head's streamed row ranges of one call, the batches of them that fill a
+    /// buffer, and one batch's requests (kept for their allocation).
     pieces: Vec<(usize, usize)>,
+    batches: Vec<(usize, usize)>,
+    piece_reqs: Requests,
 }
 
 impl VocabStream {
@@ -65,6 +69,8 @@ impl VocabStream {
             embd_pending: AtomicU64::new(0),
             tmp: Vec::new(),
             pieces: Vec::new(),
+            batches: Vec::new(),
+            piece_reqs: Requests(Vec::new()),
         }
     }
 
@@ -237,7 +243,8 @@ impl Offload {
             }
         }
         // Batches of pieces that fill one buffer each (pieces at PAD-aligned places).
-        let mut batches: Vec<(usize, usize)> = Vec::new();
+        let mut batches = std::mem::take(&mut self.vocab.batches);
+        batches.clear();
         let mut used = cap;
         for (k, &(a, e)) in pieces.iter().enumerate() {
             let len = pad((e - a) * o.row_bytes);
@@ -271,6 +278,7 @@ impl Offload {
             Ok(read)
         })();
         self.vocab.pieces = pieces;
+        self.vocab.batches = batches;
         result
     }
 
@@ -280,7 +288,8 @@ impl Offload {
         let v = &mut self.vocab;
         let o = v.layout.output;
         let base = v.bufs[b].as_mut_ptr();
-        let mut reqs = Vec::with_capacity(pieces.len());
+        let reqs = &mut v.piece_reqs.0;
+        reqs.clear();
         let mut at = 0;
         for &(a, e) in pieces {
             let len = (e - a) * o.row_bytes;
@@ -300,7 +309,7 @@ impl Offload {
         self.stats.out_bytes += bytes;
         // SAFETY: the buffer is not read until every piece has been received, and not written
         // by anything else meanwhile.
-        let submitted = unsafe { self.reader.submit(&reqs) };
+        let submitted = unsafe { self.reader.submit(&self.vocab.piece_reqs.0) };
         if submitted.is_err() {
             self.vocab.pending[b].fetch_sub(n, AcqRel);
         }
