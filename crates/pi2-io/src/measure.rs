@@ -191,3 +191,120 @@ pub fn measure_uring(
     }
     Ok(point(read_size, depth, span, lat, busy, engine))
 }
+
+/// The I/O thread's own cost of landing requests of one size, measured through the real
+/// [`crate::Reader`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HandlingPoint {
+    /// Bytes per request (one checksummed record each).
+    pub request_len: usize,
+    pub requests: u64,
+    /// Nanoseconds of [`crate::ReaderStats::handling_ns`] per request.
+    pub ns_per_request: f64,
+}
+
+/// A device that is memory: what is left of a read's time is the reader's own work.
+struct MemoryEngine(Vec<u8>);
+
+impl ReadEngine for MemoryEngine {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn alignment(&self) -> usize {
+        1
+    }
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn read_batch(&mut self, ops: &mut [ReadOp<'_>]) -> Result<(), IoError> {
+        for op in ops {
+            let at = op.offset as usize;
+            op.buf.copy_from_slice(&self.0[at..at + op.buf.len()]);
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of records the handling measurement reads from, and of the slots they land in:
+/// beyond the last-level cache, as a neuron cache is.
+const HANDLING_BYTES: usize = 32 << 20;
+
+/// The I/O thread's work per request of `request_len` bytes, as decode asks for neuron rows:
+/// every other record of a layer-sized run submitted at once (so reads merge as `cfg` says),
+/// each landing in its slot, checked against its CRC-32 and reported to a consumer
+/// that blocks in [`crate::Reader::recv`]. For about `time`.
+pub fn measure_handling(
+    request_len: usize,
+    cfg: &crate::ReaderConfig,
+    time: Duration,
+) -> Result<HandlingPoint, IoError> {
+    let request_len = request_len.max(1);
+    let records = (HANDLING_BYTES / request_len).max(2);
+    let mut rng = SplitMix(0x1a2d);
+    let file: Vec<u8> = (0..records * request_len)
+        .map(|_| rng.next() as u8)
+        .collect();
+    let sums = crate::Checksums::new(vec![crate::SumRegion {
+        name: "records".into(),
+        offset: 0,
+        record_len: request_len as u64,
+        sums: file.chunks(request_len).map(crate::crc32).collect(),
+    }])?;
+    let reader = crate::Reader::with_checksums(
+        MemoryEngine(file),
+        cfg.clone(),
+        Some(std::sync::Arc::new(sums)),
+    )?;
+    // Slots in order: a cache that streams (every row read, the least recently used slot
+    // given to the next) hands them out in the order it filled them.
+    let n_slots = records / 2;
+    let mut dst = vec![0u8; n_slots * request_len];
+    let per_batch = 4096.min(n_slots);
+    let start = Instant::now();
+    let mut first = 0;
+    while start.elapsed() < time || reader.stats().requests < 8 {
+        let base = dst.as_mut_ptr();
+        let reqs: Vec<crate::Request> = (first..first + per_batch)
+            .map(|k| k % n_slots)
+            .map(|k| crate::Request {
+                offset: (2 * k * request_len) as u64,
+                len: request_len,
+                // SAFETY: slot `k` lies inside `dst`.
+                dst: unsafe { base.add(k * request_len) },
+                tag: k as u64,
+            })
+            .collect();
+        // SAFETY: `dst` outlives the requests, which are all received before the next batch
+        // (distinct slots within a batch: `per_batch` <= the number of slots).
+        unsafe { reader.submit(&reqs)? };
+        for _ in 0..reqs.len() {
+            reader.recv()?.result?;
+        }
+        first = (first + per_batch) % n_slots;
+    }
+    let s = reader.stats();
+    Ok(HandlingPoint {
+        request_len,
+        requests: s.requests,
+        ns_per_request: s.handling_ns as f64 / s.requests.max(1) as f64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handling_is_measured_for_every_request() {
+        let cfg = crate::ReaderConfig {
+            max_request: 512 << 10,
+            depth: 1,
+            merge_gap: 64 << 10,
+        };
+        let p = measure_handling(1000, &cfg, Duration::from_millis(20)).unwrap();
+        assert_eq!(p.request_len, 1000);
+        assert!(p.requests >= 4096, "{p:?}");
+        // Copying and checking 1000 bytes takes some time, and far less than a millisecond.
+        assert!(p.ns_per_request > 0.0 && p.ns_per_request < 1e6, "{p:?}");
+    }
+}

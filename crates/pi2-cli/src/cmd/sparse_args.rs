@@ -238,6 +238,7 @@ pub fn offload_json(o: &pi2_engine::Offload, tokens: usize, decode_secs: f64) ->
         "embedding_rows_read": st.embd_rows,
         "device_reads": rd.reads,
         "device_busy_secs": rd.busy_ns as f64 / 1e9,
+        "io_handling_secs": rd.handling_ns as f64 / 1e9,
         "io_wait_share": if decode_secs > 0.0 { st.io_wait_ns as f64 / 1e9 / decode_secs } else { 0.0 },
     })
 }
