@@ -312,7 +312,8 @@ impl<'a> CostModel<'a> {
         let predictor: f64 = if mode == Mode::Dense {
             0.0
         } else {
-            m.predictor.iter().flatten().map(mv).sum()
+            // `+ 0.0`: an empty sum is -0.0, which reports print as "-0.000 ms".
+            m.predictor.iter().flatten().map(mv).sum::<f64>() + 0.0
         };
         let output = mv(&m.output);
         // Per layer: q/k/v, attention heads, o; the predictor's two products; the FFN's two

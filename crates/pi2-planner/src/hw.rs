@@ -6,6 +6,7 @@
 //! be recomputed cheaply at run time, so a plan made on another device is refused.
 
 use crate::PlanError;
+use pi2_io::ReaderConfig;
 use pi2_kernels::{
     axpy_rows_by, gather_matvec_by, matmul, ActBuf, KernelSet, MatRef, QuantType, Tier,
 };
@@ -16,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Bumped whenever the profile's meaning changes; older profiles are refused.
-pub const HW_VERSION: u32 = 3;
+pub const HW_VERSION: u32 = 4;
 
 /// A kernel operation as the engine uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,9 +93,13 @@ pub struct FlashProfile {
     /// `latency_us + s / bytes_per_sec`.
     pub latency_us: f64,
     pub bytes_per_sec: f64,
-    /// The I/O thread copies each read from its aligned buffer to the rows' slots (memcpy
-    /// speed of one thread); the next read waits for the copy.
-    pub copy_bytes_per_sec: f64,
+    /// The I/O thread's own work once a read lands, per byte: copying each request from the
+    /// read's buffer to its slot and checking its records' checksums (measured through the
+    /// reader, [`pi2_io::measure::measure_handling`]); the next read waits for it.
+    pub handling_bytes_per_sec: f64,
+    /// The same work's fixed part per request (shaping it into a read, reporting it to the
+    /// worker that waits for it).
+    pub handling_ns_per_request: f64,
     /// How fast the engine's reads themselves keep a CPU busy: buffered and emulated reads
     /// copy from the page cache (the kernel's copy speed); `None` where the device moves the
     /// data (O_DIRECT).
@@ -189,18 +194,30 @@ impl FlashProfile {
         }
     }
 
-    /// Seconds the I/O thread needs for one read of `bytes`, its copy included.
+    /// Seconds the I/O thread needs for one read of `bytes` that is one whole request, its
+    /// handling included.
     pub fn read_secs(&self, bytes: usize) -> f64 {
-        self.latency_us * 1e-6
-            + bytes as f64 * (1.0 / self.bytes_per_sec + 1.0 / self.copy_bytes_per_sec)
+        self.device_secs(bytes) + self.handling_secs(1, bytes)
     }
 
-    /// Of [`Self::read_secs`], the seconds the I/O thread keeps a CPU busy (its copy, and the
-    /// engine's own copy where the page cache serves the read): time a compute thread loses
-    /// when no core is left free for the I/O thread.
-    pub fn read_cpu_secs(&self, bytes: usize) -> f64 {
+    /// Seconds the device takes for one read of `bytes`.
+    pub fn device_secs(&self, bytes: usize) -> f64 {
+        self.latency_us * 1e-6 + bytes as f64 / self.bytes_per_sec
+    }
+
+    /// The I/O thread's handling of `requests` requests of `bytes` in all, once their read
+    /// has landed (only requested bytes are copied and checked, not a merged read's gaps).
+    pub fn handling_secs(&self, requests: usize, bytes: usize) -> f64 {
+        requests as f64 * self.handling_ns_per_request * 1e-9
+            + bytes as f64 / self.handling_bytes_per_sec
+    }
+
+    /// The seconds a read of `read_bytes` holding `requests` requests of `bytes` keeps a CPU
+    /// busy (the handling, and the engine's own copy where the page cache serves the read):
+    /// time a compute thread loses when no core is left free for the I/O thread.
+    pub fn read_cpu_secs(&self, read_bytes: usize, requests: usize, bytes: usize) -> f64 {
         let engine = self.engine_cpu_bytes_per_sec.map_or(0.0, |r| 1.0 / r);
-        bytes as f64 * (1.0 / self.copy_bytes_per_sec + engine)
+        read_bytes as f64 * engine + self.handling_secs(requests, bytes)
     }
 }
 
@@ -601,14 +618,32 @@ fn measure_uring(
 }
 
 /// One thread's memcpy speed (from one buffer beyond the caches to another).
-fn copy_rate(time: Duration) -> f64 {
-    let src = vec![1u8; POOL_BYTES / 2];
-    let mut dst = vec![0u8; POOL_BYTES / 2];
-    let secs = timed(time, || {
-        dst.copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&dst);
-    });
-    src.len() as f64 / secs
+/// The I/O thread's handling per request and per byte (`(ns, bytes/s)`), fitted from
+/// requests of two sizes through the reader with checksums, shaped as decode's reads are.
+fn handling_rate(time: Duration) -> Result<(f64, f64), PlanError> {
+    let cfg = ReaderConfig {
+        max_request: 512 << 10,
+        depth: 1,
+        merge_gap: 64 << 10,
+    };
+    let point = |len: usize| -> Result<f64, PlanError> {
+        pi2_io::measure::measure_handling(len, &cfg, time)
+            .map(|p| p.ns_per_request)
+            .map_err(|e| PlanError::Hardware(format!("measuring the reader's handling: {e}")))
+    };
+    // The median of three passes per size: a burst of outside load spoils a pass, not the fit.
+    let median = |len: usize| -> Result<f64, PlanError> {
+        let mut t = [point(len)?, point(len)?, point(len)?];
+        t.sort_by(f64::total_cmp);
+        Ok(t[1])
+    };
+    let (small, large) = (512usize, 4096usize);
+    let (t_small, t_large) = (median(small)?, median(large)?);
+    // Noise can make the larger request look no dearer: then every nanosecond is per byte.
+    let ns_per_byte =
+        ((t_large - t_small) / (large - small) as f64).max(t_large / large as f64 / 2.0);
+    let fixed = (t_small - ns_per_byte * small as f64).max(0.0);
+    Ok((fixed, 1e9 / ns_per_byte))
 }
 
 /// Buffered 1 MiB reads of `o.flash_file` served from the page cache: the CPU cost per byte
@@ -776,6 +811,7 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
         true => None,
         false => Some(page_cache_rate(o)?),
     };
+    let (handling_ns_per_request, handling_bytes_per_sec) = handling_rate(o.kernel_time)?;
     Ok(FlashProfile {
         alignment: if direct { 4096 } else { 1 },
         // pread issues one read per submitter; io_uring keeps up to the deepest profiled depth
@@ -788,7 +824,8 @@ pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
         points,
         latency_us,
         bytes_per_sec,
-        copy_bytes_per_sec: copy_rate(o.kernel_time),
+        handling_bytes_per_sec,
+        handling_ns_per_request,
         engine_cpu_bytes_per_sec,
         loaded,
     })

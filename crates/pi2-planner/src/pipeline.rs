@@ -47,6 +47,10 @@ pub struct Scratch {
     ready: Vec<(f64, u32, bool)>,
     workers: Vec<f64>,
     land: Vec<f64>,
+    /// Requests (count, bytes) landing with each read, and the read each request of the
+    /// batch lands with.
+    per_span: Vec<(usize, usize)>,
+    req_span: Vec<usize>,
     ud_start: Vec<usize>,
 }
 
@@ -156,21 +160,37 @@ pub fn simulate(
         pi2_io::for_each_device_read(&mut sc.plain, flash.alignment, cfg, |o, l| {
             spans.push((o, l))
         });
-        let mut t = start;
+        // Each request lands with the read holding its last byte (spans and requests are
+        // sorted); the I/O thread handles the requests of a read once it is in.
+        let (per_span, req_span) = (&mut sc.per_span, &mut sc.req_span);
+        per_span.clear();
+        per_span.resize(sc.spans.len(), (0, 0));
+        req_span.clear();
         let mut s = 0;
+        for r in &sc.batch {
+            let last = r.offset + r.len as u64 - 1;
+            while s + 1 < sc.spans.len() && sc.spans[s].0 + sc.spans[s].1 as u64 <= last {
+                s += 1;
+            }
+            per_span[s].0 += 1;
+            per_span[s].1 += r.len;
+            req_span.push(s);
+        }
+        let mut t = start;
         let land = &mut sc.land;
         land.clear();
-        for &(_, len) in sc.spans.iter() {
+        for (&(_, len), &(n_req, req_bytes)) in sc.spans.iter().zip(per_span.iter()) {
             // With several reads in flight each one's share of the queue's time shrinks by the
-            // measured speedup at this depth and size.
-            let d = flash.read_secs(len) / flash.speedup(cfg.depth, Some(len));
+            // measured speedup at this depth and size; the handling is the I/O thread's alone.
+            let d = flash.device_secs(len) / flash.speedup(cfg.depth, Some(len))
+                + flash.handling_secs(n_req, req_bytes);
             t += d;
             out.io_secs += d;
             out.bytes += len as u64;
             out.reads += 1;
             land.push(t);
             if cores_shared {
-                let cpu = flash.read_cpu_secs(len);
+                let cpu = flash.read_cpu_secs(len, n_req, req_bytes);
                 let w = sc
                     .workers
                     .iter_mut()
@@ -181,12 +201,7 @@ pub fn simulate(
                 }
             }
         }
-        // A request lands with the read holding its last byte (spans and requests are sorted).
-        for r in &sc.batch {
-            let last = r.offset + r.len as u64 - 1;
-            while s + 1 < sc.spans.len() && sc.spans[s].0 + sc.spans[s].1 as u64 <= last {
-                s += 1;
-            }
+        for (r, &s) in sc.batch.iter().zip(req_span.iter()) {
             let at = land[s];
             let c = r.cluster as usize;
             let left = if r.updown {
@@ -217,7 +232,8 @@ mod tests {
             points: vec![],
             latency_us: lat_us,
             bytes_per_sec: 1e9,
-            copy_bytes_per_sec: f64::INFINITY,
+            handling_bytes_per_sec: f64::INFINITY,
+            handling_ns_per_request: 0.0,
             engine_cpu_bytes_per_sec: None,
             loaded: vec![],
         }
@@ -283,15 +299,16 @@ mod tests {
     }
 
     #[test]
-    fn copies_delay_a_busy_worker_when_cores_are_shared() {
+    fn handling_delays_a_busy_worker_when_cores_are_shared() {
         // One worker: cluster 0 is resident (10 ms of gate phase), cluster 1 waits for a gate
-        // read whose copy keeps the CPU busy 4096 B / 100 MB/s. That copy runs while the worker
-        // computes cluster 0, so with no core to spare it delays the worker by the copy.
+        // read whose handling keeps the CPU busy 100 B / 100 MB/s + 1 us. That handling runs
+        // while the worker computes cluster 0, so with no core to spare it delays the worker.
         let cfg = ReaderConfig::default();
         let mut sc = Scratch::default();
         let mut f = flash(100.0);
-        f.copy_bytes_per_sec = 1e8;
-        let copy = 4096.0 / 1e8;
+        f.handling_bytes_per_sec = 1e8;
+        f.handling_ns_per_request = 1000.0;
+        let handling = 100.0 / 1e8 + 1e-6;
         let run = |gate_secs: &[f64], shared: bool, sc: &mut Scratch| {
             simulate(
                 gate_secs,
@@ -308,11 +325,33 @@ mod tests {
         let own = run(&[10e-3, 1e-3], false, &mut sc);
         let shared = run(&[10e-3, 1e-3], true, &mut sc);
         assert!((own.secs - 11e-3).abs() < 1e-12, "{own:?}");
-        assert!((shared.secs - (11e-3 + copy)).abs() < 1e-12, "{shared:?}");
-        // With nothing resident the worker is idle during the read: the copy costs nothing extra.
+        assert!(
+            (shared.secs - (11e-3 + handling)).abs() < 1e-12,
+            "{shared:?}"
+        );
+        // With nothing resident the worker is idle during the read: the handling costs nothing
+        // extra. The device reads a whole aligned block; only the requested bytes are handled.
         let idle = run(&[0.0, 1e-3], true, &mut sc);
-        let read = 100e-6 + 4096.0 * (1e-9 + 1.0 / 1e8);
+        let read = 100e-6 + 4096.0 * 1e-9 + handling;
         assert!((idle.secs - (read + 1e-3)).abs() < 1e-12, "{idle:?}");
+    }
+
+    #[test]
+    fn every_request_of_a_merged_read_is_handled() {
+        // Ten rows in one merged read: one device read, ten requests' handling (1 us each).
+        let cfg = ReaderConfig {
+            merge_gap: 1 << 20,
+            max_request: 1 << 20,
+            depth: 1,
+        };
+        let mut sc = Scratch::default();
+        let mut f = flash(100.0);
+        f.handling_ns_per_request = 1000.0;
+        let gate: Vec<RowRequest> = (0..10).map(|k| req(0, false, k)).collect();
+        let c = simulate(&[0.0], &[0.0], &gate, &[], 1, false, &f, &cfg, &mut sc);
+        let device = 100e-6 + (9 * 65536 + 4096) as f64 * 1e-9;
+        assert_eq!(c.reads, 1, "{c:?}");
+        assert!((c.secs - (device + 10e-6)).abs() < 1e-12, "{c:?}");
     }
 
     #[test]

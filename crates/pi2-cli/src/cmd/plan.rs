@@ -157,6 +157,11 @@ fn print_hw(hw: &pi2_planner::HardwareProfile) {
         f.latency_us,
         f.bytes_per_sec / 1e6
     );
+    println!(
+        "reader handling (copy, checksum, report): {:.0} ns per request + size / {:.0} MB/s",
+        f.handling_ns_per_request,
+        f.handling_bytes_per_sec / 1e6
+    );
 }
 
 fn print_plan(p: &PlanFile, secs: f64) {
