@@ -250,15 +250,17 @@ pub fn measure_handling(
         record_len: request_len as u64,
         sums: file.chunks(request_len).map(crate::crc32).collect(),
     }])?;
+    // Slots in order: a cache that streams (every row read, the least recently used slot
+    // given to the next) hands them out in the order it filled them.
+    // Declared before the reader, so the reader (and its thread) is dropped first even on an
+    // early return with requests in flight.
+    let n_slots = records / 2;
+    let mut dst = vec![0u8; n_slots * request_len];
     let reader = crate::Reader::with_checksums(
         MemoryEngine(file),
         cfg.clone(),
         Some(std::sync::Arc::new(sums)),
     )?;
-    // Slots in order: a cache that streams (every row read, the least recently used slot
-    // given to the next) hands them out in the order it filled them.
-    let n_slots = records / 2;
-    let mut dst = vec![0u8; n_slots * request_len];
     let per_batch = 4096.min(n_slots);
     let start = Instant::now();
     let mut first = 0;
