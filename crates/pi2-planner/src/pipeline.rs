@@ -162,24 +162,11 @@ pub fn simulate(
         });
         // Each request lands with the read holding its last byte (spans and requests are
         // sorted); the I/O thread handles the requests of a read once it is in.
-        let (per_span, req_span) = (&mut sc.per_span, &mut sc.req_span);
-        per_span.clear();
-        per_span.resize(sc.spans.len(), (0, 0));
-        req_span.clear();
-        let mut s = 0;
-        for r in &sc.batch {
-            let last = r.offset + r.len as u64 - 1;
-            while s + 1 < sc.spans.len() && sc.spans[s].0 + sc.spans[s].1 as u64 <= last {
-                s += 1;
-            }
-            per_span[s].0 += 1;
-            per_span[s].1 += r.len;
-            req_span.push(s);
-        }
+        requests_per_read(&sc.batch, &sc.spans, &mut sc.per_span, &mut sc.req_span);
         let mut t = start;
         let land = &mut sc.land;
         land.clear();
-        for (&(_, len), &(n_req, req_bytes)) in sc.spans.iter().zip(per_span.iter()) {
+        for (&(_, len), &(n_req, req_bytes)) in sc.spans.iter().zip(sc.per_span.iter()) {
             // With several reads in flight each one's share of the queue's time shrinks by the
             // measured speedup at this depth and size; the handling is the I/O thread's alone.
             let d = flash.device_secs(len) / flash.speedup(cfg.depth, Some(len))
@@ -201,7 +188,7 @@ pub fn simulate(
                 }
             }
         }
-        for (r, &s) in sc.batch.iter().zip(req_span.iter()) {
+        for (r, &s) in sc.batch.iter().zip(sc.req_span.iter()) {
             let at = land[s];
             let c = r.cluster as usize;
             let left = if r.updown {
@@ -218,6 +205,29 @@ pub fn simulate(
     }
     out.secs = sc.workers.iter().copied().fold(io_free, f64::max);
     out
+}
+
+/// For each read of `spans`, the requests of `batch` that land with it (count, bytes), and for
+/// each request the read it lands with: the one holding its last byte (both sorted by offset).
+fn requests_per_read(
+    batch: &[RowRequest],
+    spans: &[(u64, usize)],
+    per_span: &mut Vec<(usize, usize)>,
+    req_span: &mut Vec<usize>,
+) {
+    per_span.clear();
+    per_span.resize(spans.len(), (0, 0));
+    req_span.clear();
+    let mut s = 0;
+    for r in batch {
+        let last = r.offset + r.len as u64 - 1;
+        while s + 1 < spans.len() && spans[s].0 + spans[s].1 as u64 <= last {
+            s += 1;
+        }
+        per_span[s].0 += 1;
+        per_span[s].1 += r.len;
+        req_span.push(s);
+    }
 }
 
 #[cfg(test)]
