@@ -22,8 +22,8 @@
 //! the neuron reads, so decode counts that time as exposed (an upper bound when the device is
 //! idle part of the step; with the budgets that stream, it rarely is).
 //!
-//! When the plan's compute threads take every core, the I/O thread's copies run on a core a
-//! worker was computing on and delay it (see [`crate::pipeline`]).
+//! When the plan's compute threads take every core, the I/O thread's handling runs on a core a
+//! worker was computing on and delays it (see [`crate::pipeline`]).
 
 use crate::hw::{HardwareProfile, KernelOp, ThreadRates};
 use crate::model::{replay, ModelProfile, Replay, Residency, StepMisses, StreamedWeights};

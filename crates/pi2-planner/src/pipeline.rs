@@ -8,9 +8,9 @@
 //! This captures what a closed formula misses: reads of several clusters merging in one batch,
 //! and the chain gate rows -> gate phase -> up/down rows -> up/down phase of the last clusters.
 //!
-//! When the workers take every core, the I/O thread's CPU work (its copies) runs on a core a
-//! worker was using: the copy at the end of each read delays the worker that would be free
-//! first, unless that worker is idle then (an idle core absorbs it).
+//! When the workers take every core, the I/O thread's CPU work (its handling of each request)
+//! runs on a core a worker was using: the handling at the end of each read delays the worker
+//! that would be free first, unless that worker is idle then (an idle core absorbs it).
 
 use crate::hw::FlashProfile;
 use pi2_io::ReaderConfig;

@@ -142,8 +142,9 @@ fn page_cache_rate(o: &HwOptions<'_>) -> Result<f64, PlanError> {
     Ok(pass()?.bytes_per_sec)
 }
 
-/// The flash part of [`measure`] alone (idle and under load, and the copy speed): quick to
-/// repeat when the device's speed drifts (`pi2 bench --plan` does before timing a plan).
+/// The flash part of [`super::measure`] alone (idle and under load, and the I/O thread's
+/// handling): quick to repeat when the device's speed drifts (`pi2 bench --plan` does before
+/// timing a plan).
 pub fn measure_flash(o: &HwOptions<'_>) -> Result<FlashProfile, PlanError> {
     let (points, engine) = flash_points(o, "idle", &o.depths)?;
     // Under load: spinning threads on the fastest class's cores, as many as decode may use.
