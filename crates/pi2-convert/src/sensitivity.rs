@@ -11,13 +11,23 @@ use pi2_sparse::{FfnObserver, Profile, Sensitivity};
 /// Reference probabilities kept per position: the dense model's top entries and the rest's mass.
 const TOP: usize = 64;
 
-/// Drops neurons below each layer's threshold (`None`: the layer stays dense).
+/// Drops neurons below each layer's threshold (`None`: the layer stays dense); with `streams`,
+/// keeps the residual stream entering every layer (a dense pass's, for resumed ones).
 struct Confirm<'a> {
     thresholds: &'a [Option<f32>],
+    streams: Option<&'a mut Vec<Vec<f32>>>,
 }
 
 impl FfnObserver for Confirm<'_> {
     fn observe(&mut self, _layer: usize, _x: &[f32], _gate: &[f32]) {}
+
+    fn observe_stream(&mut self, layer: usize, x: &[f32]) {
+        if let Some(streams) = self.streams.as_deref_mut() {
+            streams.resize_with(streams.len().max(layer + 1), Vec::new);
+            streams[layer].clear();
+            streams[layer].extend_from_slice(x);
+        }
+    }
 
     fn confirm_threshold(&self, layer: usize) -> Option<f32> {
         self.thresholds.get(layer).copied().flatten()
@@ -91,7 +101,10 @@ fn run_chunks(
     mut each: impl FnMut(usize, usize, &[f32]),
 ) -> Result<(), EngineError> {
     let v = engine.model().config.n_vocab;
-    let mut obs = Confirm { thresholds };
+    let mut obs = Confirm {
+        thresholds,
+        streams: None,
+    };
     for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {
         engine.truncate(0);
         let first = from(part.len()).min(part.len() - 1);
@@ -105,9 +118,11 @@ fn run_chunks(
 }
 
 /// Per layer and per level of `levels`, the mean divergence (nats per token) from the dense
-/// model over `tokens` (the second half of each chunk) when only that layer drops the neurons below its profile threshold for
-/// that level. `progress(done, total)` after each run. Costs `1 + n_layer * levels` forward
-/// passes over `tokens`.
+/// model over `tokens` (the second half of each chunk) when only that layer drops the neurons
+/// below its profile threshold for that level. `progress(done, total)` after each pass. Costs
+/// one dense pass over `tokens`, then per layer and level a pass resumed at that layer from
+/// the dense pass's stream (the layers below are unchanged): about half of
+/// `n_layer * levels` full passes. Holds one chunk's stream at every layer.
 pub fn measure_sensitivity(
     engine: &mut Engine<'_>,
     profile: &Profile,
@@ -117,46 +132,64 @@ pub fn measure_sensitivity(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Sensitivity, crate::ConvertError> {
     let n_layer = profile.layers.len();
-    let total = 1 + n_layer * levels.len();
+    let chunks: Vec<&[TokenId]> = tokens.chunks(chunk.max(1)).collect();
+    let total = chunks.len() * (1 + n_layer * levels.len());
     let v = engine.model().config.n_vocab;
+    let level_thresholds = profile
+        .layers
+        .iter()
+        .map(|l| levels.iter().map(|&s| l.threshold_for(s)).collect())
+        .collect::<Result<Vec<Vec<f32>>, _>>()?;
     let mut idx = vec![0u32; v];
-    let mut reference: Vec<TopDist> = Vec::with_capacity(tokens.len());
-    run_chunks(
-        engine,
-        tokens,
-        chunk,
-        &vec![None; n_layer],
-        second_half,
-        |_, _, row| reference.push(top_dist(row, &mut idx)),
-    )?;
-    progress(1, total);
     let mut kl = vec![vec![0.0; levels.len()]; n_layer];
+    let (mut scored, mut done) = (0, 0);
+    let mut streams: Vec<Vec<f32>> = Vec::new();
     let mut thresholds = vec![None; n_layer];
-    for l in 0..n_layer {
-        for (j, &s) in levels.iter().enumerate() {
-            thresholds[l] = Some(profile.layers[l].threshold_for(s)?);
-            let mut sum = 0.0;
-            let mut k = 0;
-            run_chunks(
-                engine,
-                tokens,
-                chunk,
-                &thresholds,
-                second_half,
-                |_, _, row| {
-                    sum += divergence(&reference[k], row);
-                    k += 1;
-                },
-            )?;
-            kl[l][j] = sum / k.max(1) as f64;
-            progress(2 + l * levels.len() + j, total);
+    for part in chunks {
+        let first = second_half(part.len()).min(part.len() - 1);
+        engine.truncate(0);
+        let mut dense = Confirm {
+            thresholds: &thresholds,
+            streams: Some(&mut streams),
+        };
+        let logits = engine.forward_observed(part, Logits::From(first), Some(&mut dense))?;
+        let reference: Vec<TopDist> = logits
+            .chunks_exact(v)
+            .map(|row| top_dist(row, &mut idx))
+            .collect();
+        // The resumed passes run at the chunk's own positions.
+        engine.truncate(0);
+        done += 1;
+        progress(done, total);
+        for l in 0..n_layer {
+            for (j, &t) in level_thresholds[l].iter().enumerate() {
+                thresholds[l] = Some(t);
+                let mut obs = Confirm {
+                    thresholds: &thresholds,
+                    streams: None,
+                };
+                let logits =
+                    engine.resume_observed(l, &streams[l], Logits::From(first), Some(&mut obs))?;
+                kl[l][j] += logits
+                    .chunks_exact(v)
+                    .zip(&reference)
+                    .map(|(row, r)| divergence(r, row))
+                    .sum::<f64>();
+                done += 1;
+                progress(done, total);
+            }
+            thresholds[l] = None;
         }
-        thresholds[l] = None;
+        scored += reference.len();
     }
+    engine.truncate(0);
+    kl.iter_mut()
+        .flatten()
+        .for_each(|k| *k /= scored.max(1) as f64);
     let s = Sensitivity {
         levels: levels.to_vec(),
         kl,
-        tokens: reference.len(),
+        tokens: scored,
     };
     s.check(n_layer)?;
     Ok(s)
@@ -328,6 +361,82 @@ fn saved(sparsity: &[f32], bytes: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pi2_engine::EngineConfig;
+    use pi2_kernels::QuantType;
+    use pi2_model::synth::{build, SynthSpec};
+    use pi2_model::{GgufFile, Model};
+    use pi2_sparse::{Activation, ModelInfo, ProfileConfig, Profiler};
+
+    fn profiled(m: &Model, e: &mut Engine<'_>, tokens: &[TokenId]) -> Profile {
+        let c = &m.config;
+        let mut p = Profiler::new(c.n_layer, c.n_ff, Activation::Silu);
+        e.forward_observed(tokens, Logits::Last, Some(&mut p))
+            .unwrap();
+        e.truncate(0);
+        let info = ModelInfo {
+            architecture: "llama".into(),
+            n_layer: c.n_layer,
+            n_embd: c.n_embd,
+            n_ff: c.n_ff,
+            activation: Activation::Silu,
+            file_name: "synth".into(),
+            file_bytes: 0,
+        };
+        let cal = pi2_sparse::Calibration {
+            file: "synth".into(),
+            tokens: tokens.len(),
+        };
+        p.finish(info, cal, &ProfileConfig::default()).unwrap().0
+    }
+
+    /// The resumed passes measure what whole passes with one sparse layer measure, over
+    /// several chunks.
+    #[test]
+    fn resumed_sensitivity_is_whole_pass_sensitivity() {
+        let spec = SynthSpec {
+            n_embd: 64,
+            n_ff: 192,
+            n_layer: 3,
+            weight_type: QuantType::Q8_0,
+            ..SynthSpec::default()
+        };
+        let m = Model::from_file(GgufFile::from_bytes(&build(&spec).to_bytes()).unwrap()).unwrap();
+        let cfg = EngineConfig {
+            threads: 2,
+            n_ctx: 128,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(&m, &cfg).unwrap();
+        let tokens: Vec<TokenId> = (0..100).map(|i| (i * 37 + 5) % 256).collect();
+        let p = profiled(&m, &mut e, &tokens);
+        let levels = [0.3, 0.7];
+        let got = measure_sensitivity(&mut e, &p, &tokens, 40, &levels, |_, _| {}).unwrap();
+        let mut reference = Vec::new();
+        let mut idx = vec![0u32; m.config.n_vocab];
+        let dense = vec![None; 3];
+        run_chunks(&mut e, &tokens, 40, &dense, second_half, |_, _, row| {
+            reference.push(top_dist(row, &mut idx))
+        })
+        .unwrap();
+        assert_eq!(got.tokens, reference.len());
+        for l in 0..3 {
+            for (j, &s) in levels.iter().enumerate() {
+                let mut th = dense.clone();
+                th[l] = Some(p.layers[l].threshold_for(s).unwrap());
+                let mut k = 0;
+                let mut sum = 0.0;
+                run_chunks(&mut e, &tokens, 40, &th, second_half, |_, _, row| {
+                    sum += divergence(&reference[k], row);
+                    k += 1;
+                })
+                .unwrap();
+                let want = sum / k as f64;
+                assert!(want > 0.0, "layer {l} level {s}: nothing dropped");
+                let err = (got.kl[l][j] - want).abs();
+                assert!(err <= 1e-4 * want + 1e-9, "layer {l} level {s}: {} vs {want}", got.kl[l][j]);
+            }
+        }
+    }
 
     #[test]
     fn divergence_is_zero_for_the_reference_and_grows_with_distance() {

@@ -76,6 +76,22 @@ pub enum Logits {
     From(usize),
 }
 
+/// What a pass starts from: tokens to embed, or the residual stream entering a layer.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Tokens(&'a [TokenId]),
+    Stream { layer: usize, x: &'a [f32] },
+}
+
+impl Input<'_> {
+    fn len(&self, n_embd: usize) -> usize {
+        match self {
+            Input::Tokens(t) => t.len(),
+            Input::Stream { x, .. } => x.len() / n_embd,
+        }
+    }
+}
+
 /// Runs one model. Holds the KV cache of one sequence.
 pub struct Engine<'m> {
     model: &'m Model,
@@ -441,13 +457,63 @@ impl<'m> Engine<'m> {
         want: Logits,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(EngineError::Empty);
-        }
         let c = &self.model.config;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
             return Err(EngineError::BadToken(bad, c.n_vocab));
+        }
+        self.pass(Input::Tokens(tokens), want, observer)
+    }
+
+    /// Layers `first_layer..` and the head over `stream`, the residual stream entering
+    /// `first_layer` at the next positions (`n * n_embd`, as
+    /// [`FfnObserver::observe_stream`] saw it), without extending the context: the layers
+    /// below hold nothing for these positions, so nothing else may attend to them (and where
+    /// the pass wrote over a sliding window the next positions need, the context is lost, as
+    /// [`Engine::truncate`] loses it: [`Engine::n_past`] says). What a change to one layer
+    /// costs is measured this way without running the layers below it again (they are the
+    /// same as in the dense pass that saw the stream).
+    pub fn resume_observed<'o>(
+        &mut self,
+        first_layer: usize,
+        stream: &[f32],
+        want: Logits,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<&[f32], EngineError> {
+        let c = &self.model.config;
+        if first_layer >= c.n_layer || stream.len() % c.n_embd != 0 {
+            return Err(EngineError::Resume {
+                layer: first_layer,
+                n_layer: c.n_layer,
+                len: stream.len(),
+                n_embd: c.n_embd,
+            });
+        }
+        if self.offload.is_some() {
+            return Err(EngineError::Offload(
+                "a resumed pass runs on the mapped weights only: load the model without a budget"
+                    .into(),
+            ));
+        }
+        self.pass(
+            Input::Stream {
+                layer: first_layer,
+                x: stream,
+            },
+            want,
+            observer,
+        )
+    }
+
+    fn pass<'o>(
+        &mut self,
+        input: Input<'_>,
+        want: Logits,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<&[f32], EngineError> {
+        let c = &self.model.config;
+        let n = input.len(c.n_embd);
+        if n == 0 {
+            return Err(EngineError::Empty);
         }
         if self.kv.len + n > self.n_ctx {
             return Err(EngineError::ContextFull {
@@ -461,37 +527,50 @@ impl<'m> Engine<'m> {
         };
         self.prepare();
         let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(tokens, first_logit, observer))?;
+        pool.install(|| self.forward_inner(input, first_logit, observer))?;
         let rows = n - first_logit;
         Ok(&self.s.logits[..rows * c.n_vocab])
     }
 
-    /// One forward pass: embed -> every layer (attention, FFN) -> final norm and LM head.
+    /// One forward pass: embed (or take the given stream) -> every layer (attention, FFN) ->
+    /// final norm and LM head.
     fn forward_inner<'o>(
         &mut self,
-        tokens: &[TokenId],
+        input: Input<'_>,
         first_logit: usize,
         mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<(), EngineError> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
-        let n = tokens.len();
+        let n = input.len(c.n_embd);
         let pos0 = self.kv.len;
         if let Some(o) = self.offload.as_mut() {
             // The KV cache grows inside the budget: room comes from the neuron memory.
             let kv = self.kv.bytes_at(pos0 + n, n, c.kv_dim());
             o.charge_kv(kv as u64, pos0 + n)?;
         }
-        self.embed(tokens)?;
-        if c.embd_scale != 1.0 {
-            let x = &mut self.s.x[..n * c.n_embd];
-            x.iter_mut().for_each(|v| *v *= c.embd_scale);
-        }
+        let (first_layer, resumed) = match input {
+            Input::Tokens(tokens) => {
+                self.embed(tokens)?;
+                if c.embd_scale != 1.0 {
+                    let x = &mut self.s.x[..n * c.n_embd];
+                    x.iter_mut().for_each(|v| *v *= c.embd_scale);
+                }
+                (0, false)
+            }
+            Input::Stream { layer, x } => {
+                grow(&mut self.s.x, x.len()).copy_from_slice(x);
+                (layer, true)
+            }
+        };
         self.s.rope.fill(&self.inv_freq, pos0, n);
         if let Some(f) = &self.inv_freq_local {
             self.s.rope_local.fill(f, pos0, n);
         }
-        for (li, l) in m.weights.layers.iter().enumerate() {
+        for (li, l) in m.weights.layers.iter().enumerate().skip(first_layer) {
+            if let Some(o) = observer.as_deref_mut() {
+                o.observe_stream(li, &self.s.x[..n * c.n_embd]);
+            }
             let streamed = match self.offload.as_mut() {
                 Some(o) => o.stream_attention(li)?,
                 None => false,
@@ -508,7 +587,12 @@ impl<'m> Engine<'m> {
             attention::block(ks, f, c, l, mats, s, kv, li, pos0, n);
             self.ffn_layer(li, l, n, observer.as_deref_mut())?;
         }
-        self.kv.len = pos0 + n;
+        if resumed {
+            // Sliding-window rings may have written over what the next positions attend to.
+            self.kv.truncate(pos0);
+        } else {
+            self.kv.len = pos0 + n;
+        }
         self.head(n, first_logit, observer)
     }
 

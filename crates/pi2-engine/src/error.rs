@@ -22,6 +22,15 @@ pub enum EngineError {
     CpuNotAllowed { cpu: usize, allowed: String },
     #[error("a context of {n_ctx} tokens is outside 1..{max} (set -c/--ctx-size)")]
     ContextSize { n_ctx: usize, max: usize },
+    #[error(
+        "cannot resume at layer {layer} of {n_layer} with a stream of {len} values (a multiple of n_embd {n_embd} is needed)"
+    )]
+    Resume {
+        layer: usize,
+        n_layer: usize,
+        len: usize,
+        n_embd: usize,
+    },
     #[error("empty input")]
     Empty,
     #[error("sparse weights do not fit the model: {0}")]

@@ -63,6 +63,10 @@ pub trait FfnObserver {
     /// pre-activations (`n * n_ff`), both row-major by token.
     fn observe(&mut self, layer: usize, x: &[f32], gate: &[f32]);
 
+    /// The residual stream entering layer `layer` (`n * n_embd`, row-major by token), what
+    /// a pass resumed at that layer starts from. Ignored unless needed.
+    fn observe_stream(&mut self, _layer: usize, _x: &[f32]) {}
+
     /// Expert `expert` of mixture-of-experts layer `layer` over the tokens routed to it: `x`
     /// their normalized inputs (`m * n_embd`), `gate` the expert's gate pre-activations
     /// (`m * n_ff`). Ignored unless an observer needs experts.
