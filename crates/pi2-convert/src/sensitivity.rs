@@ -433,7 +433,11 @@ mod tests {
                 let want = sum / k as f64;
                 assert!(want > 0.0, "layer {l} level {s}: nothing dropped");
                 let err = (got.kl[l][j] - want).abs();
-                assert!(err <= 1e-4 * want + 1e-9, "layer {l} level {s}: {} vs {want}", got.kl[l][j]);
+                assert!(
+                    err <= 1e-4 * want + 1e-9,
+                    "layer {l} level {s}: {} vs {want}",
+                    got.kl[l][j]
+                );
             }
         }
     }

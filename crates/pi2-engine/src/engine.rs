@@ -480,7 +480,7 @@ impl<'m> Engine<'m> {
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
         let c = &self.model.config;
-        if first_layer >= c.n_layer || stream.len() % c.n_embd != 0 {
+        if first_layer >= c.n_layer || !stream.len().is_multiple_of(c.n_embd) {
             return Err(EngineError::Resume {
                 layer: first_layer,
                 n_layer: c.n_layer,

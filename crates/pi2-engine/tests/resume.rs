@@ -136,7 +136,9 @@ fn streams_and_layers_that_do_not_fit_are_refused() {
         .resume_observed(1, &vec![0.0; d + 1], Logits::Last, None)
         .map(|_| ());
     assert!(matches!(bad_len, Err(EngineError::Resume { .. })));
-    let bad_layer = e.resume_observed(4, &vec![0.0; d], Logits::Last, None).map(|_| ());
+    let bad_layer = e
+        .resume_observed(4, &vec![0.0; d], Logits::Last, None)
+        .map(|_| ());
     assert!(matches!(bad_layer, Err(EngineError::Resume { .. })));
     let empty = e.resume_observed(1, &[], Logits::Last, None).map(|_| ());
     assert!(matches!(empty, Err(EngineError::Empty)));

@@ -7,7 +7,6 @@
 //! the hit rate of every capacity. First uses are misses (a cold start, as after loading).
 
 use crate::Trace;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Hit rates at one cache size (a fraction of the layer's neurons).
@@ -23,85 +22,133 @@ pub struct HitPoint {
     pub best_pinned_fraction: f32,
 }
 
-struct Fenwick(Vec<i32>);
+/// Pinned sizes measured in one pass over the trace: one lane each.
+const LANES: usize = 8;
+type Lanes = [i32; LANES];
+
+/// A Fenwick tree over time whose entries count in up to [`LANES`] lanes at once.
+struct Fenwick(Vec<Lanes>);
 
 impl Fenwick {
-    fn add(&mut self, mut i: usize, v: i32) {
+    fn add(&mut self, mut i: usize, v: &Lanes, sign: i32) {
         i += 1;
         while i < self.0.len() {
-            self.0[i] += v;
+            for (a, b) in self.0[i].iter_mut().zip(v) {
+                *a += sign * b;
+            }
             i += i & i.wrapping_neg();
         }
     }
-    /// Sum over positions `0..i`.
-    fn prefix(&self, mut i: usize) -> i32 {
-        let mut s = 0;
+
+    /// Sums over positions `0..i`.
+    fn prefix(&self, mut i: usize) -> Lanes {
+        let mut s = [0; LANES];
         while i > 0 {
-            s += self.0[i];
+            for (a, b) in s.iter_mut().zip(&self.0[i]) {
+                *a += b;
+            }
             i &= i - 1;
         }
         s
     }
 }
 
-/// `hist[d]` = accesses with LRU stack distance `d` among neurons not in `pinned`, plus the
-/// pinned hits and the total number of accesses.
+/// Per pinned set (`pinned_sizes`, ascending, at most [`LANES`]: the top `h` neurons of
+/// `rank` order pinned), the histogram of LRU stack distances among the neurons not pinned,
+/// and per neuron its accesses.
 ///
-/// Each neuron marks the time of its latest use in a Fenwick tree over time, so at most `n`
-/// marks exist at once: time is renumbered (marks kept in order) whenever it reaches the
-/// tree's few-times-`n` capacity. The tree then stays cache-sized whatever the trace's length,
-/// where a tree over every access would not (the profile's largest cost before).
-fn stack_distances(trace: &Trace, layer: usize, pinned: &[bool]) -> (Vec<u64>, u64, u64) {
+/// One pass serves every pinned set: a neuron is LRU-managed in the sets that do not pin it,
+/// a prefix of the lanes since the sets are nested, so each neuron's use marks those lanes of
+/// a tree over time and the distance in every lane comes from one query. Each neuron marks
+/// only the time of its latest use, so at most `n` marks exist at once: time is renumbered
+/// (marks kept in order) whenever it reaches the tree's few-times-`n` capacity, and the tree
+/// stays cache-sized whatever the trace's length.
+fn stack_distances(
+    trace: &Trace,
+    layer: usize,
+    rank: &[usize],
+    pinned_sizes: &[usize],
+) -> (Vec<Vec<u64>>, Vec<u64>) {
     let n = trace.n_ff;
-    let capacity = 4 * n.max(16);
-    let mut tree = Fenwick(vec![0; capacity + 1]);
+    let m = pinned_sizes.len();
+    debug_assert!(m <= LANES && pinned_sizes.is_sorted());
+    // Lanes in which each neuron is not pinned: 0..lanes[i].
+    let masks: Vec<Lanes> = (0..=LANES)
+        .map(|k| std::array::from_fn(|l| (l < k) as i32))
+        .collect();
+    let lanes: Vec<u8> = rank
+        .iter()
+        .map(|&r| pinned_sizes.iter().filter(|&&h| h <= r).count() as u8)
+        .collect();
+    let capacity = 3 * n.max(16);
+    let mut tree = Fenwick(vec![[0; LANES]; capacity + 1]);
     let mut last: Vec<Option<usize>> = vec![None; n];
-    let mut hist = vec![0u64; n + 1];
-    let (mut pinned_hits, mut total) = (0u64, 0u64);
+    let mut hist = vec![vec![0u64; n + 1]; m];
+    let mut accesses = vec![0u64; n];
     let mut now = 0usize;
-    // Marks in the tree (neurons used so far): all of them lie before `now`.
-    let mut marks = 0i32;
+    // Marks in the tree per lane (neurons used so far): all of them lie before `now`.
+    let mut marks: Lanes = [0; LANES];
     for t in 0..trace.n_tokens {
         for i in trace.active(layer, t) {
-            total += 1;
-            if pinned[i] {
-                pinned_hits += 1;
+            accesses[i] += 1;
+            let k = lanes[i] as usize;
+            if k == 0 {
                 continue;
             }
             if now == capacity {
-                now = renumber(&mut tree, &mut last);
+                now = renumber(&mut tree, &mut last, &lanes, &masks);
             }
+            let mask = &masks[k];
             // A first use (no `last`) is a miss at every size.
             if let Some(p) = last[i] {
                 // Distinct neurons used since p: marks after p (each neuron marks only its
                 // latest use).
-                let d = marks - tree.prefix(p + 1);
-                hist[d as usize] += 1;
-                tree.add(p, -1);
+                let before = tree.prefix(p + 1);
+                for (l, h) in hist.iter_mut().enumerate().take(k) {
+                    h[(marks[l] - before[l]) as usize] += 1;
+                }
+                tree.add(p, mask, -1);
             } else {
-                marks += 1;
+                for (a, b) in marks.iter_mut().zip(mask) {
+                    *a += b;
+                }
             }
-            tree.add(now, 1);
+            tree.add(now, mask, 1);
             last[i] = Some(now);
             now += 1;
         }
     }
-    (hist, pinned_hits, total)
+    (hist, accesses)
 }
 
-/// Moves the marks to times `0..m` in their order (distances between them are unchanged) and
-/// returns `m`, the next free time.
-fn renumber(tree: &mut Fenwick, last: &mut [Option<usize>]) -> usize {
+/// Moves the marks to times `0..m` in their order (distances between them are unchanged),
+/// rebuilds the tree in linear time and returns `m`, the next free time.
+fn renumber(
+    tree: &mut Fenwick,
+    last: &mut [Option<usize>],
+    lanes: &[u8],
+    masks: &[Lanes],
+) -> usize {
     let mut marks: Vec<(usize, usize)> = last
         .iter()
         .enumerate()
         .filter_map(|(i, p)| p.map(|p| (p, i)))
         .collect();
     marks.sort_unstable();
-    tree.0.fill(0);
+    tree.0.fill([0; LANES]);
     for (new, &(_, i)) in marks.iter().enumerate() {
         last[i] = Some(new);
-        tree.add(new, 1);
+        tree.0[new + 1] = masks[lanes[i] as usize];
+    }
+    let len = tree.0.len();
+    for j in 1..len {
+        let parent = j + (j & j.wrapping_neg());
+        if parent < len {
+            let child = tree.0[j];
+            for (a, b) in tree.0[parent].iter_mut().zip(&child) {
+                *a += b;
+            }
+        }
     }
     marks.len()
 }
@@ -118,7 +165,36 @@ pub fn hit_rates(
     let n = trace.n_ff;
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(counts[i]));
-    let total: u64 = counts.iter().sum();
+    let mut rank = vec![0; n];
+    for (r, &i) in order.iter().enumerate() {
+        rank[i] = r;
+    }
+    let cap = |f: f32| ((f * n as f32).round() as usize).min(n);
+    let mut pinned_sizes: Vec<usize> = pinned_steps.iter().map(|&f| cap(f)).collect();
+    pinned_sizes.sort_unstable();
+    pinned_sizes.dedup();
+    // For each pinned size, the LRU distance histogram of the rest (cumulated) and the hits
+    // of the pinned neurons.
+    let mut splits: Vec<(usize, Vec<u64>, u64)> = Vec::new();
+    let mut accesses = vec![0u64; n];
+    if pinned_sizes.is_empty() {
+        for t in 0..trace.n_tokens {
+            trace.active(layer, t).for_each(|i| accesses[i] += 1);
+        }
+    }
+    for group in pinned_sizes.chunks(LANES) {
+        let (hists, seen) = stack_distances(trace, layer, &rank, group);
+        accesses = seen;
+        for (&h, hist) in group.iter().zip(hists) {
+            let mut cum = vec![0u64; hist.len() + 1];
+            for d in 0..hist.len() {
+                cum[d + 1] = cum[d] + hist[d];
+            }
+            let pinned_hits = order[..h].iter().map(|&i| accesses[i]).sum();
+            splits.push((h, cum, pinned_hits));
+        }
+    }
+    let total: u64 = accesses.iter().sum();
     let rate = |hits: u64| {
         if total == 0 {
             0.0
@@ -126,29 +202,11 @@ pub fn hit_rates(
             hits as f32 / total as f32
         }
     };
-    let cap = |f: f32| ((f * n as f32).round() as usize).min(n);
     // Pinned-only: the accesses of the top-C neurons.
     let mut top_prefix = vec![0u64; n + 1];
     for (k, &i) in order.iter().enumerate() {
-        top_prefix[k + 1] = top_prefix[k] + counts[i];
+        top_prefix[k + 1] = top_prefix[k] + accesses[i];
     }
-    // For each pinned size, the LRU distance histogram of the rest (cumulated).
-    let splits: Vec<(usize, Vec<u64>, u64)> = pinned_steps
-        .par_iter()
-        .map(|&f| {
-            let h = cap(f);
-            let mut pinned = vec![false; n];
-            for &i in &order[..h] {
-                pinned[i] = true;
-            }
-            let (hist, pinned_hits, _) = stack_distances(trace, layer, &pinned);
-            let mut cum = vec![0u64; hist.len() + 1];
-            for d in 0..hist.len() {
-                cum[d + 1] = cum[d] + hist[d];
-            }
-            (h, cum, pinned_hits)
-        })
-        .collect();
     sizes
         .iter()
         .map(|&f| {
@@ -225,11 +283,14 @@ mod tests {
         }
         let total: u64 = counts.iter().sum();
         let sizes = [0.1, 0.25, 0.5, 0.75, 1.0];
-        let steps = [0.0, 0.1, 0.2, 0.5];
+        // More pinned sizes than one pass's lanes, unordered, one twice.
+        let steps = [0.5, 0.0, 0.1, 0.2, 0.05, 0.3, 0.35, 0.4, 0.45, 0.15, 0.1];
         let points = hit_rates(&trace, 0, &counts, &sizes, &steps);
+        let only_lru = hit_rates(&trace, 0, &counts, &sizes, &[]);
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(counts[i]));
-        for p in &points {
+        for (p, q) in points.iter().zip(&only_lru) {
+            assert_eq!(p.pinned, q.pinned);
             let c = (p.cache_fraction * n as f32).round() as usize;
             let want_lru = simulate(&trace, 0, &[], c) as f32 / total as f32;
             assert!((p.lru - want_lru).abs() < 1e-6, "{p:?} lru {want_lru}");

@@ -4,6 +4,7 @@ use crate::coact::coactivation;
 pub use crate::coact::Coactivation;
 use crate::hitrate::{hit_rates, HitPoint};
 use crate::{code_edge, score_code, FfnObserver, SparseError, Trace};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -365,20 +366,15 @@ impl Profiler {
         }
         let n = self.n_ff;
         let mut trace = Trace::new(self.codes.len(), n, tokens);
-        let mut layers = Vec::new();
         let mut zeros = 0u64;
+        // Histograms, counts and the trace first; then the costly per-layer summaries (each
+        // over the finished trace) in parallel.
+        let mut firing = Vec::new();
         for (li, codes) in self.codes.iter().enumerate() {
             let mut histogram = vec![0u64; 256];
             for &c in codes {
                 histogram[c as usize] += 1;
             }
-            let thresholds = SPARSITY_LEVELS
-                .iter()
-                .map(|&s| {
-                    let (c, achieved) = threshold_code(&histogram, s);
-                    (achieved, code_edge(c))
-                })
-                .collect();
             zeros += histogram[0];
             // Code 0 holds exactly the zero activations when `nonzero` matters (see `observe`).
             let ref_code = match cfg.nonzero {
@@ -394,26 +390,38 @@ impl Profiler {
                     }
                 }
             }
-            let coactivation = coactivation(&trace, li, &counts);
-            let hit_rate = hit_rates(&trace, li, &counts, &CACHE_SIZES, &PINNED_STEPS);
-            layers.push(LayerProfile {
-                thresholds,
-                reference_threshold: if cfg.nonzero {
-                    0.0
-                } else {
-                    code_edge(ref_code)
-                },
-                frequency: counts.iter().map(|&c| c as f32 / tokens as f32).collect(),
-                mean_abs: self.sum_abs[li]
-                    .iter()
-                    .map(|&s| (s / tokens as f64) as f32)
-                    .collect(),
-                max_abs: self.max_abs[li].clone(),
-                histogram,
-                coactivation,
-                hit_rate,
-            });
+            firing.push((histogram, ref_code, counts));
         }
+        let layers: Vec<LayerProfile> = firing
+            .into_par_iter()
+            .enumerate()
+            .map(|(li, (histogram, ref_code, counts))| {
+                let thresholds = SPARSITY_LEVELS
+                    .iter()
+                    .map(|&s| {
+                        let (c, achieved) = threshold_code(&histogram, s);
+                        (achieved, code_edge(c))
+                    })
+                    .collect();
+                LayerProfile {
+                    thresholds,
+                    reference_threshold: if cfg.nonzero {
+                        0.0
+                    } else {
+                        code_edge(ref_code)
+                    },
+                    frequency: counts.iter().map(|&c| c as f32 / tokens as f32).collect(),
+                    mean_abs: self.sum_abs[li]
+                        .iter()
+                        .map(|&s| (s / tokens as f64) as f32)
+                        .collect(),
+                    max_abs: self.max_abs[li].clone(),
+                    coactivation: coactivation(&trace, li, &counts),
+                    hit_rate: hit_rates(&trace, li, &counts, &CACHE_SIZES, &PINNED_STEPS),
+                    histogram,
+                }
+            })
+            .collect();
         Ok((
             Profile {
                 format: PROFILE_FORMAT.into(),

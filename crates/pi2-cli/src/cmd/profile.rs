@@ -98,6 +98,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         .add_bos
         .then_some(model.tokenizer.bos)
         .flatten();
+    let start = std::time::Instant::now();
     for part in tokens[..n].chunks(chunk) {
         engine.truncate(0);
         // A BOS opens each chunk where the model expects one; it is not profiled as text.
@@ -108,7 +109,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         pb.inc(part.len() as u64);
     }
     pb.finish_and_clear();
-    eprintln!("profile: summarising (thresholds, co-activation, cache curves) ..");
+    eprintln!(
+        "profile: ran {n} tokens in {:.1} s; summarising (thresholds, co-activation, cache curves) ..",
+        start.elapsed().as_secs_f64()
+    );
+    let start = std::time::Instant::now();
     let info = model_info(&model, &path);
     let cal = Calibration {
         file: a
@@ -123,6 +128,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         nonzero: a.sparsity.is_none() && model.config.ffn_act.exact_sparsity(),
     };
     let (profile, trace) = profiler.finish(info, cal, &cfg)?;
+    eprintln!(
+        "profile: summarised in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     if let Some(spec) = pi2_model::stand_in::StandInSpec::from_file(&model.file) {
         print_planted(&spec, &profile);
     }
