@@ -7,6 +7,7 @@
 use pi2_engine::{nll, Engine, EngineError, Logits};
 use pi2_model::TokenId;
 use pi2_sparse::{FfnObserver, Profile, Sensitivity};
+use rayon::prelude::*;
 
 /// Reference probabilities kept per position: the dense model's top entries and the rest's mass.
 const TOP: usize = 64;
@@ -90,33 +91,6 @@ fn divergence(r: &TopDist, logits: &[f32]) -> f64 {
     kl.max(0.0)
 }
 
-/// Runs `tokens` in chunks of `chunk` (each from an empty cache) with `thresholds` and calls
-/// `each(chunk_index, position, logits)` for every position from `from(chunk_len)` on.
-fn run_chunks(
-    engine: &mut Engine<'_>,
-    tokens: &[TokenId],
-    chunk: usize,
-    thresholds: &[Option<f32>],
-    from: fn(usize) -> usize,
-    mut each: impl FnMut(usize, usize, &[f32]),
-) -> Result<(), EngineError> {
-    let v = engine.model().config.n_vocab;
-    let mut obs = Confirm {
-        thresholds,
-        streams: None,
-    };
-    for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {
-        engine.truncate(0);
-        let first = from(part.len()).min(part.len() - 1);
-        let logits = engine.forward_observed(part, Logits::From(first), Some(&mut obs))?;
-        for (p, row) in logits.chunks_exact(v).enumerate() {
-            each(ci, first + p, row);
-        }
-    }
-    engine.truncate(0);
-    Ok(())
-}
-
 /// Per layer and per level of `levels`, the mean divergence (nats per token) from the dense
 /// model over `tokens` (the second half of each chunk) when only that layer drops the neurons
 /// below its profile threshold for that level. `progress(done, total)` after each pass. Costs
@@ -140,7 +114,6 @@ pub fn measure_sensitivity(
         .iter()
         .map(|l| levels.iter().map(|&s| l.threshold_for(s)).collect())
         .collect::<Result<Vec<Vec<f32>>, _>>()?;
-    let mut idx = vec![0u32; v];
     let mut kl = vec![vec![0.0; levels.len()]; n_layer];
     let (mut scored, mut done) = (0, 0);
     let mut streams: Vec<Vec<f32>> = Vec::new();
@@ -154,8 +127,8 @@ pub fn measure_sensitivity(
         };
         let logits = engine.forward_observed(part, Logits::From(first), Some(&mut dense))?;
         let reference: Vec<TopDist> = logits
-            .chunks_exact(v)
-            .map(|row| top_dist(row, &mut idx))
+            .par_chunks_exact(v)
+            .map_init(|| vec![0u32; v], |idx, row| top_dist(row, idx))
             .collect();
         // The resumed passes run at the chunk's own positions.
         engine.truncate(0);
@@ -170,11 +143,13 @@ pub fn measure_sensitivity(
                 };
                 let logits =
                     engine.resume_observed(l, &streams[l], Logits::From(first), Some(&mut obs))?;
-                kl[l][j] += logits
-                    .chunks_exact(v)
+                // Rows in parallel (a softmax over the vocabulary each), summed in order.
+                let rows: Vec<f64> = logits
+                    .par_chunks_exact(v)
                     .zip(&reference)
                     .map(|(row, r)| divergence(r, row))
-                    .sum::<f64>();
+                    .collect();
+                kl[l][j] += rows.iter().sum::<f64>();
                 done += 1;
                 progress(done, total);
             }
@@ -209,21 +184,25 @@ pub fn perplexity(
         Some(t) => t.iter().map(|&v| Some(v)).collect(),
         None => vec![None; n_layer],
     };
-    let chunks: Vec<&[TokenId]> = tokens.chunks(chunk.max(1)).collect();
+    let v = engine.model().config.n_vocab;
+    let mut obs = Confirm {
+        thresholds: &th,
+        streams: None,
+    };
     let (mut sum, mut count) = (0.0, 0usize);
-    run_chunks(
-        engine,
-        tokens,
-        chunk,
-        &th,
-        |_| 0,
-        |ci, p, row| {
-            if let Some(&next) = chunks[ci].get(p + 1) {
-                sum += nll(row, next);
-                count += 1;
-            }
-        },
-    )?;
+    for part in tokens.chunks(chunk.max(1)) {
+        engine.truncate(0);
+        let logits = engine.forward_observed(part, Logits::From(0), Some(&mut obs))?;
+        // Rows in parallel (a softmax over the vocabulary each), summed in order.
+        let rows: Vec<f64> = logits
+            .par_chunks_exact(v)
+            .zip(&part[1..])
+            .map(|(row, &next)| nll(row, next))
+            .collect();
+        sum += rows.iter().sum::<f64>();
+        count += rows.len();
+    }
+    engine.truncate(0);
     Ok((sum / count.max(1) as f64).exp())
 }
 
@@ -387,6 +366,33 @@ mod tests {
             tokens: tokens.len(),
         };
         p.finish(info, cal, &ProfileConfig::default()).unwrap().0
+    }
+
+    /// Runs `tokens` in chunks of `chunk` (each from an empty cache) with `thresholds` and calls
+    /// `each(chunk_index, position, logits)` for every position from `from(chunk_len)` on.
+    fn run_chunks(
+        engine: &mut Engine<'_>,
+        tokens: &[TokenId],
+        chunk: usize,
+        thresholds: &[Option<f32>],
+        from: fn(usize) -> usize,
+        mut each: impl FnMut(usize, usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        let v = engine.model().config.n_vocab;
+        let mut obs = Confirm {
+            thresholds,
+            streams: None,
+        };
+        for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {
+            engine.truncate(0);
+            let first = from(part.len()).min(part.len() - 1);
+            let logits = engine.forward_observed(part, Logits::From(first), Some(&mut obs))?;
+            for (p, row) in logits.chunks_exact(v).enumerate() {
+                each(ci, first + p, row);
+            }
+        }
+        engine.truncate(0);
+        Ok(())
     }
 
     /// The resumed passes measure what whole passes with one sparse layer measure, over

@@ -178,7 +178,11 @@ mod tests {
         }
         for c in 1..=255u8 {
             let e = code_edge(c);
-            for s in [e, f32::from_bits(e.to_bits() - 1), f32::from_bits(e.to_bits() + 1)] {
+            for s in [
+                e,
+                f32::from_bits(e.to_bits() - 1),
+                f32::from_bits(e.to_bits() + 1),
+            ] {
                 assert_eq!(score_code(s), code_by_search(s), "{s:e} near edge {c}");
             }
         }
