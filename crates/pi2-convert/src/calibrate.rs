@@ -26,11 +26,7 @@ struct SampleObserver<'a> {
 
 impl FfnObserver for SampleObserver<'_> {
     fn observe(&mut self, layer: usize, x: &[f32], gate: &[f32]) {
-        let s = &mut self.samples.layers[layer];
-        let (d, ff) = (s.n_embd, s.n_ff);
-        for (xt, gt) in x.chunks_exact(d).zip(gate.chunks_exact(ff)) {
-            s.push(xt, gt, self.thresholds[layer], self.act);
-        }
+        self.samples.layers[layer].push_batch(x, gate, self.thresholds[layer], self.act);
     }
 
     fn observe_head(&mut self, h: &[f32]) {

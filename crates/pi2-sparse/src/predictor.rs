@@ -12,6 +12,7 @@
 //! per layer to minimise the bytes a decode step reads (predictor + candidate gate rows).
 
 use crate::{Activation, SparseError};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// How a predictor's score names candidates.
@@ -159,6 +160,27 @@ impl LayerSamples {
                 self.fired[w0 + i / 64] |= 1 << (i % 64);
             }
         }
+    }
+
+    /// [`LayerSamples::push`] for a batch of tokens (`x`: `m * n_embd`, `gate`: `m * n_ff`),
+    /// their fired bits computed in parallel (an activation per neuron each: the calibration
+    /// pass waited on this).
+    pub fn push_batch(&mut self, x: &[f32], gate: &[f32], threshold: f32, act: Activation) {
+        self.x.extend_from_slice(x);
+        let w = self.words();
+        let w0 = self.fired.len();
+        let m = gate.len() / self.n_ff;
+        self.fired.resize(w0 + m * w, 0);
+        self.fired[w0..]
+            .par_chunks_mut(w)
+            .zip(gate.par_chunks_exact(self.n_ff))
+            .for_each(|(bits, g)| {
+                for (i, &g) in g.iter().enumerate() {
+                    if act.fires(g, threshold) {
+                        bits[i / 64] |= 1 << (i % 64);
+                    }
+                }
+            });
     }
 
     pub fn fired(&self, t: usize, i: usize) -> bool {
@@ -817,6 +839,20 @@ mod tests {
         orthonormalize(&mut q, 3, 2);
         let dot: f32 = (0..3).map(|i| q[i * 2] * q[i * 2 + 1]).sum();
         assert!(dot.abs() < 1e-5);
+    }
+
+    #[test]
+    fn a_batch_of_tokens_is_recorded_as_one_at_a_time() {
+        let (d, ff, m) = (8, 70, 5);
+        let mut rng = Rng(9);
+        let x: Vec<f32> = (0..m * d).map(|_| rng.normal()).collect();
+        let gate: Vec<f32> = (0..m * ff).map(|_| rng.normal()).collect();
+        let (mut one, mut batch) = (LayerSamples::new(d, ff), LayerSamples::new(d, ff));
+        for (xt, gt) in x.chunks_exact(d).zip(gate.chunks_exact(ff)) {
+            one.push(xt, gt, 0.3, Activation::Silu);
+        }
+        batch.push_batch(&x, &gate, 0.3, Activation::Silu);
+        assert_eq!((one.x, one.fired), (batch.x, batch.fired));
     }
 
     #[test]

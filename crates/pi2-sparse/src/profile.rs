@@ -326,7 +326,12 @@ pub struct Profiler {
     codes: Vec<Vec<u8>>,
     sum_abs: Vec<Vec<f64>>,
     max_abs: Vec<Vec<f32>>,
+    /// One batch's absolute activations (reused).
+    scores: Vec<f32>,
 }
+
+/// Neurons per parallel task when summing a batch.
+const NEURON_BLOCK: usize = 512;
 
 impl Profiler {
     pub fn new(n_layer: usize, n_ff: usize, act: Activation) -> Profiler {
@@ -336,6 +341,7 @@ impl Profiler {
             codes: vec![Vec::new(); n_layer],
             sum_abs: vec![vec![0.0; n_ff]; n_layer],
             max_abs: vec![vec![0.0; n_ff]; n_layer],
+            scores: Vec::new(),
         }
     }
 
@@ -443,19 +449,44 @@ impl Profiler {
 impl FfnObserver for Profiler {
     fn observe(&mut self, layer: usize, _x: &[f32], gate: &[f32]) {
         let n = self.n_ff;
+        let act = self.act;
+        let rows = gate.len() / n;
+        let scores = &mut self.scores;
+        scores.clear();
+        scores.resize(rows * n, 0.0);
         let codes = &mut self.codes[layer];
-        let (sum, max) = (&mut self.sum_abs[layer], &mut self.max_abs[layer]);
-        for row in gate.chunks_exact(n) {
-            for (i, &g) in row.iter().enumerate() {
-                let s = self.act.apply(g).abs();
-                // ReLU: any non-zero activation gets a code above 0, so code 0 means exactly
-                // zero and "active" can be exact.
-                let exact = self.act == Activation::Relu && s > 0.0;
-                codes.push(score_code(s).max(exact as u8));
-                sum[i] += s as f64;
-                max[i] = max[i].max(s);
-            }
-        }
+        let start = codes.len();
+        codes.resize(start + rows * n, 0);
+        // Tokens in parallel (an activation and a code per neuron), then neurons in parallel
+        // (sums over tokens): the profiling pass waited on this.
+        codes[start..]
+            .par_chunks_mut(n)
+            .zip(scores.par_chunks_mut(n))
+            .zip(gate.par_chunks_exact(n))
+            .for_each(|((codes, scores), gate)| {
+                for ((c, s), &g) in codes.iter_mut().zip(scores.iter_mut()).zip(gate) {
+                    *s = act.apply(g).abs();
+                    // ReLU: any non-zero activation gets a code above 0, so code 0 means
+                    // exactly zero and "active" can be exact.
+                    let exact = act == Activation::Relu && *s > 0.0;
+                    *c = score_code(*s).max(exact as u8);
+                }
+            });
+        let scores = &self.scores;
+        self.sum_abs[layer]
+            .par_chunks_mut(NEURON_BLOCK)
+            .zip(self.max_abs[layer].par_chunks_mut(NEURON_BLOCK))
+            .enumerate()
+            .for_each(|(b, (sum, max))| {
+                let first = b * NEURON_BLOCK;
+                for row in scores.chunks_exact(n) {
+                    let row = &row[first..first + sum.len()];
+                    for ((sum, max), &s) in sum.iter_mut().zip(max.iter_mut()).zip(row) {
+                        *sum += s as f64;
+                        *max = max.max(s);
+                    }
+                }
+            });
     }
 }
 
