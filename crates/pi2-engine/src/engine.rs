@@ -17,6 +17,8 @@ use pi2_kernels::{matmul, KernelSet, MatRef, Tier};
 use pi2_model::{LayerWeights, Model, TokenId};
 use pi2_sparse::FfnObserver;
 
+mod memory;
+
 /// One token-layer of sparse decode: the candidate neurons (gate rows computed) and the
 /// confirmed ones (up and down rows computed), as file-order indices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -410,38 +412,6 @@ impl<'m> Engine<'m> {
     /// hold the window position `n` needs (the caller evaluates those tokens again).
     pub fn truncate(&mut self, n: usize) -> usize {
         self.kv.truncate(n)
-    }
-
-    /// Bytes the KV cache holds after a first batch of `n_batch` tokens (what an offload
-    /// charges at the start; later positions are charged as they are written).
-    pub fn kv_bytes_start(&self, n_batch: usize) -> usize {
-        crate::kv::kv_bytes(&self.model.config, n_batch.clamp(1, self.n_ctx), n_batch)
-    }
-
-    /// Bytes the KV cache holds when the context is full, with batches of up to `n_batch`
-    /// tokens (sliding-window layers hold their window plus one batch).
-    pub fn kv_bytes_full(&self, n_batch: usize) -> usize {
-        crate::kv::kv_bytes(&self.model.config, self.n_ctx, n_batch)
-    }
-
-    /// Working buffers for batches of up to `n_batch` tokens (activations, predictor scores,
-    /// cluster partials) with logits for the last one ([`Logits::Last`]; each further row of
-    /// logits takes `4 * n_vocab` bytes more), an upper estimate for memory budgets.
-    pub fn scratch_bytes(&self, n_batch: usize) -> usize {
-        let c = &self.model.config;
-        let n = n_batch.max(1);
-        let per_token = 8 * c.n_embd + c.q_dim() + 2 * c.kv_dim() + 4 * c.n_ff;
-        // The sparse head's buffers (its factors are mapped tensors, which an offload counts as
-        // resident; it packs no copy under a budget).
-        let head = self.head.head.map_or(0, |h| h.scratch_bytes());
-        4 * (n * per_token + c.n_vocab + self.threads() * n * c.n_embd + 2 * c.n_ff * 3)
-            + 4 * self.n_ctx * rayon::current_num_threads().max(self.threads())
-            + head
-    }
-
-    /// Bytes held by the KV cache.
-    pub fn kv_bytes(&self) -> usize {
-        self.kv.bytes()
     }
 
     /// Run `tokens` at the next positions; returns logits rows (`n_vocab` each) as asked.
