@@ -106,6 +106,12 @@ pub fn measure_sensitivity(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Sensitivity, crate::ConvertError> {
     let n_layer = profile.layers.len();
+    let model_layers = engine.model().config.n_layer;
+    if n_layer != model_layers {
+        return Err(crate::ConvertError::Refused(format!(
+            "the profile has {n_layer} layers and the model {model_layers}: profile this model with `pi2 profile`"
+        )));
+    }
     let chunks: Vec<&[TokenId]> = tokens.chunks(chunk.max(1)).collect();
     let total = chunks.len() * (1 + n_layer * levels.len());
     let v = engine.model().config.n_vocab;
@@ -425,6 +431,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!(got.tokens, reference.len());
+        // A profile of another model is refused, not indexed out of bounds.
+        let mut short = p.clone();
+        short.layers.pop();
+        let err = measure_sensitivity(&mut e, &short, &tokens, 40, &levels, |_, _| {});
+        assert!(matches!(err, Err(crate::ConvertError::Refused(_))));
         for l in 0..3 {
             for (j, &s) in levels.iter().enumerate() {
                 let mut th = dense.clone();
