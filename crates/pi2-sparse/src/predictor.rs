@@ -155,11 +155,7 @@ impl LayerSamples {
         self.x.extend_from_slice(x);
         let w0 = self.fired.len();
         self.fired.resize(w0 + self.words(), 0);
-        for (i, &g) in gate.iter().enumerate() {
-            if act.fires(g, threshold) {
-                self.fired[w0 + i / 64] |= 1 << (i % 64);
-            }
-        }
+        set_fired(&mut self.fired[w0..], gate, threshold, act);
     }
 
     /// [`LayerSamples::push`] for a batch of tokens (`x`: `m * n_embd`, `gate`: `m * n_ff`),
@@ -174,13 +170,7 @@ impl LayerSamples {
         self.fired[w0..]
             .par_chunks_mut(w)
             .zip(gate.par_chunks_exact(self.n_ff))
-            .for_each(|(bits, g)| {
-                for (i, &g) in g.iter().enumerate() {
-                    if act.fires(g, threshold) {
-                        bits[i / 64] |= 1 << (i % 64);
-                    }
-                }
-            });
+            .for_each(|(bits, g)| set_fired(bits, g, threshold, act));
     }
 
     pub fn fired(&self, t: usize, i: usize) -> bool {
@@ -191,6 +181,15 @@ impl LayerSamples {
     pub fn hold_out(&mut self, fraction: f32) {
         let n = self.len();
         self.train = n - ((n as f32 * fraction).round() as usize).clamp(1, n.saturating_sub(1));
+    }
+}
+
+/// Sets bit `i` of `bits` for every neuron `i` of one token's `gate` that fires.
+fn set_fired(bits: &mut [u64], gate: &[f32], threshold: f32, act: Activation) {
+    for (i, &g) in gate.iter().enumerate() {
+        if act.fires(g, threshold) {
+            bits[i / 64] |= 1 << (i % 64);
+        }
     }
 }
 
