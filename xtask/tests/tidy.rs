@@ -1,7 +1,8 @@
 //! House rules, checked on every test run (as rust-analyzer's `tidy`): every `unsafe fn` says
 //! why it is safe to call (its own `# Safety` section, its module's, or its trait's); no source
 //! file of a crate is over 800 lines and no function over 150 (tests aside); every library
-//! crate has a README.
+//! crate has a README; docs name only paths that exist, and the architecture page names every
+//! crate.
 
 use std::path::{Path, PathBuf};
 
@@ -145,5 +146,116 @@ fn every_library_crate_has_a_readme() {
     assert!(
         missing.is_empty(),
         "library crates without a README: {missing:?}"
+    );
+}
+
+/// Markdown files the docs checks read: the README, `docs/`, and every crate's and tool's README.
+fn doc_files() -> Vec<PathBuf> {
+    let r = root();
+    let mut out = vec![r.join("README.md"), r.join("bench/README.md")];
+    let mut stack = vec![r.join("docs")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    for e in std::fs::read_dir(r.join("crates")).unwrap().flatten() {
+        out.push(e.path().join("README.md"));
+    }
+    out.retain(|p| p.exists());
+    out.sort();
+    out
+}
+
+/// Top-level folders whose paths docs name.
+const TREE: &[&str] = &[
+    "crates/", "docs/", "bench/", "testdata/", "xtask/", "fuzz/", ".ci/", "examples/", "python/",
+];
+
+/// Paths a doc names: the targets of relative links, and code spans that start at a folder of
+/// the tree or name a source file (`engine.rs`, `offload/vocab.rs`). Spans holding a
+/// placeholder, a glob or spaces are commands or patterns, not paths.
+fn named_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for link in text.split("](").skip(1) {
+        let target = link.split(')').next().unwrap_or("");
+        let target = target.split('#').next().unwrap_or("");
+        if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+            out.push(format!("link:{target}"));
+        }
+    }
+    for (i, span) in text.split('`').enumerate() {
+        let plain = span.chars().all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c));
+        if i % 2 == 0 || span.is_empty() || !plain {
+            continue;
+        }
+        if TREE.iter().any(|t| span.starts_with(t)) || span.ends_with(".rs") {
+            out.push(span.to_string());
+        }
+    }
+    out
+}
+
+/// Whether a bare file name or a partial path (`offload/vocab.rs`) names a file of the tree.
+fn tree_has_suffix(suffix: &str) -> bool {
+    fn walk(dir: &Path, suffix: &str) -> bool {
+        std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
+            let p = e.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name == "target" || name.starts_with('.') {
+                return false;
+            }
+            if p.is_dir() {
+                walk(&p, suffix)
+            } else {
+                p.to_string_lossy().ends_with(&format!("/{suffix}"))
+            }
+        })
+    }
+    walk(&root(), suffix)
+}
+
+#[test]
+fn paths_named_in_docs_exist() {
+    let r = root();
+    let mut missing = Vec::new();
+    for doc in doc_files() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for p in named_paths(&text) {
+            let ok = match p.strip_prefix("link:") {
+                Some(link) => doc.parent().unwrap().join(link).exists(),
+                None if TREE.iter().any(|t| p.starts_with(t)) => r.join(&p).exists(),
+                None => tree_has_suffix(&p),
+            };
+            if !ok {
+                missing.push(format!("{}: {p}", doc.strip_prefix(&r).unwrap().display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "paths named in docs that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn architecture_names_every_crate() {
+    let arch = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !arch.contains(&format!("`{name}`")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "crates docs/architecture.md does not name: {missing:?}"
     );
 }
