@@ -174,7 +174,15 @@ fn doc_files() -> Vec<PathBuf> {
 
 /// Top-level folders whose paths docs name.
 const TREE: &[&str] = &[
-    "crates/", "docs/", "bench/", "testdata/", "xtask/", "fuzz/", ".ci/", "examples/", "python/",
+    "crates/",
+    "docs/",
+    "bench/",
+    "testdata/",
+    "xtask/",
+    "fuzz/",
+    ".ci/",
+    "examples/",
+    "python/",
 ];
 
 /// Paths a doc names: the targets of relative links, and code spans that start at a folder of
@@ -190,7 +198,9 @@ fn named_paths(text: &str) -> Vec<String> {
         }
     }
     for (i, span) in text.split('`').enumerate() {
-        let plain = span.chars().all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c));
+        let plain = span
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c));
         if i % 2 == 0 || span.is_empty() || !plain {
             continue;
         }
@@ -204,18 +214,22 @@ fn named_paths(text: &str) -> Vec<String> {
 /// Whether a bare file name or a partial path (`offload/vocab.rs`) names a file of the tree.
 fn tree_has_suffix(suffix: &str) -> bool {
     fn walk(dir: &Path, suffix: &str) -> bool {
-        std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
-            let p = e.path();
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name == "target" || name.starts_with('.') {
-                return false;
-            }
-            if p.is_dir() {
-                walk(&p, suffix)
-            } else {
-                p.to_string_lossy().ends_with(&format!("/{suffix}"))
-            }
-        })
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let p = e.path();
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if name == "target" || name.starts_with('.') {
+                    return false;
+                }
+                if p.is_dir() {
+                    walk(&p, suffix)
+                } else {
+                    p.to_string_lossy().ends_with(&format!("/{suffix}"))
+                }
+            })
     }
     walk(&root(), suffix)
 }

@@ -1,7 +1,6 @@
 //! Calibration: what a dense run of the model over a text tells the converter (which neurons
 //! fire how often, and (input, fired) pairs to fit predictors on).
 
-use crate::head::HiddenMoment;
 use crate::ConvertError;
 use pi2_engine::{Engine, EngineError, Logits};
 use pi2_model::TokenId;
@@ -9,12 +8,12 @@ use pi2_sparse::{
     Activation, Calibration, FfnObserver, LayerSamples, ModelInfo, Profile, ProfileConfig, Profiler,
 };
 
-/// What a calibration run recorded: per layer (input, fired) pairs, and the final hidden
-/// states' second moment (the sparse output head's basis).
+/// What a calibration run recorded: per layer (input, fired) pairs, and every token's final
+/// hidden state (rows of `n_embd`: what the clustered output head is built from).
 #[derive(Clone, Debug)]
 pub struct Samples {
     pub layers: Vec<LayerSamples>,
-    pub hidden: HiddenMoment,
+    pub hidden: Vec<f32>,
 }
 
 /// Records (x, fired) pairs per layer during a dense calibration run.
@@ -30,12 +29,12 @@ impl FfnObserver for SampleObserver<'_> {
     }
 
     fn observe_head(&mut self, h: &[f32]) {
-        self.samples.hidden.add(h);
+        self.samples.hidden.extend_from_slice(h);
     }
 }
 
 /// Run the dense model over `tokens` in chunks of `chunk` (each from an empty cache) and record
-/// every layer's (input, fired) pairs at `thresholds` and the final hidden states' moment;
+/// every layer's (input, fired) pairs at `thresholds` and the final hidden states;
 /// `progress(done)` after each chunk.
 pub fn collect_samples(
     engine: &mut Engine<'_>,
@@ -50,7 +49,7 @@ pub fn collect_samples(
             layers: (0..c.n_layer)
                 .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
                 .collect(),
-            hidden: HiddenMoment::new(c.n_embd),
+            hidden: Vec::new(),
         },
         thresholds,
         act: pi2_engine::profile_activation(c.ffn_act),

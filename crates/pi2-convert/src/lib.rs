@@ -23,17 +23,20 @@ use std::path::Path;
 
 mod atomic;
 mod calibrate;
+pub mod calibration;
 pub mod head;
 pub mod moe;
+pub mod pipeline;
 pub mod sensitivity;
 
 pub use atomic::write_atomic;
 pub use calibrate::{calibrate, collect_samples, Calibrated, Samples};
 
 use pi2_model::bundle::{
-    Tensor, FORMAT_VERSION, GGML_I32, HEAD_BASIS, HEAD_BOUNDS, HEAD_COEF, KEY_ACTIVATION,
-    KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE, KEY_HEAD_GROUPS, KEY_PREDICTOR_KIND as KEY_KIND,
-    KEY_PROFILE, KEY_RECALL, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
+    Tensor, FORMAT_VERSION, GGML_I32, HEAD_CENTROIDS, HEAD_COEF, HEAD_DIRECTIONS, HEAD_FREQUENCY,
+    HEAD_ORDER, HEAD_SPREAD, KEY_ACTIVATION, KEY_CANDIDATES, KEY_CUTS, KEY_GRANULE,
+    KEY_HEAD_CLUSTER, KEY_HEAD_SHARE, KEY_HEAD_UCB, KEY_PREDICTOR_KIND as KEY_KIND, KEY_PROFILE,
+    KEY_RECALL, KEY_SOURCE, KEY_SPARSITY, KEY_THRESHOLDS, KEY_VERSION,
 };
 
 /// Conversion errors.
@@ -81,29 +84,30 @@ pub struct ConvertConfig {
     /// Fraction of calibration tokens held out for early stopping and cut calibration.
     pub held_out: f32,
     pub fit: FitConfig,
-    /// Build a sparse output head whose resident factors take about this share of the output
-    /// matrix (`None`: no head; decode then always computes the whole output matrix).
-    pub head_share: Option<f32>,
+    /// Cluster the output head (`None`: decode computes the whole output matrix).
+    pub head: Option<head::HeadConfig>,
     /// Bands of the hot-first order inside which neurons are placed by co-activation (0 or 1:
     /// frequency order alone).
     pub placement_band: usize,
 }
 
-/// What [`convert`] built: per layer, and the sparse head.
+/// What [`convert`] built: per layer, and the clustered head.
 #[derive(Clone, Debug)]
 pub struct ConvertReport {
     pub layers: Vec<LayerReport>,
     pub head: Option<HeadReport>,
 }
 
-/// The sparse head's size.
+/// The clustered head: its shape, and its fidelity on held-out calibration tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct HeadReport {
-    pub rank: usize,
-    pub groups: usize,
-    /// Resident bytes of the factors, and of the output matrix they bound.
-    pub bytes: usize,
+    pub clusters: usize,
+    pub cluster: usize,
+    pub share: f32,
+    /// Bytes of the centroids and directions (always resident), and of the output matrix.
+    pub centroid_bytes: usize,
     pub output_bytes: usize,
+    pub check: head::HeadCheck,
 }
 
 impl Default for ConvertConfig {
@@ -115,9 +119,7 @@ impl Default for ConvertConfig {
             granule: 4096,
             held_out: 0.2,
             fit: FitConfig::default(),
-            // Opt-in: on the models measured so far the bound does not separate at this share
-            // (see the README's sparse-head section), and a head that always falls back costs time.
-            head_share: None,
+            head: Some(head::HeadConfig::default()),
             placement_band: pi2_sparse::PLACEMENT_BAND,
         }
     }
@@ -227,16 +229,22 @@ pub fn convert(
                 || n.ends_with(".ffn_up.weight")
                 || n.ends_with(".ffn_down.weight"))
     };
+    // A clustered head writes the output matrix itself, in cluster order.
+    let head_out = cfg
+        .head
+        .is_some()
+        .then_some(model.weights.output.name.as_str());
     for t in &f.tensors {
-        if !ffn_name(&t.name) && t.name != pi2_model::checksum::TENSOR {
+        let output = head_out == Some(t.name.as_str()) && !model.weights.tied_output;
+        if !ffn_name(&t.name) && t.name != pi2_model::checksum::TENSOR && !output {
             w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
         }
     }
     for (li, (perm, pred, _)) in layers.iter().enumerate() {
         write_layer(&mut w, model, li, perm, pred.as_ref(), cfg)?;
     }
-    let head = match cfg.head_share {
-        Some(share) => write_head(&mut w, model, &hidden, share)?,
+    let head = match &cfg.head {
+        Some(hc) => Some(write_head(&mut w, model, &hidden, hc, cfg.held_out)?),
         None => None,
     };
     w.with_checksums();
@@ -244,59 +252,77 @@ pub fn convert(
     Ok((w, ConvertReport { layers, head }))
 }
 
-/// The sparse output head's factors (see [`head`]), if the output matrix's width allows them.
+/// The clustered output head (see [`head`]): the output matrix in cluster order, the order,
+/// the centroids and their calibration frequencies. The last `held_out` share of the
+/// calibration hidden states is kept out of the clustering and checks it.
 fn write_head(
     w: &mut GgufWriter,
     model: &Model,
-    hidden: &head::HiddenMoment,
-    share: f32,
-) -> Result<Option<HeadReport>, ConvertError> {
+    hidden: &[f32],
+    cfg: &head::HeadConfig,
+    held_out: f32,
+) -> Result<HeadReport, ConvertError> {
     let out = model.weights.output.mat(&model.file);
-    if !out.cols.is_multiple_of(32) || out.cols < 64 {
-        return Ok(None);
+    let (vocab, d) = (out.rows, out.cols);
+    let n = hidden.len() / d.max(1);
+    let keep = ((n as f32 * (1.0 - held_out.clamp(0.0, 0.9))) as usize).clamp(1, n.max(1));
+    let (fit, check) = hidden.split_at((keep * d).min(hidden.len()));
+    let (h, report) = head::build_checked(&out, fit, check, cfg)?;
+    // Rows in stored order: a row-quantized matrix's rows move whole.
+    let rb = out.row_bytes();
+    let mut rows = Vec::with_capacity(vocab * rb);
+    for &r in &h.order {
+        rows.extend_from_slice(out.row(r as usize));
     }
-    if !(share > 0.0 && share < 1.0) {
-        return Err(ConvertError::Refused(format!(
-            "sparse head share {share} must lie between 0 and 1"
-        )));
-    }
-    let rank = head::choose_rank(&out, share);
-    let h = head::build_head(&out, hidden, rank)?;
-    let (d, v) = (out.cols as u64, out.rows as u64);
-    let f16s = |x: &[half::f16]| -> Vec<u8> { bytemuck_f16(x) };
-    w.meta(
-        KEY_HEAD_GROUPS,
-        Value::Array(h.groups.iter().map(|&g| Value::U32(g)).collect()),
+    // A tied embedding stays in vocabulary order for lookups; the head gets its own matrix.
+    let name = match model.weights.tied_output {
+        true => "output.weight",
+        false => model.weights.output.name.as_str(),
+    };
+    w.tensor(name, &[d as u64, vocab as u64], out.ty.ggml_id(), rows);
+    let order: Vec<u8> = h
+        .order
+        .iter()
+        .flat_map(|&i| (i as i32).to_le_bytes())
+        .collect();
+    w.tensor(HEAD_ORDER, &[vocab as u64], GGML_I32, order);
+    let k = h.clusters();
+    let cty = head::centroid_type(d);
+    let rows_of = |v: &[f32]| -> Vec<u8> {
+        v.chunks_exact(d)
+            .flat_map(|c| cty.quantize_row(c).expect("a type for this width"))
+            .collect()
+    };
+    let (centroids, directions) = (rows_of(&h.centroids), rows_of(&h.directions));
+    let centroid_bytes = centroids.len() + directions.len();
+    w.tensor(
+        HEAD_CENTROIDS,
+        &[d as u64, k as u64],
+        cty.ggml_id(),
+        centroids,
     );
     w.tensor(
-        HEAD_BASIS,
-        &[d, d],
-        QuantType::F16.ggml_id(),
-        f16s(&h.basis),
+        HEAD_DIRECTIONS,
+        &[d as u64, k as u64],
+        cty.ggml_id(),
+        directions,
     );
-    w.tensor(
-        HEAD_COEF,
-        &[rank as u64, v],
-        QuantType::Q8_0.ggml_id(),
-        h.coef.clone(),
-    );
-    let n_stats = 3 + h.groups.len() as u64;
-    w.tensor(
-        HEAD_BOUNDS,
-        &[v, n_stats],
-        QuantType::F16.ggml_id(),
-        f16s(&h.bounds),
-    );
-    Ok(Some(HeadReport {
-        rank,
-        groups: h.groups.len(),
-        bytes: h.bytes(),
-        output_bytes: out.rows * out.row_bytes(),
-    }))
-}
-
-fn bytemuck_f16(x: &[half::f16]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+    let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let f32_id = QuantType::F32.ggml_id();
+    w.tensor(HEAD_SPREAD, &[k as u64], f32_id, f32s(&h.spread));
+    w.tensor(HEAD_COEF, &[vocab as u64], f32_id, f32s(&h.coef));
+    w.tensor(HEAD_FREQUENCY, &[k as u64], f32_id, f32s(&h.frequency));
+    w.meta(KEY_HEAD_CLUSTER, Value::U32(h.cluster as u32));
+    w.meta(KEY_HEAD_SHARE, Value::F32(cfg.share));
+    w.meta(KEY_HEAD_UCB, Value::F32(cfg.ucb));
+    Ok(HeadReport {
+        clusters: k,
+        cluster: h.cluster,
+        share: cfg.share,
+        centroid_bytes,
+        output_bytes: vocab * rb,
+        check: report,
+    })
 }
 
 /// The source's metadata (but its `pi2.*` keys) and the format's: version, thresholds,
@@ -452,6 +478,36 @@ fn same_dense_tensors(
     Ok(())
 }
 
+/// A clustered head's output matrix holds the source's output rows in its stored order.
+fn verify_head(source: &Model, converted: &Model) -> Result<(), ConvertError> {
+    let bad = |m: String| ConvertError::Verify(m);
+    let fc = &converted.file;
+    let t = fc
+        .tensor(HEAD_ORDER)
+        .ok_or_else(|| bad(format!("{HEAD_ORDER} is missing")))?;
+    let order: Vec<i32> = fc
+        .tensor_data(t)
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (src, out) = (
+        source.weights.output.mat(&source.file),
+        converted.weights.output.mat(fc),
+    );
+    if order.len() != src.rows || (out.rows, out.cols, out.ty) != (src.rows, src.cols, src.ty) {
+        return Err(bad("the clustered output matrix has another shape".into()));
+    }
+    let mut seen = vec![false; src.rows];
+    for (j, &i) in order.iter().enumerate() {
+        let ok =
+            i >= 0 && (i as usize) < src.rows && !std::mem::replace(&mut seen[i as usize], true);
+        if !ok || out.row(j) != src.row(i as usize) {
+            return Err(bad(format!("output row {j} is not source row {i}")));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `row`, read back from type `ty`, is `want` within that type's rounding.
 fn requantized_row_matches(row: &[f32], want: &[f32], ty: QuantType) -> bool {
     let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -543,9 +599,17 @@ pub fn verify(source: &Model, converted: &Model) -> Result<(), ConvertError> {
     let bad = |m: String| ConvertError::Verify(m);
     let (fs, fc) = (&source.file, &converted.file);
     let c = &source.config;
+    let head = fc.get(pi2_model::bundle::KEY_HEAD_CLUSTER).is_some();
+    let out_name = source.weights.output.name.as_str();
     same_dense_tensors(source, converted, |n| {
-        n.contains(".ffn_gate.") || n.contains(".ffn_up.") || n.contains(".ffn_down.")
+        n.contains(".ffn_gate.")
+            || n.contains(".ffn_up.")
+            || n.contains(".ffn_down.")
+            || (head && n == out_name && !source.weights.tied_output)
     })?;
+    if head {
+        verify_head(source, converted)?;
+    }
     for (li, (ls, lc)) in source
         .weights
         .layers

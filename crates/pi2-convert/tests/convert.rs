@@ -2,7 +2,7 @@
 //! catches a changed file.
 
 use pi2_convert::{self as convert, ConvertConfig, ConvertError};
-use pi2_engine::{Engine, EngineConfig, Logits};
+use pi2_engine::{Engine, EngineConfig, EngineParts, Logits};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
@@ -99,15 +99,23 @@ fn convert_round_trips_and_runs_sparse() {
         // the function) and runs sparse.
         let mut e0 = Engine::new(&m, &cfg()).unwrap();
         let want = e0.forward(&TOKENS, Logits::Last).unwrap().to_vec();
-        let mut e1 = Engine::new(&conv, &cfg()).unwrap();
+        // The whole output matrix, through the clustered head's stored order.
+        let whole = EngineConfig {
+            head_share: Some(1.0),
+            ..cfg()
+        };
+        let mut e1 = Engine::new(&conv, &whole).unwrap();
         let got = e1.forward(&TOKENS, Logits::Last).unwrap().to_vec();
         assert!(
             max_rel_diff(&want, &got) < 5e-2,
             "{}",
             max_rel_diff(&want, &got)
         );
-        e1.set_sparse(Some(&sp)).unwrap();
-        e1.truncate(0);
+        let parts = EngineParts {
+            sparse: Some(&sp),
+            ..Default::default()
+        };
+        let mut e1 = Engine::with_parts(&conv, &cfg(), parts).unwrap();
         for &t in &TOKENS {
             e1.forward(&[t], Logits::Last).unwrap();
         }
@@ -187,7 +195,7 @@ fn bad_requests_are_refused() {
         &th,
         convert::Samples {
             layers: Vec::new(),
-            hidden: convert::head::HiddenMoment::new(mm.config.n_embd),
+            hidden: Vec::new(),
         },
         &config(PredictorKind::Lowrank),
     )

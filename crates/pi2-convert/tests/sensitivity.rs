@@ -2,7 +2,7 @@
 //! batches compute, and what it chooses passes its own held-out check.
 
 use pi2_convert::sensitivity::{choose_sparsity, measure_sensitivity, perplexity, QualityTarget};
-use pi2_engine::{Engine, EngineConfig, SparseFfn};
+use pi2_engine::{Engine, EngineConfig, EngineParts, SparseFfn};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
@@ -75,8 +75,11 @@ fn the_dense_measurement_is_what_sparse_batches_compute() {
     // Sparse batches with F32 transposed down rows: the same sums in another order.
     let mut sp = SparseFfn::from_dense(&m, &th, Some(QuantType::F32)).unwrap();
     sp.batches_too = true;
-    let mut es = Engine::new(&m, &cfg()).unwrap();
-    es.set_sparse(Some(&sp)).unwrap();
+    let parts = EngineParts {
+        sparse: Some(&sp),
+        ..Default::default()
+    };
+    let mut es = Engine::with_parts(&m, &cfg(), parts).unwrap();
     let sparse = perplexity(&mut es, &text, 48, None).unwrap();
     assert!((masked / sparse - 1.0).abs() < 1e-3, "{masked} vs {sparse}");
     assert!(

@@ -39,6 +39,8 @@ pub enum EngineError {
     Io(#[from] pi2_io::IoError),
     #[error("offloaded FFN: {0}")]
     Offload(String),
+    #[error("output head: {0}")]
+    Head(String),
     #[error(transparent)]
     Budget(#[from] pi2_cache::CacheError),
     #[error(transparent)]

@@ -78,8 +78,6 @@ pub fn generate(
     }
     // Start-up work (weight repacking) belongs to loading, not to the prompt's time.
     engine.prepare();
-    // A sparse output head computes only the rows this sampler can pick.
-    engine.set_head_need(crate::HeadNeed::for_sampler(sampler.config()));
     let t0 = Instant::now();
     let rest = &prompt[common..];
     let mut logits = Vec::new();

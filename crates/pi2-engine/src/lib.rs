@@ -11,7 +11,6 @@ mod error;
 mod ffn;
 mod generate;
 mod head;
-mod head_tv;
 mod kv;
 mod moe;
 pub mod offload;
@@ -23,19 +22,19 @@ mod sampler;
 mod scratch;
 mod sparse;
 pub mod topology;
+mod weights;
 
-pub use engine::{Engine, EngineConfig, Logits, NeuronStep, MAX_CTX};
+pub use engine::{
+    kv_bytes_full, kv_bytes_start, scratch_bytes, Engine, EngineConfig, EngineParts, Logits,
+    NeuronStep, MAX_CTX,
+};
 pub use error::EngineError;
 pub use ffn::fires;
 pub use generate::{generate, GenerateConfig, Generation, StopReason};
-pub use head::{
-    candidates as head_candidates, has_head, logits as head_logits, HeadNeed, HeadScratch,
-    HeadStats, SparseHead,
-};
-pub use head_tv::{HeadTv, HeadTvStats};
+pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
-pub use perplexity::{nll, perplexity, perplexity_with, PerplexityConfig, PerplexityStep};
+pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use sparse::{
     check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies,

@@ -1,15 +1,15 @@
 //! Mixture-of-experts FFN layers: the router picks each token's top `n_expert_used` experts,
 //! weighted by the softmax over their logits (Mixtral's rule). A batch groups its tokens by
 //! expert, so each chosen expert's matrices are multiplied once (offloaded: staged from flash
-//! expert by expert, the next one read while this one is computed). A decoded token with
+//! expert by expert through the store, the next one read while this one is computed). A decoded token with
 //! sparse weights instead runs its chosen experts as units of one sparse step (`pipeline.rs`).
 
 use crate::error::EngineError;
 use crate::ffn::{accumulate_down_t, gated, project_pair};
-use crate::offload::Offload;
 use crate::scratch::{grow, Scratch};
+use crate::weights::Store;
 use pi2_kernels::{matmul, KernelSet, MatRef};
-use pi2_model::{GgufFile, LayerWeights, ModelConfig};
+use pi2_model::ModelConfig;
 use pi2_sparse::FfnObserver;
 
 /// Tokens per expert of one layer's batch, and the last token's picks.
@@ -49,17 +49,15 @@ pub(crate) fn route_tokens(
 }
 
 /// The routed experts of layer `li` over the batch, each on the tokens routed to it, added to
-/// `s.x` with their weights.
-#[allow(clippy::too_many_arguments)]
+/// `s.x` with their weights; each expert's matrices come from `store` (which may read the next
+/// chosen expert meanwhile).
 pub(crate) fn experts<'o>(
     ks: &KernelSet,
     c: &ModelConfig,
-    f: &GgufFile,
-    l: &LayerWeights,
     li: usize,
     routes: &Routes,
     s: &mut Scratch,
-    mut offload: Option<&mut Offload>,
+    store: &mut dyn Store,
     mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
 ) -> Result<(), EngineError> {
     let (d, ff, ne) = (c.n_embd, c.n_ff, c.n_expert);
@@ -76,43 +74,34 @@ pub(crate) fn experts<'o>(
         for (j, &(t, _)) in toks.iter().enumerate() {
             xe[j * d..(j + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
         }
-        let unit = li * ne + e;
-        let staged = match offload.as_deref_mut() {
-            Some(o) => Some(o.stage_unit(unit, next.map(|(e, _)| li * ne + e))?),
-            None => None,
-        };
-        let (gate, up, down, transposed) = match (offload.as_deref(), staged) {
-            (Some(o), Some(b)) => {
-                let (g, u, dn) = o.stage_mats(b, unit, d);
-                (g, u, dn, true)
-            }
-            _ => {
-                let (rows, t) = match l.down_transposed {
-                    true => (e * ff..(e + 1) * ff, true),
-                    false => (e * d..(e + 1) * d, false),
-                };
-                let expert = e * ff..(e + 1) * ff;
-                (
-                    l.gate.mat(f).rows(expert.clone()),
-                    l.up.mat(f).rows(expert),
-                    l.down.mat(f).rows(rows),
-                    t,
-                )
-            }
-        };
+        let mats = store.ffn(li * ne + e, next.map(|(e, _)| li * ne + e))?;
         let (g, u) = (grow(&mut s.gate, m * ff), grow(&mut s.up, m * ff));
-        project_pair(ks, &mut s.acts, &s.q[..m * d], d, [(gate, g), (up, u)]);
+        project_pair(
+            ks,
+            &mut s.acts,
+            &s.q[..m * d],
+            d,
+            [(mats.gate, g), (mats.up, u)],
+        );
         if let Some(obs) = observer.as_deref_mut() {
             obs.observe_expert(li, e, &s.q[..m * d], &s.gate[..m * ff]);
         }
         gated(c.ffn_act, &mut s.gate[..m * ff], &s.up[..m * ff]);
         let o = grow(&mut s.o, m * d);
-        if transposed {
+        if mats.down_transposed {
             o.fill(0.0);
-            accumulate_down_t(ks, &down, &s.gate[..m * ff], m, &mut s.partials, &mut s.o);
+            accumulate_down_t(
+                ks,
+                &mats.down,
+                &s.gate[..m * ff],
+                m,
+                &mut s.partials,
+                &mut s.o,
+            );
         } else {
-            s.acts.quantize(down.ty.act_kind(), &s.gate[..m * ff], ff);
-            matmul(ks, &down, &s.acts, o);
+            s.acts
+                .quantize(mats.down.ty.act_kind(), &s.gate[..m * ff], ff);
+            matmul(ks, &mats.down, &s.acts, o);
         }
         for (j, &(t, w)) in toks.iter().enumerate() {
             let x = &mut s.x[t * d..(t + 1) * d];

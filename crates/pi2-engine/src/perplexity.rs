@@ -2,7 +2,6 @@
 //! from an empty cache, score the second half of each chunk (position j predicts token j+1).
 
 use crate::engine::{Engine, Logits};
-use crate::head_tv::HeadTv;
 use crate::EngineError;
 use pi2_model::TokenId;
 
@@ -74,25 +73,12 @@ pub fn perplexity(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
     cfg: &PerplexityConfig,
-    on_chunk: impl FnMut(PerplexityStep),
-) -> Result<Vec<PerplexityStep>, EngineError> {
-    perplexity_with(engine, tokens, cfg, None, on_chunk)
-}
-
-/// [`perplexity`], also giving every scored token to `head_tv` (what sampling through the
-/// sparse head would change).
-pub fn perplexity_with(
-    engine: &mut Engine<'_>,
-    tokens: &[TokenId],
-    cfg: &PerplexityConfig,
-    mut head_tv: Option<&mut HeadTv<'_>>,
     mut on_chunk: impl FnMut(PerplexityStep),
 ) -> Result<Vec<PerplexityStep>, EngineError> {
     let n_ctx = cfg.n_ctx;
     let n_batch = cfg.n_batch.clamp(1, n_ctx);
     let first = n_ctx / 2;
     let n_vocab = engine.model().config.n_vocab;
-    let d = engine.model().config.n_embd;
     let mut acc = Accumulator::default();
     let mut steps = Vec::new();
     let mut chunk_tokens = vec![0; n_ctx];
@@ -110,17 +96,13 @@ pub fn perplexity_with(
             } else {
                 Logits::Last
             };
-            let rows = engine.forward(&chunk_tokens[start..end], want)?.len() / n_vocab;
-            let (ks, hidden, logits) = engine.head_inputs(rows);
+            let logits = engine.forward(&chunk_tokens[start..end], want)?;
             if end > first {
                 let from = first.max(start);
                 for (row, j) in (from..end).enumerate() {
                     if j + 1 < n_ctx {
                         let l = &logits[row * n_vocab..(row + 1) * n_vocab];
                         acc.add(nll(l, chunk_tokens[j + 1]));
-                        if let Some(tv) = head_tv.as_deref_mut() {
-                            tv.add(ks, &hidden[row * d..(row + 1) * d], l);
-                        }
                     }
                 }
             }

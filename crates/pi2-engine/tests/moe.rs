@@ -64,7 +64,7 @@ fn sparse_experts_equal_dense_experts_for_relu_family_ffns() {
         let sp = SparseFfn::from_dense(&m, &[0.0, 0.0], Some(QuantType::F32)).unwrap();
         let mut e = Engine::new(&m, &cfg()).unwrap();
         let dense = run(&mut e).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let sparse = run(&mut e).unwrap();
         for (step, (d, s)) in dense.iter().zip(&sparse).enumerate() {
             assert!(
@@ -91,6 +91,7 @@ fn converted(dir: &Path) -> (Model, Model, std::path::PathBuf) {
     let mut e = Engine::new(&src, &cfg()).unwrap();
     let tokens: Vec<u32> = (0..96).map(|i| (i * 37 + 11) % 250).collect();
     let counts = moe::count_experts(&mut e, &tokens, 32, &[0.0, 0.0], |_| {}).unwrap();
+    drop(e);
     assert_eq!(counts.tokens, 96);
     // Every token goes to two experts in each layer.
     for li in 0..2 {
@@ -170,8 +171,7 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
     // The converted file decodes as its source does (down rows re-stored as Q8_0).
     let mut e = Engine::new(&src, &cfg()).unwrap();
     let want_src = run(&mut e).unwrap();
-    let mut mem = Engine::new(&m, &cfg()).unwrap();
-    mem.set_sparse(Some(&sp)).unwrap();
+    let mut mem = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
     let want = run(&mut mem).unwrap();
     for (a, b) in want_src.iter().zip(&want) {
         assert!(max_rel_diff(a, b) < 0.05, "{}", max_rel_diff(a, b));
@@ -183,8 +183,8 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
             &m,
             &sp,
             &path,
-            e.kv_bytes_full(8) as u64,
-            e.scratch_bytes(8) as u64,
+            pi2_engine::kv_bytes_full(e.model(), &cfg(), 8) as u64,
+            pi2_engine::scratch_bytes(e.model(), &cfg(), 8) as u64,
             freq.as_deref(),
             &OffloadConfig {
                 budget,
@@ -197,20 +197,19 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
     let minimum = pi2_engine::min_budget(
         &m,
         &sp,
-        probe.kv_bytes_full(8) as u64,
-        probe.scratch_bytes(8) as u64,
+        pi2_engine::kv_bytes_full(probe.model(), &cfg(), 8) as u64,
+        pi2_engine::scratch_bytes(probe.model(), &cfg(), 8) as u64,
     )
     .unwrap();
     let err = make(&probe, minimum - 1, 0.0).err().unwrap().to_string();
     assert!(err.contains("memory budget too small"), "{err}");
     let file = m.file.file_size();
     for (budget, hot_share) in [(minimum, 0.0), (minimum + file / 16, 0.5), (4 * file, 0.5)] {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let o = make(&e, budget, hot_share).unwrap();
         assert!(o.budget().total_used() <= budget);
         assert_eq!(o.hot_counts().len(), 8);
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
             let what = format!("budget {budget} hot {hot_share} pass {pass}");

@@ -44,10 +44,10 @@ const DECODE: [u32; 10] = [99, 7, 64, 12, 8, 150, 33, 2, 77, 1];
 
 /// A converted (bundled, lowrank-predictor) synthetic model on disk.
 fn converted(dir: &Path) -> PathBuf {
-    converted_from(dir, &spec())
+    converted_from(dir, &spec(), true)
 }
 
-fn converted_from(dir: &Path, spec: &SynthSpec) -> PathBuf {
+fn converted_from(dir: &Path, spec: &SynthSpec, head: bool) -> PathBuf {
     let bytes = build(spec).to_bytes();
     let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
     let (profile, th, samples) = common::profile_and_samples(&m, &cfg(), 0.4, 50);
@@ -55,6 +55,11 @@ fn converted_from(dir: &Path, spec: &SynthSpec) -> PathBuf {
         sparsity: 0.4,
         predictor: Some(PredictorKind::Lowrank),
         down_type: Some(QuantType::Q8_0),
+        head: head.then(|| convert::head::HeadConfig {
+            cluster: 8,
+            share: 0.25,
+            ..Default::default()
+        }),
         ..ConvertConfig::default()
     };
     let (w, _) = convert::convert(&m, &profile, &th, samples, &cc).unwrap();
@@ -95,8 +100,8 @@ fn offload(
         m,
         sp,
         path,
-        e.kv_bytes_full(8) as u64,
-        e.scratch_bytes(8) as u64,
+        pi2_engine::kv_bytes_full(e.model(), &cfg(), 8) as u64,
+        pi2_engine::scratch_bytes(e.model(), &cfg(), 8) as u64,
         freq.as_deref(),
         &oc,
     )
@@ -104,10 +109,12 @@ fn offload(
 
 /// In-memory sparse decode's logits, and the least offload budget.
 fn reference_and_least_budget(m: &Model, sp: &SparseFfn<'_>) -> (Vec<Vec<f32>>, u64) {
-    let mut mem = Engine::new(m, &cfg()).unwrap();
-    mem.set_sparse(Some(sp)).unwrap();
+    let mut mem = common::sparse_engine(m, &cfg(), sp, None).unwrap();
     let want = run(&mut mem).unwrap();
-    let (kv, scratch) = (mem.kv_bytes_full(8) as u64, mem.scratch_bytes(8) as u64);
+    let (kv, scratch) = (
+        pi2_engine::kv_bytes_full(mem.model(), &cfg(), 8) as u64,
+        pi2_engine::scratch_bytes(mem.model(), &cfg(), 8) as u64,
+    );
     (want, pi2_engine::min_budget(m, sp, kv, scratch).unwrap())
 }
 
@@ -134,8 +141,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
     let path = converted(dir.path());
     let m = Model::load(&path).unwrap();
     let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
-    let mut mem = Engine::new(&m, &cfg()).unwrap();
-    mem.set_sparse(Some(&sp)).unwrap();
+    let mut mem = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
     let want = run(&mut mem).unwrap();
 
     // The smallest budget that works, from the error of one that does not.
@@ -161,7 +167,10 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no minimum in: {msg}"));
     // The planner's figure is the same one.
-    let (kv, scratch) = (probe.kv_bytes_full(8) as u64, probe.scratch_bytes(8) as u64);
+    let (kv, scratch) = (
+        pi2_engine::kv_bytes_full(probe.model(), &cfg(), 8) as u64,
+        pi2_engine::scratch_bytes(probe.model(), &cfg(), 8) as u64,
+    );
     assert_eq!(
         pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap(),
         minimum
@@ -189,8 +198,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
         .into_iter()
         .flat_map(|e| cases.map(|c| (e, c)))
     {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let o = offload(
             &m,
             &sp,
@@ -205,7 +213,7 @@ fn offloaded_decode_matches_in_memory_at_every_budget() {
         )
         .unwrap();
         assert!(o.budget().total_used() <= budget);
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
             let what = format!("{engine:?} budget {budget} hot {hot_share} pass {pass}");
@@ -230,13 +238,22 @@ fn streamed_weights_give_the_same_logits() {
     // Five layers: streaming attention pays off from three layers on (two buffers replace
     // them). A tied f32 embedding/output, a separate q8_0 pair (row groups of four), and a
     // gemma3 model.
-    for (what, spec) in [
+    for (what, spec, head) in [
         (
             "tied f32",
             SynthSpec {
                 n_layer: 5,
                 ..spec()
             },
+            false,
+        ),
+        (
+            "tied f32, clustered head",
+            SynthSpec {
+                n_layer: 5,
+                ..spec()
+            },
+            true,
         ),
         (
             "untied q8_0",
@@ -246,6 +263,7 @@ fn streamed_weights_give_the_same_logits() {
                 embd_type: QuantType::Q8_0,
                 ..spec()
             },
+            false,
         ),
         (
             // Scaled embeddings, per-head and post norms, sliding windows.
@@ -256,10 +274,11 @@ fn streamed_weights_give_the_same_logits() {
                 embd_type: QuantType::Q8_0,
                 ..spec()
             },
+            false,
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let path = converted_from(dir.path(), &spec);
+        let path = converted_from(dir.path(), &spec, head);
         streamed_weights_case(what, &path);
     }
 }
@@ -284,8 +303,7 @@ fn streamed_weights_case(what: &str, path: &Path) {
     let (mut last_streamed, mut partial_output) = (u64::MAX, false);
     let budgets = (0..=8).map(|k| minimum + (file - minimum) * k / 8);
     for budget in budgets.chain([4 * file]) {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let oc = OffloadConfig {
             budget,
             hot_share: 0.5,
@@ -309,7 +327,7 @@ fn streamed_weights_case(what: &str, path: &Path) {
             "{ctx}: {streamed} > {last_streamed}"
         );
         last_streamed = streamed;
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         for pass in 0..2 {
             let got = run(&mut e).unwrap();
             common::assert_same_logits(&want, &got, &format!("{ctx} pass {pass}"));
@@ -325,12 +343,21 @@ fn streamed_weights_case(what: &str, path: &Path) {
         );
         assert_eq!(st.attn_bytes, reads * attn_layer, "{ctx}");
         let out = passes * rows as u64 * out_row;
-        assert!(
-            st.out_bytes >= out && st.out_bytes <= out + out / passes,
-            "{ctx}: {rows} streamed rows, {} bytes read",
-            st.out_bytes
-        );
-        // Lookups read every row that is not resident.
+        let head = e.head_stats();
+        if head.steps > 0 {
+            // A clustered head reads only the chosen clusters that are not resident.
+            assert!(st.out_bytes <= out, "{ctx}: {} > {out}", st.out_bytes);
+            assert_eq!(head.flash_bytes, st.out_bytes, "{ctx}");
+            assert_eq!(head.steps, passes, "{ctx}");
+        } else {
+            assert!(
+                st.out_bytes >= out && st.out_bytes <= out + out / passes,
+                "{ctx}: {rows} streamed rows, {} bytes read",
+                st.out_bytes
+            );
+        }
+        // Lookups read every row that is not resident (a clustered head's output matrix is
+        // its own: the tied embedding is read a row per lookup).
         let resident = match m.weights.tied_output {
             true => vocab - rows,
             false => 0,
@@ -345,8 +372,7 @@ fn streamed_weights_case(what: &str, path: &Path) {
     // A failing device mid-stream ends in a clear error, and the next pass reports it again
     // rather than computing from a half-read buffer.
     for eio_from in [1, 30] {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let oc = OffloadConfig {
             budget: minimum,
             faults: Some(FaultPlan {
@@ -356,7 +382,7 @@ fn streamed_weights_case(what: &str, path: &Path) {
             ..Default::default()
         };
         let o = offload(&m, &sp, path, &e, oc).unwrap();
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         for _ in 0..2 {
             let err = run(&mut e).unwrap_err().to_string();
             assert!(err.contains("Input/output error"), "{what}: {err}");
@@ -386,8 +412,7 @@ fn reader_faults_end_with_clear_errors() {
             "short read",
         ),
     ] {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let oc = OffloadConfig {
             budget: u64::MAX,
             hot_share: 0.0,
@@ -395,7 +420,7 @@ fn reader_faults_end_with_clear_errors() {
             ..Default::default()
         };
         let o = offload(&m, &sp, &path, &e, oc).unwrap();
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         let err = run(&mut e).unwrap_err().to_string();
         assert!(err.contains(want), "{err}");
     }
@@ -458,8 +483,7 @@ fn faults_across_the_offload_path_end_in_the_right_tokens_or_a_clear_error() {
     let pristine = std::fs::read(&path).unwrap();
     let m = Model::load(&path).unwrap();
     let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
-    let mut mem = Engine::new(&m, &cfg()).unwrap();
-    mem.set_sparse(Some(&sp)).unwrap();
+    let mut mem = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
     let want = run(&mut mem).unwrap();
     pi2_engine::verify_checksums(&m).unwrap();
     // Every neuron cold: each decode step reads rows from flash.
@@ -470,11 +494,9 @@ fn faults_across_the_offload_path_end_in_the_right_tokens_or_a_clear_error() {
         ..Default::default()
     };
     let offloaded = |oc: OffloadConfig| {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let o = offload(&m, &sp, &path, &e, oc)?;
-        e.set_offload(Some(o)).unwrap();
-        Ok::<_, pi2_engine::EngineError>(e)
+        common::sparse_engine(&m, &cfg(), &sp, Some(o))
     };
 
     // A slow device changes nothing but time.
@@ -554,8 +576,7 @@ fn gate_rows_pinned_first_without_a_predictor_give_the_same_logits() {
     let file = m.file.file_size();
     let mut gate_only = 0;
     for budget in [minimum + file / 16, minimum + file / 8, minimum + file / 4] {
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let oc = OffloadConfig {
             budget,
             hot_share: 1.0,
@@ -565,7 +586,7 @@ fn gate_rows_pinned_first_without_a_predictor_give_the_same_logits() {
         let (gates, whole) = (o.hot_gate_counts(), o.hot_counts());
         assert!(gates.iter().zip(&whole).all(|(g, h)| g >= h));
         gate_only += gates.iter().sum::<usize>() - whole.iter().sum::<usize>();
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         let got = run(&mut e).unwrap();
         common::assert_same_logits(&want, &got, &format!("budget {budget}"));
         assert!(e.offload().unwrap().stats().gate_hot > 0);
@@ -589,6 +610,7 @@ fn the_kv_cache_grows_inside_the_budget() {
             n_ff: 2048,
             ..spec()
         },
+        true,
     );
     let m = Model::load(&path).unwrap();
     let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
@@ -601,15 +623,14 @@ fn the_kv_cache_grows_inside_the_budget() {
         }
         Ok(out)
     };
-    let mut mem = Engine::new(&m, &cfg()).unwrap();
-    mem.set_sparse(Some(&sp)).unwrap();
+    let mut mem = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
     let want = decode(&mut mem).unwrap();
     let freq = frequencies(&m);
     let probe = Engine::new(&m, &cfg()).unwrap();
     let (start, full, scratch) = (
-        probe.kv_bytes_start(8) as u64,
-        probe.kv_bytes_full(8) as u64,
-        probe.scratch_bytes(8) as u64,
+        pi2_engine::kv_bytes_start(probe.model(), &cfg(), 8) as u64,
+        pi2_engine::kv_bytes_full(probe.model(), &cfg(), 8) as u64,
+        pi2_engine::scratch_bytes(probe.model(), &cfg(), 8) as u64,
     );
     assert!(
         full > 4 * start,
@@ -632,9 +653,7 @@ fn the_kv_cache_grows_inside_the_budget() {
             o.hot_counts().iter().sum::<usize>() + o.hot_gate_counts().iter().sum::<usize>()
         };
         let (slots0, pinned0) = (o.cold_slots(), pinned(&o));
-        let mut e = Engine::new(&m, &cfg()).unwrap();
-        e.set_sparse(Some(&sp)).unwrap();
-        e.set_offload(Some(o)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
         let got = decode(&mut e).unwrap();
         assert_eq!(got, want, "hot share {hot_share}");
         let o = e.offload().unwrap();
@@ -655,9 +674,7 @@ fn the_kv_cache_grows_inside_the_budget() {
         }
     }
     // The least budget: no room to give once the first batch's positions are used.
-    let mut e = Engine::new(&m, &cfg()).unwrap();
-    e.set_sparse(Some(&sp)).unwrap();
-    e.set_offload(Some(make(least, 1.0))).unwrap();
+    let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(make(least, 1.0))).unwrap();
     let msg = decode(&mut e).unwrap_err().to_string();
     assert!(
         msg.contains("the context has reached") && msg.contains("raise --mem-budget"),

@@ -52,7 +52,7 @@ fn sparsity_zero_gives_the_dense_logits() {
         let sp = SparseFfn::from_dense(&m, &[0.0, 0.0], Some(QuantType::F32)).unwrap();
         let mut e = Engine::new(&m, &cfg()).unwrap();
         let dense = decode_all(&mut e, &TOKENS);
-        e.set_sparse(Some(&sp)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let sparse = decode_all(&mut e, &TOKENS);
         for (d, s) in dense.iter().zip(&sparse) {
             // dense quantizes the down input to 8 bits; sparse accumulates f32 coefficients
@@ -75,7 +75,7 @@ fn gather_path_equals_masked_dense_batch() {
     sp_batch.batches_too = true;
     let mut e = Engine::new(&m, &cfg()).unwrap();
     let dense = decode_all(&mut e, &TOKENS);
-    e.set_sparse(Some(&sp)).unwrap();
+    let mut e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
     let by_token = decode_all(&mut e, &TOKENS);
     let st = e.sparse_stats().clone();
     assert!(
@@ -83,7 +83,7 @@ fn gather_path_equals_masked_dense_batch() {
         "{}",
         st.confirmed_fraction()
     );
-    e.set_sparse(Some(&sp_batch)).unwrap();
+    let mut e = common::sparse_engine(&m, &cfg(), &sp_batch, None).unwrap();
     e.truncate(0);
     let batch = e.forward(&TOKENS, Logits::From(0)).unwrap().to_vec();
     let nv = m.config.n_vocab;
@@ -152,8 +152,7 @@ fn powerinfer_files_load() {
         (p.kind, p.rank(), p.cut),
         (PredictorKind::Trained, rank, 0.0)
     );
-    let mut e = Engine::new(&m, &cfg()).unwrap();
-    e.set_sparse(Some(&sp)).unwrap();
+    let mut e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
     let _ = decode_all(&mut e, &TOKENS);
     let st = e.sparse_stats();
     // threshold 0: every candidate is confirmed; the predictor picks a strict subset
@@ -173,8 +172,10 @@ fn bad_sparse_input_is_refused() {
         ..spec(QuantType::F32)
     });
     let sp = SparseFfn::from_dense(&other, &[0.1, 0.1], None).unwrap();
-    let mut e = Engine::new(&m, &cfg()).unwrap();
-    let err = e.set_sparse(Some(&sp)).unwrap_err().to_string();
+    let err = common::sparse_engine(&m, &cfg(), &sp, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("transposed down"), "{err}");
     // a plain model has no sparse layout
     assert!(pi2_engine::load_sparse(&m).unwrap().is_none());
@@ -192,7 +193,7 @@ fn relu_family_skips_inactive_neurons_without_loss() {
         let sp = SparseFfn::from_dense(&m, &[0.0, 0.0], Some(QuantType::F32)).unwrap();
         let mut e = Engine::new(&m, &cfg()).unwrap();
         let dense = decode_all(&mut e, &TOKENS);
-        e.set_sparse(Some(&sp)).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
         let sparse = decode_all(&mut e, &TOKENS);
         for (d, s) in dense.iter().zip(&sparse) {
             assert!(max_rel_diff(d, s) < 1e-4, "{act:?}: {}", max_rel_diff(d, s));
@@ -215,9 +216,10 @@ fn sparse_weights_must_fit_the_model_they_are_used_with() {
     let dense_sp = SparseFfn::from_dense(&dense, &[0.0, 0.0], None).unwrap();
     let moe_sp = SparseFfn::from_dense(&moe, &[0.0, 0.0], None).unwrap();
     assert_eq!((moe_sp.experts, moe_sp.layers.len()), (4, 8));
-    let mut e = Engine::new(&moe, &cfg()).unwrap();
-    let err = e.set_sparse(Some(&dense_sp)).unwrap_err().to_string();
+    let err = common::sparse_engine(&moe, &cfg(), &dense_sp, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("sparse units"), "{err}");
-    let mut e = Engine::new(&dense, &cfg()).unwrap();
-    assert!(e.set_sparse(Some(&moe_sp)).is_err());
+    assert!(common::sparse_engine(&dense, &cfg(), &moe_sp, None).is_err());
 }

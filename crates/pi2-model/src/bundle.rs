@@ -11,8 +11,10 @@
 //! The last tensor, `pi2.checksums`, holds a CRC-32 of every row of every other tensor
 //! ([`crate::checksum`]): neuron rows read from flash are checked as they land.
 //!
-//! The sparse output head, when `pi2 convert` made one, is `head.basis`, `head.coef` and
-//! `head.bounds` with the group boundaries in `pi2.head.groups`.
+//! The clustered output head: `output.weight` holds the output rows in cluster order, hottest
+//! cluster first (a tied embedding stays `token_embd.weight`, in vocabulary order), with
+//! `head.order`, `head.centroids`, `head.directions`, `head.spread`, `head.coef` and
+//! `head.frequency` beside it (see [`HEAD_ORDER`]).
 //!
 //! PowerInfer's sparse GGUF files (predictors `blk.N.fc1/fc2`, `ffn_down_t`, no `pi2.version`)
 //! are read as bundles too.
@@ -24,8 +26,9 @@ use crate::{GgufFile, LayerWeights, ModelError, Result, Value};
 use pi2_kernels::QuantType;
 
 /// The format version this pi2 writes and reads.
-/// Version 2 added the checksum table ([`crate::checksum`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 2 added the checksum table ([`crate::checksum`]); version 3 the clustered output
+/// head (the output rows are stored in cluster order, so an older reader must refuse it).
+pub const FORMAT_VERSION: u32 = 3;
 
 pub const KEY_VERSION: &str = "pi2.version";
 pub const KEY_THRESHOLDS: &str = "pi2.sparse.thresholds";
@@ -39,18 +42,28 @@ pub const KEY_CANDIDATES: &str = "pi2.predictor.candidates";
 pub const KEY_PROFILE: &str = "pi2.profile";
 pub const KEY_SOURCE: &str = "pi2.source";
 pub const KEY_MOE_CALIBRATION_TOKENS: &str = "pi2.moe.calibration_tokens";
-/// The sparse output head (optional; see `pi2_engine::SparseHead`): group boundaries of the
-/// basis after the scored coordinates (`rank, .., n_embd`, U32 array).
-pub const KEY_HEAD_GROUPS: &str = "pi2.head.groups";
-/// The head's basis, F16 `n_embd x n_embd`: row `j` is basis vector `j` (`y = basis * h`).
-pub const HEAD_BASIS: &str = "head.basis";
-/// The head's scored coefficients, Q8_0 `n_vocab x rank`: row `i` is output row `i`'s first
-/// `rank` coordinates in the basis' dual.
+/// The clustered output head (see `pi2_engine::ClusteredHead`): rows per cluster (U32; every
+/// cluster but the last has this many, and starts at a multiple of 8).
+pub const KEY_HEAD_CLUSTER: &str = "pi2.head.cluster";
+/// Share of the output rows decode scores exactly by default (F32): the best clusters by
+/// centroid score until they hold this share.
+pub const KEY_HEAD_SHARE: &str = "pi2.head.share";
+/// I32 `n_vocab`: the vocabulary id of each stored output row.
+pub const HEAD_ORDER: &str = "head.order";
+/// `clusters x n_embd` (Q8_0 where the width allows, else F32): each cluster's mean row, in
+/// stored order.
+pub const HEAD_CENTROIDS: &str = "head.centroids";
+/// `clusters x n_embd`, the type of the centroids: each cluster's direction of largest logit
+/// spread.
+pub const HEAD_DIRECTIONS: &str = "head.directions";
+/// F32 `clusters`: the largest `|coef|` of each cluster's rows.
+pub const HEAD_SPREAD: &str = "head.spread";
+/// F32 `n_vocab`: each stored row's coordinate along its cluster's direction.
 pub const HEAD_COEF: &str = "head.coef";
-/// The head's per-row bounds, F16 `(3 + groups) x n_vocab`, each rounded up: the norm of the
-/// stored coefficients, the norm of the output row, the coefficients' quantization error,
-/// then the row's norm in each further group of coordinates.
-pub const HEAD_BOUNDS: &str = "head.bounds";
+/// F32 `clusters`: the share of calibration tokens that selected each cluster.
+pub const HEAD_FREQUENCY: &str = "head.frequency";
+/// Weight of a cluster's reach along its direction in its selection score (F32).
+pub const KEY_HEAD_UCB: &str = "pi2.head.ucb";
 /// PowerInfer's predictor threshold (a probability).
 pub const KEY_POWERINFER_THRESHOLD: &str = "powerinfer.sparse_threshold";
 pub use crate::gguf::GGML_I32;

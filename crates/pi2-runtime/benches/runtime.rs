@@ -75,7 +75,8 @@ fn bench_sessions(c: &mut Criterion) {
     g.bench_function("offloaded_engine_50pct", |b| {
         b.iter(|| {
             let p = prepare(&cm, &conv, &offloaded).unwrap();
-            p.engine(64).unwrap().n_ctx()
+            let n = p.engine(64).unwrap().n_ctx();
+            n
         })
     });
     g.finish();

@@ -16,6 +16,10 @@ pub enum RuntimeError {
     Plan(#[from] pi2_planner::PlanError),
     #[error(transparent)]
     Sparse(#[from] pi2_sparse::SparseError),
+    #[error("converting the model: {0}")]
+    Convert(#[from] pi2_convert::ConvertError),
+    #[error("{path}: {msg}")]
+    Io { path: String, msg: String },
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,

@@ -7,16 +7,21 @@
 //! - [`plan`], [`device`], [`hardware`]: the engine as the planner sees it (memory accounting,
 //!   a recorded model profile, this device's fingerprint and profiles);
 //! - [`sparse`], [`offload`]: the sparse FFN and the offloaded FFN from options;
-//! - [`text`]: generated text as it streams (whole UTF-8 characters, stop strings).
+//! - [`text`]: generated text as it streams (whole UTF-8 characters, stop strings);
+//! - [`bench`], [`report`]: measurement (llama-bench style tests, one engine per mode) and what
+//!   an engine counted, as JSON.
 //!
 //! No argument parser's types appear here; the CLI maps its arguments onto these options.
 
+pub mod bench;
+pub mod convert_cache;
 pub mod device;
 mod error;
 pub mod hardware;
 pub mod offload;
 pub mod options;
 pub mod plan;
+pub mod report;
 pub mod session;
 pub mod sparse;
 pub mod text;

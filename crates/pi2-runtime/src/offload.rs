@@ -2,12 +2,13 @@
 //! and batch buffers, hot neurons pinned by the converted model's frequencies.
 
 use crate::error::{Result, RuntimeError};
-use pi2_engine::{Engine, Offload, OffloadConfig, SparseFfn};
+use pi2_engine::{EngineConfig, Offload, OffloadConfig, SparseFfn};
 use pi2_model::Model;
 use std::path::Path;
 
-/// The offloaded FFN under `cfg`, for `engine` (its buffers for batches of `n_batch` tokens
-/// and the KV cache of a first batch count against the budget, later positions as they come, and so does this process's own memory:
+/// The offloaded FFN under `cfg`, for an engine built with `engine` (its buffers for batches of
+/// `n_batch` tokens and the KV cache of a first batch count against the budget, later positions
+/// as they come, and so does this process's own memory:
 /// `cfg.process`, or when it is 0 [`process_bytes`] measured now; a program that builds
 /// several offloads measures once, before the first). Direct I/O that the file system refuses falls
 /// back to buffered reads; [`Offload::engine`] says why.
@@ -16,7 +17,7 @@ pub fn build(
     model: &Model,
     path: &Path,
     sparse: &SparseFfn<'_>,
-    engine: &Engine<'_>,
+    engine: &EngineConfig,
     n_batch: usize,
 ) -> Result<Offload> {
     let freq = pi2_engine::unit_frequencies(model)?;
@@ -25,14 +26,21 @@ pub fn build(
         cfg.process = process_bytes(model);
     }
     // The KV cache is charged for a first batch, and grows into room kept for it.
-    let kv = engine.kv_bytes_start(n_batch) as u64;
-    cfg.kv_growth = (engine.kv_bytes_full(n_batch) as u64).saturating_sub(kv);
+    let kv = pi2_engine::kv_bytes_start(model, engine, n_batch) as u64;
+    cfg.kv_growth = (pi2_engine::kv_bytes_full(model, engine, n_batch) as u64).saturating_sub(kv);
     let cfg = &cfg;
-    let scratch = engine.scratch_bytes(n_batch) as u64;
+    let scratch = pi2_engine::scratch_bytes(model, engine, n_batch) as u64;
     match Offload::new(model, sparse, path, kv, scratch, freq.as_deref(), cfg) {
         Err(pi2_engine::EngineError::Budget(pi2_cache::CacheError::OverBudget {
             minimum, ..
-        })) => Err(too_small(cfg.budget, minimum, cfg.process, engine, n_batch)),
+        })) => Err(too_small(
+            cfg.budget,
+            minimum,
+            cfg.process,
+            kv,
+            scratch,
+            n_batch,
+        )),
         other => Ok(other?),
     }
 }
@@ -44,7 +52,8 @@ fn too_small(
     budget: u64,
     minimum: u64,
     process: u64,
-    engine: &Engine<'_>,
+    kv: u64,
+    scratch: u64,
     n_batch: usize,
 ) -> RuntimeError {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -53,8 +62,6 @@ fn too_small(
         b if b < 1 << 30 => format!("{:.1} MiB", mib(b)),
         b => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
     };
-    let kv = engine.kv_bytes_start(n_batch) as u64;
-    let scratch = engine.scratch_bytes(n_batch) as u64;
     RuntimeError::option(
         "--mem-budget",
         format!(
@@ -74,22 +81,23 @@ fn too_small(
     )
 }
 
-/// The smallest budget under which `engine` runs its whole context offloaded (batches of
+/// The smallest budget under which an engine built with `engine` runs its whole context
+/// offloaded (batches of
 /// `n_batch`; the KV cache of every position, this process's own memory `process` (see
 /// [`process_bytes`]) included). A budget down to the KV cache of a first batch starts; the
 /// context then stops where the budget can give its KV cache no more room.
 pub fn min_budget(
     model: &Model,
     sparse: &SparseFfn<'_>,
-    engine: &Engine<'_>,
+    engine: &EngineConfig,
     n_batch: usize,
     process: u64,
 ) -> Result<u64> {
     Ok(pi2_engine::min_budget(
         model,
         sparse,
-        engine.kv_bytes_full(n_batch) as u64,
-        engine.scratch_bytes(n_batch) as u64,
+        pi2_engine::kv_bytes_full(model, engine, n_batch) as u64,
+        pi2_engine::scratch_bytes(model, engine, n_batch) as u64,
     )? + process)
 }
 

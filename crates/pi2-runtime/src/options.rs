@@ -23,6 +23,11 @@ pub struct EngineOptions {
     pub cores: Option<String>,
     /// Row-interleaved copies of the matrices multiplied whole.
     pub repack: bool,
+    /// Share of the output rows a converted model's clustered head scores exactly (`None`: the
+    /// file's; 1: every row, the dense head).
+    pub head_share: Option<f32>,
+    /// Check the clustered head against the whole output matrix every step (perplexity).
+    pub head_check: bool,
 }
 
 impl Default for EngineOptions {
@@ -33,6 +38,8 @@ impl Default for EngineOptions {
             tier: None,
             cores: None,
             repack: true,
+            head_share: None,
+            head_check: false,
         }
     }
 }
@@ -81,12 +88,20 @@ impl EngineOptions {
             }
             Some(t) => t,
         };
+        if let Some(share) = self.head_share.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
+            return Err(RuntimeError::option(
+                "--head-share",
+                format!("{share} is outside (0, 1]: the share of output rows scored exactly"),
+            ));
+        }
         Ok(EngineConfig {
             threads,
             n_ctx: self.n_ctx,
             tier,
             cpus,
             repack: self.repack,
+            head_share: self.head_share,
+            head_check: self.head_check,
             ..EngineConfig::default()
         })
     }
@@ -109,8 +124,6 @@ pub struct SparseOptions {
     pub no_predictor: bool,
     /// Type of transposed down rows built at load for an unconverted model.
     pub down_type: Option<String>,
-    /// Compute the whole output matrix, even with a sparse output head in the file.
-    pub dense_head: bool,
 }
 
 impl SparseOptions {

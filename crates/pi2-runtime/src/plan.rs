@@ -6,7 +6,7 @@ use crate::device::{fingerprint, load_hw, model_digest};
 use crate::error::{Result, RuntimeError};
 use crate::options::{parse_emulate, parse_size, EngineOptions};
 use pi2_engine::topology::Topology;
-use pi2_engine::{Engine, EngineConfig, Logits, SparseFfn};
+use pi2_engine::{Engine, EngineConfig, EngineParts, Logits, SparseFfn};
 use pi2_model::Model;
 use pi2_planner::cost::Mode;
 use pi2_planner::hw::HardwareProfile;
@@ -39,19 +39,16 @@ impl<'a> EngineResidency<'a> {
         n_batch: usize,
         process: Option<u64>,
     ) -> Result<Self> {
-        let sizing = Engine::new(
-            model,
-            &EngineConfig {
-                threads: 1,
-                n_ctx,
-                ..EngineConfig::default()
-            },
-        )?;
+        let sizing = EngineConfig {
+            threads: 1,
+            n_ctx,
+            ..EngineConfig::default()
+        };
         Ok(Self {
             model,
             sparse,
-            kv: sizing.kv_bytes_full(n_batch) as u64,
-            scratch: sizing.scratch_bytes(n_batch) as u64,
+            kv: pi2_engine::kv_bytes_full(model, &sizing, n_batch) as u64,
+            scratch: pi2_engine::scratch_bytes(model, &sizing, n_batch) as u64,
             freq: pi2_engine::unit_frequencies(model)?,
             process: process.unwrap_or_else(|| crate::offload::process_bytes(model)),
         })
@@ -142,16 +139,21 @@ pub fn model_profile(
 ) -> Result<ModelProfile> {
     let c = &model.config;
     let f = &model.file;
-    let mut e = Engine::new(
+    let head = pi2_engine::ClusteredHead::load(model, true)?;
+    let mut e = Engine::with_parts(
         model,
         &EngineConfig {
             threads,
             n_ctx: tokens.len() + 1,
+            record_neurons: true,
             ..EngineConfig::default()
         },
+        EngineParts {
+            sparse: Some(sparse),
+            head: head.as_ref(),
+            offload: None,
+        },
     )?;
-    e.set_sparse(Some(sparse))?;
-    e.record_neurons(true);
     for &t in tokens {
         e.forward(&[t], Logits::Last)?;
     }
@@ -176,15 +178,12 @@ pub fn model_profile(
         ffn.push(FfnLayer { gate, up, down });
     }
     let kv_bytes_per_pos = {
-        let probe = Engine::new(
-            model,
-            &EngineConfig {
-                threads: 1,
-                n_ctx: 64,
-                ..EngineConfig::default()
-            },
-        )?;
-        probe.kv_bytes_full(1) as u64 / 64
+        let probe = EngineConfig {
+            threads: 1,
+            n_ctx: 64,
+            ..EngineConfig::default()
+        };
+        pi2_engine::kv_bytes_full(model, &probe, 1) as u64 / 64
     };
     let mp = ModelProfile {
         name: path

@@ -7,7 +7,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::options::{parse_size, EngineOptions, OffloadOptions, SparseOptions};
 use crate::plan::{apply, Applied};
-use pi2_engine::{Engine, SparseFfn, SparseHead};
+use pi2_engine::{ClusteredHead, Engine, EngineParts, Offload, SparseFfn};
 use pi2_model::Model;
 use pi2_planner::cost::Mode;
 use std::path::{Path, PathBuf};
@@ -31,8 +31,8 @@ pub struct Prepared<'m> {
     pub model: &'m Model,
     pub path: PathBuf,
     pub sparse: Option<SparseFfn<'m>>,
-    /// The converted file's sparse output head (unless `--dense-head`).
-    pub head: Option<SparseHead<'m>>,
+    /// A converted file's clustered output head (centroids packed when in memory).
+    pub head: Option<ClusteredHead<'m>>,
     pub applied: Option<Applied>,
     /// The offload budget in bytes (from the options; a plan carries its own).
     pub budget: Option<u64>,
@@ -78,10 +78,7 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
         // Used from memory: its bytes are checked once here (offloads check theirs as read).
         pi2_engine::verify_checksums(model)?;
     }
-    let head = match o.sparse.dense_head {
-        true => None,
-        false => SparseHead::load(model, !offloads)?,
-    };
+    let head = ClusteredHead::load(model, !offloads && o.engine.repack)?;
     Ok(Prepared {
         model,
         path: path.to_path_buf(),
@@ -109,14 +106,16 @@ impl<'m> Prepared<'m> {
         self.budget.is_some() || self.applied.as_ref().is_some_and(|a| a.offload.is_some())
     }
 
-    /// A ready engine for batches of up to `n_batch` tokens: sparse weights set, offloaded FFN
-    /// attached if the options or the plan offload.
+    /// A ready engine for batches of up to `n_batch` tokens, built once with its parts: the
+    /// sparse weights, and the offloaded FFN if the options or the plan offload.
     pub fn engine(&self, n_batch: usize) -> Result<Engine<'_>> {
-        let mut e = Engine::new(self.model, &self.engine_config()?)?;
-        e.set_sparse(self.sparse.as_ref())?;
-        e.set_head(self.head.as_ref())?;
-        self.attach_offload(&mut e, n_batch)?;
-        Ok(e)
+        let cfg = self.engine_config()?;
+        let parts = EngineParts {
+            sparse: self.sparse.as_ref(),
+            head: self.head.as_ref(),
+            offload: self.offload(&cfg, n_batch)?,
+        };
+        Ok(Engine::with_parts(self.model, &cfg, parts)?)
     }
 
     /// [`Prepared::engine`] for batches of up to `n_batch` tokens, or, when a memory budget
@@ -136,22 +135,26 @@ impl<'m> Prepared<'m> {
         }
     }
 
-    /// Attaches the offloaded FFN the options or plan ask for (nothing if they do not).
-    pub fn attach_offload(&self, e: &mut Engine<'_>, n_batch: usize) -> Result<()> {
+    /// The offloaded FFN the options or plan ask for, for an engine built with `cfg` (`None`
+    /// if they do not offload).
+    pub fn offload(
+        &self,
+        cfg: &pi2_engine::EngineConfig,
+        n_batch: usize,
+    ) -> Result<Option<Offload>> {
         let Some(sp) = self.sparse.as_ref() else {
-            return Ok(());
+            return Ok(None);
         };
         let file = self.model.file.file_size();
-        let (cfg, n_batch) = match (&self.applied, self.budget) {
+        let (ocfg, n_batch) = match (&self.applied, self.budget) {
             (Some(a), _) => match &a.offload {
-                Some(cfg) => (cfg.clone(), n_batch.max(a.plan.n_batch)),
-                None => return Ok(()),
+                Some(c) => (c.clone(), n_batch.max(a.plan.n_batch)),
+                None => return Ok(None),
             },
             (None, Some(b)) => (self.offload.config(b, file)?, n_batch),
-            (None, None) => return Ok(()),
+            (None, None) => return Ok(None),
         };
-        let o = crate::offload::build(&cfg, self.model, &self.path, sp, e, n_batch)?;
-        e.set_offload(Some(o))?;
-        Ok(())
+        let o = crate::offload::build(&ocfg, self.model, &self.path, sp, cfg, n_batch)?;
+        Ok(Some(o))
     }
 }

@@ -2,7 +2,7 @@
 //! budget, and the clear refusals of options that cannot work.
 
 use pi2_convert::{calibrate, convert, write_file, ConvertConfig};
-use pi2_engine::{generate, Engine, GenerateConfig, Logits, Sampler, SamplerConfig};
+use pi2_engine::{Engine, Logits};
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::Model;
@@ -38,30 +38,16 @@ fn options() -> SessionOptions {
     }
 }
 
-/// A synthetic model file, and its conversion (50% sparsity, low-rank predictors).
+/// A synthetic model file, and its conversion (50% sparsity, low-rank predictors, a
+/// clustered head scoring a quarter of the rows).
 fn model_files(dir: &Path) -> (PathBuf, PathBuf) {
-    model_files_with(dir, false)
+    model_files_with(dir, true)
 }
 
-/// [`model_files`]; `narrow`: the final norm's weights keep 8 coordinates and shrink the rest
-/// a thousandfold, so the final hidden states lie near an 8-dimensional space, as a model
-/// whose sparse head's bound separates needs (the random model's states fill every direction).
-fn model_files_with(dir: &Path, narrow: bool) -> (PathBuf, PathBuf) {
+/// [`model_files`], with or without the clustered head.
+fn model_files_with(dir: &Path, head: bool) -> (PathBuf, PathBuf) {
     let src = dir.join("src.gguf");
-    let mut bytes = build(&spec()).to_bytes();
-    if narrow {
-        let f = pi2_model::GgufFile::from_bytes(&bytes).unwrap();
-        let t = f.tensor("output_norm.weight").unwrap();
-        let at = (f.data_offset + t.offset) as usize;
-        for (j, w) in bytes[at..at + t.size as usize]
-            .chunks_exact_mut(4)
-            .enumerate()
-        {
-            let v = f32::from_le_bytes(w.try_into().unwrap());
-            w.copy_from_slice(&(if j < 8 { v } else { v * 1e-3 }).to_le_bytes());
-        }
-    }
-    std::fs::write(&src, bytes).unwrap();
+    std::fs::write(&src, build(&spec()).to_bytes()).unwrap();
     let m = Model::load(&src).unwrap();
     let c = &m.config;
     let info = ModelInfo {
@@ -80,11 +66,19 @@ fn model_files_with(dir: &Path, narrow: bool) -> (PathBuf, PathBuf) {
     let cal = calibrate(&mut e, &toks, 25, 0.5, info).unwrap();
     let cfg = ConvertConfig {
         granule: 512,
-        head_share: Some(0.5),
+        head: head.then(|| pi2_convert::head::HeadConfig {
+            cluster: 8,
+            share: 0.25,
+            ..Default::default()
+        }),
         ..ConvertConfig::default()
     };
     let (w, _) = convert(&m, &cal.profile, &cal.thresholds, cal.samples, &cfg).unwrap();
-    let out = dir.join("conv.gguf");
+    let out = dir.join(if head {
+        "conv.gguf"
+    } else {
+        "conv-nohead.gguf"
+    });
     write_file(&w, &out, &src, false).unwrap();
     (src, out)
 }
@@ -118,8 +112,9 @@ fn sessions_run_dense_sparse_and_offloaded() {
     let in_memory = decode(&mut e);
     assert!(e.sparse_stats().candidate_fraction() < 1.0);
     let process = pi2_runtime::offload::process_bytes(&cm);
-    let min =
-        pi2_runtime::offload::min_budget(&cm, p.sparse.as_ref().unwrap(), &e, 4, process).unwrap();
+    let ecfg = p.engine_config().unwrap();
+    let min = pi2_runtime::offload::min_budget(&cm, p.sparse.as_ref().unwrap(), &ecfg, 4, process)
+        .unwrap();
     let file = cm.file.file_size();
     assert!(
         min > process && min - process < file,
@@ -140,12 +135,13 @@ fn sessions_run_dense_sparse_and_offloaded() {
     assert!(st.updown_reads + st.gate_reads > 0, "{st:?}");
     // Below the least that starts (the KV cache of a first batch), the error says what to
     // pass.
-    let start_min = |e: &Engine<'_>| {
+    let start_min = |cfg: &pi2_engine::EngineConfig| {
         let sp = p.sparse.as_ref().unwrap();
-        let (kv, scratch) = (e.kv_bytes_start(4) as u64, e.scratch_bytes(4) as u64);
+        let kv = pi2_engine::kv_bytes_start(&cm, cfg, 4) as u64;
+        let scratch = pi2_engine::scratch_bytes(&cm, cfg, 4) as u64;
         pi2_engine::min_budget(&cm, sp, kv, scratch).unwrap() + process
     };
-    let least_start = start_min(&e);
+    let least_start = start_min(&ecfg);
     assert!(least_start < min);
     let short = SessionOptions {
         mem_budget: Some(format!("{}K", (least_start - 1024) >> 10)),
@@ -164,9 +160,10 @@ fn sessions_run_dense_sparse_and_offloaded() {
     let mut long = fixed_process;
     long.engine.n_ctx = 512;
     let p512 = prepare(&cm, &conv, &long).unwrap();
-    let e512 = p512.engine(4).unwrap();
-    let least_start_512 = start_min(&e512);
-    let kv_more = (e512.kv_bytes_full(4) - e.kv_bytes_full(4)) as u64;
+    let cfg512 = p512.engine_config().unwrap();
+    let least_start_512 = start_min(&cfg512);
+    let kv_more = (pi2_engine::kv_bytes_full(&cm, &cfg512, 4)
+        - pi2_engine::kv_bytes_full(&cm, &ecfg, 4)) as u64;
     assert!(
         least_start_512 - least_start < kv_more / 8,
         "{least_start} -> {least_start_512} ({kv_more} more KV)"
@@ -182,69 +179,65 @@ fn sessions_run_dense_sparse_and_offloaded() {
     assert!(prepare(&cm, &conv, &dense).unwrap().sparse.is_none());
 }
 
-/// A converted model's sparse output head decodes the tokens of the dense head, in memory and
-/// offloaded at the least budget (every output row streamed: the head reads only its candidate
-/// rows from flash), and `dense_head` turns it off.
+/// A converted model's clustered head: through the whole matrix (`head_share` 1) it gives the
+/// logits of the same model converted without a head, bit for bit (the stored order is undone);
+/// the clustered head gives the same logits in memory and offloaded at the least budget (every
+/// output row streamed: it reads only its chosen clusters), its top logit is an exact one, and
+/// a check counts its agreement with the whole matrix.
 #[test]
-fn sparse_head_decodes_the_dense_tokens() {
+fn clustered_head_decodes_as_configured_in_memory_and_offloaded() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, conv) = model_files_with(dir.path(), true);
+    let (_, conv) = model_files(dir.path());
+    let (_, plain) = model_files_with(dir.path(), false);
     let cm = Model::load(&conv).unwrap();
+    let pm = Model::load(&plain).unwrap();
     let process = pi2_runtime::offload::process_bytes(&cm);
-    let run = |dense_head: bool, least_budget: bool| {
-        let mut o = SessionOptions {
-            sparse: SparseOptions {
-                dense_head,
-                ..SparseOptions::default()
-            },
-            ..options()
-        };
+    let run = |m: &Model, path: &Path, share: Option<f32>, least_budget: bool, check: bool| {
+        let mut o = options();
+        o.engine.head_share = share;
+        o.engine.head_check = check;
         o.offload.process_bytes = Some(process);
         if least_budget {
-            let p = prepare(&cm, &conv, &o).unwrap();
-            let e = p.engine(4).unwrap();
-            let sp = p.sparse.as_ref().unwrap();
-            let min = pi2_runtime::offload::min_budget(&cm, sp, &e, 4, process).unwrap();
+            let p = prepare(m, path, &o).unwrap();
+            let (sp, cfg) = (p.sparse.as_ref().unwrap(), p.engine_config().unwrap());
+            let min = pi2_runtime::offload::min_budget(m, sp, &cfg, 4, process).unwrap();
             o.mem_budget = Some(format!("{}K", min.div_ceil(1024)));
         }
-        let p = prepare(&cm, &conv, &o).unwrap();
-        assert_eq!(p.head.is_some(), !dense_head);
+        let p = prepare(m, path, &o).unwrap();
         let mut e = p.engine(4).unwrap();
-        let mut s = Sampler::new(SamplerConfig::greedy());
-        let cfg = GenerateConfig {
-            max_tokens: Some(20),
-            ignore_eos: true,
-            ..GenerateConfig::default()
-        };
-        let g = generate(&mut e, &mut s, &mut vec![], &TOKENS[..4], &cfg, |_| true).unwrap();
+        let logits = decode(&mut e);
         let out_bytes = e.offload().map(|o| o.stats().out_bytes);
-        (g.tokens, e.head_stats(), out_bytes)
+        (logits, e.head_stats(), out_bytes)
     };
-    let (dense, off, _) = run(true, false);
-    let (sparse, on, _) = run(false, false);
-    assert_eq!(sparse, dense);
-    assert_eq!(off.steps, 0);
-    assert!(on.steps >= 19, "{on:?}");
+    let (want, none, _) = run(&pm, &plain, None, false, false);
+    assert_eq!(none.steps, 0);
+    let (whole, _, _) = run(&cm, &conv, Some(1.0), false, false);
+    assert_eq!(whole, want, "the whole matrix through the stored order");
+    let (clustered, st, _) = run(&cm, &conv, None, false, true);
+    assert_eq!(st.steps, TOKENS.len() as u64);
+    let vocab = cm.config.n_vocab as u64;
+    assert!(st.rows < st.steps * vocab / 2, "{st:?}");
+    // The top logit is always exact: the best cluster's best row reaches its mean.
+    for (c, w) in clustered.iter().zip(&want) {
+        let top = pi2_engine::argmax(c) as usize;
+        assert_eq!(c[top], w[top]);
+    }
+    assert_eq!(st.checked, TOKENS.len() as u64);
+    let agree = clustered
+        .iter()
+        .zip(&want)
+        .filter(|(c, w)| pi2_engine::argmax(c) == pi2_engine::argmax(w))
+        .count() as u64;
+    assert_eq!(st.top1, agree, "{st:?}");
+    assert!(st.mass().unwrap() > 0.0 && st.mass().unwrap() <= 1.0 + 1e-9);
+    // Offloaded at the least budget: the same logits, and only the chosen clusters read.
+    let (streamed, sst, reads) = run(&cm, &conv, None, true, false);
+    assert_eq!(streamed, clustered);
+    let (_, _, dense_reads) = run(&pm, &plain, None, true, false);
+    let (reads, dense_reads) = (reads.unwrap(), dense_reads.unwrap());
+    assert_eq!(sst.flash_bytes, reads);
     assert!(
-        on.fallbacks < on.steps,
-        "the test head never separates: {on:?}"
-    );
-    let (streamed_dense, _, dense_reads) = run(true, true);
-    let (streamed, st, reads) = run(false, true);
-    assert_eq!(streamed_dense, dense);
-    assert_eq!(streamed, dense);
-    // The same steps separate offloaded, and those read only (about) their rows.
-    assert_eq!(
-        (st.steps, st.rows, st.fallbacks),
-        (on.steps, on.rows, on.fallbacks)
-    );
-    let (dense_reads, reads) = (dense_reads.unwrap(), reads.unwrap());
-    assert!(
-        st.flash_bytes > 0 && st.flash_bytes <= st.bytes.min(reads),
-        "{st:?} {reads}"
-    );
-    assert!(
-        reads < dense_reads / 4,
+        reads > 0 && reads < dense_reads / 2,
         "{reads} vs {dense_reads} bytes of output rows"
     );
 }
@@ -347,61 +340,6 @@ fn options_that_cannot_work_are_refused_clearly() {
     );
 }
 
-/// What sampling through the sparse head changes, measured over text: nothing for greedy and
-/// top-k (the bound's guarantee), at most the probability of rows far below the top for
-/// temperature alone; the head separates on this model, so the check sees candidates.
-#[test]
-fn head_tv_is_zero_where_the_bound_guarantees_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, conv) = model_files_with(dir.path(), true);
-    let cm = Model::load(&conv).unwrap();
-    let p = prepare(&cm, &conv, &options()).unwrap();
-    let head = p.head.as_ref().unwrap();
-    let act = cm.weights.output.mat(&cm.file).ty.act_kind();
-    let tokens: Vec<u32> = (0..64u32).map(|i| (i * 53 + 7) % 200).collect();
-    let cfg = pi2_engine::PerplexityConfig {
-        n_ctx: 32,
-        n_batch: 8,
-        max_chunks: None,
-        bos: None,
-    };
-    let measure = |sampler: SamplerConfig| {
-        let mut e = p.engine(8).unwrap();
-        let mut tv = pi2_engine::HeadTv::new(head, &sampler, act).unwrap();
-        pi2_engine::perplexity_with(&mut e, &tokens, &cfg, Some(&mut tv), |_| {}).unwrap();
-        tv.stats()
-    };
-    let greedy = measure(SamplerConfig::greedy());
-    // Two chunks of 32, positions 16..30 scored in each.
-    assert_eq!(greedy.tokens, 30);
-    assert!(greedy.fallbacks < greedy.tokens, "{greedy:?}");
-    assert!(
-        greedy.rows < greedy.tokens * cm.config.n_vocab as u64,
-        "{greedy:?}"
-    );
-    assert_eq!(greedy.tv_max, 0.0);
-    let top_k = measure(SamplerConfig {
-        temperature: 1.0,
-        top_k: 5,
-        ..SamplerConfig::default()
-    });
-    assert_eq!(top_k.tv_max, 0.0, "{top_k:?}");
-    let temperature = measure(SamplerConfig {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        ..SamplerConfig::default()
-    });
-    assert!(temperature.tv_max < 1e-3, "{temperature:?}");
-    // A repetition penalty makes decode use the dense head: nothing to compare.
-    let penalty = SamplerConfig {
-        repeat_penalty: 1.1,
-        ..SamplerConfig::default()
-    };
-    assert!(pi2_engine::HeadTv::new(head, &penalty, act).is_none());
-}
-
 /// Under a budget too small for the buffers of the batches asked for, a session takes the
 /// largest halving that fits instead of refusing: nothing but the budget needs choosing.
 #[test]
@@ -414,9 +352,10 @@ fn batches_shrink_to_fit_the_budget() {
     o.offload.process_bytes = Some(process);
     let p = prepare(&cm, &conv, &o).unwrap();
     let least = |n_batch: usize| {
-        let e = p.engine(n_batch).unwrap();
+        let cfg = p.engine_config().unwrap();
         let sp = p.sparse.as_ref().unwrap();
-        let (kv, scratch) = (e.kv_bytes_start(n_batch), e.scratch_bytes(n_batch));
+        let kv = pi2_engine::kv_bytes_start(&cm, &cfg, n_batch);
+        let scratch = pi2_engine::scratch_bytes(&cm, &cfg, n_batch);
         pi2_engine::min_budget(&cm, sp, kv as u64, scratch as u64).unwrap() + process
     };
     let (small, large) = (least(16), least(256));

@@ -27,10 +27,9 @@ pub struct ChatArgs {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let path = super::model_path(&a.model)?;
+    let (path, opts) = super::session_model(&a.model, &a.session, "chat")?;
     let model = pi2_runtime::load_model(&path)?;
     let template = model.chat_template()?;
-    let opts = super::session_options(&a.model, &a.session, "chat")?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens (fewer where a memory
     // budget cannot hold the buffers of such batches): buffers for those.

@@ -132,6 +132,61 @@ pub fn model_path(a: &ModelArgs) -> Result<PathBuf> {
     fetch::resolve(a.model.as_deref())
 }
 
+/// The model file a session runs, and its options: `-m` resolved; under a memory budget a plain
+/// GGUF runs from its cached conversion (made now, once, with a notice and progress bars, if
+/// there is none), and a budget the whole plain model fits in is dropped with a note.
+pub fn session_model(
+    a: &ModelArgs,
+    session: &sparse_args::SessionArgs,
+    command: &str,
+) -> Result<(PathBuf, pi2_runtime::SessionOptions)> {
+    let path = model_path(a)?;
+    let mut opts = session_options(a, session, command)?;
+    let Some(budget) = opts.mem_budget.clone() else {
+        return Ok((path, opts));
+    };
+    let model = pi2_runtime::load_model(&path)?;
+    if pi2_runtime::convert_cache::is_converted(&model) {
+        return Ok((path, opts));
+    }
+    let file = model.file.file_size();
+    let bytes = pi2_runtime::options::parse_size("--mem-budget", &budget, file)?;
+    if bytes >= file {
+        eprintln!(
+            "pi2: the whole model ({}) fits in --mem-budget {budget} ({}): it runs in memory, no budget applies",
+            crate::rss::human(file),
+            crate::rss::human(bytes)
+        );
+        opts.mem_budget = None;
+        return Ok((path, opts));
+    }
+    drop(model);
+    let engine = opts.engine.config()?;
+    let mut bars = profile::Bars::default();
+    let conv = pi2_runtime::convert_cache::converted(
+        &path,
+        &engine,
+        |to| {
+            eprintln!(
+                "pi2: converting {} for --mem-budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
+                path.display(),
+                to.display()
+            )
+        },
+        &mut |w, d, t| bars.show(w, d, t),
+    );
+    drop(bars);
+    let conv = conv?;
+    if conv.made {
+        eprintln!("pi2: converted; later runs reuse {}", conv.path.display());
+    }
+    // A share of the file is a share of the model the user named, not of the conversion.
+    if budget.trim_end().ends_with('%') {
+        opts.mem_budget = Some(bytes.to_string());
+    }
+    Ok((conv.path, opts))
+}
+
 pub fn load_model(a: &ModelArgs) -> Result<Model> {
     let path = model_path(a)?;
     Model::load(&path).with_context(|| format!("cannot load model {}", path.display()))
@@ -165,6 +220,7 @@ impl ModelArgs {
             tier: self.kernel_tier.clone(),
             cores: self.cores.clone(),
             repack: !self.no_repack,
+            ..Default::default()
         })
     }
 }
@@ -176,7 +232,10 @@ pub fn session_options(
     command: &str,
 ) -> Result<pi2_runtime::SessionOptions> {
     Ok(pi2_runtime::SessionOptions {
-        engine: model.engine_options()?,
+        engine: pi2_runtime::EngineOptions {
+            head_share: session.sparse.head_share(),
+            ..model.engine_options()?
+        },
         sparse: session.sparse.options(),
         mem_budget: session.offload.one_budget(command)?,
         offload: session.offload.options(),

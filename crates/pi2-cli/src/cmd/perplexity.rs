@@ -1,11 +1,10 @@
 //! `pi2 perplexity`: llama-perplexity's chunking, running output and final line.
 
-use super::load_model;
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pi2_engine::perplexity::{n_chunks, perplexity_with, PerplexityConfig};
-use pi2_engine::HeadTv;
+use pi2_engine::perplexity::{n_chunks, perplexity, PerplexityConfig};
+use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -27,16 +26,14 @@ pub struct PerplexityArgs {
     /// same rule as `run`)
     #[arg(long)]
     pub no_parse_special: bool,
+    /// The sparse FFN, the clustered head and the memory budget: what `run` computes with
+    /// the same options is what is scored (a converted model runs its sparse FFN on every
+    /// token unless --dense, and its clustered head unless --dense-head)
     #[command(flatten)]
-    pub sparse: super::sparse_args::SparseArgs,
-    /// Also measure, on every scored token, the total-variation distance between what the
-    /// sampling options below draw from over the dense head and over the sparse head's
-    /// candidates (a model made by `pi2 convert --head`)
-    #[arg(long = "head-tv")]
-    pub head_tv: bool,
-    /// Sampling options for --head-tv
-    #[command(flatten)]
-    pub sample: crate::SampleArgs,
+    pub session: super::sparse_args::SessionArgs,
+    /// Print the result as JSON (`ppl`, `stderr`, `head_top1_agreement`, `head_mass`, ...)
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(mut a: PerplexityArgs) -> Result<()> {
@@ -44,7 +41,8 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     // 4096 unless given, so pass `-c 512` to reproduce the usual numbers.
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
-    let model = load_model(&a.model)?;
+    let (path, mut opts) = super::session_model(&a.model, &a.session, "perplexity")?;
+    let model = pi2_runtime::load_model(&path)?;
     if a.model.ctx_size == 0 {
         a.model.ctx_size = model.config.n_ctx_train;
     }
@@ -52,34 +50,13 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     if n_ctx < 4 {
         bail!("-c {n_ctx} is too small: perplexity scores the second half of each chunk (use at least 4, usually 512)");
     }
-    let sampler_cfg = super::sampler(&a.sample)?.config().clone();
-    if !a.head_tv && sampling_given(&a.sample) {
-        bail!("sampling options only matter with --head-tv (perplexity itself scores the dense distribution)");
-    }
-    let path = super::model_path(&a.model)?;
-    let opts = pi2_runtime::SessionOptions {
-        engine: a.model.engine_options()?,
-        sparse: a.sparse.options(),
-        sparse_batches: true,
-        ..Default::default()
-    };
+    opts.engine.n_ctx = n_ctx;
+    opts.sparse_batches = true;
+    // The clustered head is checked against the whole matrix on every scored token.
+    opts.engine.head_check = opts.engine.head_share.is_none_or(|s| s < 1.0);
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let sparse = prepared.sparse.as_ref();
     let mut engine = prepared.engine(a.batch.min(n_ctx))?;
-    if prepared.head.is_some() {
-        eprintln!("perplexity: the output matrix is computed whole (the exact dense head); the sparse head serves decode only");
-    }
-    let mut head_tv = match (a.head_tv, prepared.head.as_ref()) {
-        (false, _) => None,
-        (true, None) => bail!("--head-tv needs a model made by `pi2 convert --head` (this one has no sparse-head factors), without --dense-head"),
-        (true, Some(h)) => {
-            let act = model.weights.output.mat(&model.file).ty.act_kind();
-            match HeadTv::new(h, &sampler_cfg, act) {
-                Some(tv) => Some(tv),
-                None => bail!("--head-tv: with a repetition penalty decode uses the dense head, so there is nothing to compare (drop --repeat-penalty)"),
-            }
-        }
-    };
     eprintln!("perplexity: tokenizing the input ..");
     let tokens = model.tokenizer.encode(&text, true, !a.no_parse_special);
     if tokens.len() < 2 * n_ctx {
@@ -102,7 +79,7 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     );
     let t0 = Instant::now();
     let mut out = std::io::stdout().lock();
-    let steps = perplexity_with(&mut engine, &tokens, &cfg, head_tv.as_mut(), |s| {
+    let steps = perplexity(&mut engine, &tokens, &cfg, |s| {
         if s.chunk == 1 {
             let secs = t0.elapsed().as_secs_f64();
             eprintln!(
@@ -123,35 +100,36 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     if sparse.is_some() {
         super::sparse_args::print_stats(engine.sparse_stats());
     }
-    if let Some(tv) = &head_tv {
-        let st = tv.stats();
-        let t = st.tokens.max(1) as f64;
-        let vocab = model.config.n_vocab as f64;
-        writeln!(
-            out,
-            "Sparse head for --temp {} --top-k {} --top-p {} --min-p {}: total-variation distance to the dense head mean {:.6}, max {:.6} over {} tokens; rows {:.0} per token ({:.2}% of the vocabulary); {} tokens ({:.1}%) beyond the fallback share (decode computes those densely)",
-            a.sample.temp, a.sample.top_k, a.sample.top_p, a.sample.min_p,
-            st.mean_tv(), st.tv_max, st.tokens,
-            st.rows as f64 / t, 100.0 * st.rows as f64 / t / vocab,
-            st.fallbacks, 100.0 * st.fallbacks as f64 / t
-        )?;
+    let head = engine.head_stats();
+    if let (Some(top1), Some(mass)) = (head.top1_agreement(), head.mass()) {
+        eprintln!(
+            "head: top-1 agreement with the whole output matrix {:.2}%, mass on the scored rows {:.4}, over {} tokens ({:.0} rows per token)",
+            100.0 * top1,
+            mass,
+            head.checked,
+            head.rows as f64 / head.steps.max(1) as f64
+        );
     }
-    eprintln!(
-        "perplexity: {} tokens scored in {:.1} s",
-        last.chunk * (n_ctx - n_ctx / 2 - 1),
-        t0.elapsed().as_secs_f64()
-    );
+    let scored = last.chunk * (n_ctx - n_ctx / 2 - 1);
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("perplexity: {scored} tokens scored in {secs:.1} s");
+    if a.json {
+        let mut report = json!({
+            "ppl": last.ppl,
+            "stderr": last.stderr,
+            "chunks": last.chunk,
+            "n_ctx": n_ctx,
+            "tokens_scored": scored,
+            "seconds": secs,
+            "head_top1_agreement": head.top1_agreement(),
+            "head_mass": head.mass(),
+            "peak_rss_bytes": crate::rss::peak_rss_bytes(),
+        });
+        let counts = pi2_runtime::report::engine_json(&engine, scored, secs);
+        if let (Some(r), serde_json::Value::Object(c)) = (report.as_object_mut(), counts) {
+            r.extend(c);
+        }
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    }
     Ok(())
-}
-
-/// Whether any sampling option differs from its default.
-fn sampling_given(s: &crate::SampleArgs) -> bool {
-    let d = pi2_engine::SamplerConfig::default();
-    s.temp != d.temperature
-        || s.top_k != d.top_k
-        || s.top_p != d.top_p
-        || s.min_p != d.min_p
-        || s.repeat_penalty != d.repeat_penalty
-        || s.repeat_last_n != d.repeat_last_n
-        || s.seed.is_some()
 }

@@ -6,9 +6,8 @@ use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pi2_engine::Logits;
 use pi2_model::Model;
-use pi2_sparse::{Calibration, Profile, ProfileConfig, Profiler};
+use pi2_sparse::Profile;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -16,9 +15,10 @@ use std::path::{Path, PathBuf};
 pub struct ProfileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Calibration text (keep it apart from evaluation text)
+    /// Calibration text (keep it apart from evaluation text); default: the built-in mix of
+    /// prose, Python source and chat turns in the model's template
     #[arg(short = 'f', long = "file")]
-    pub file: PathBuf,
+    pub file: Option<PathBuf>,
     /// Tokens to profile (memory: one byte per token, layer and FFN neuron)
     #[arg(long, default_value_t = 4096)]
     pub tokens: usize,
@@ -48,8 +48,6 @@ pub fn companions(output: &Path) -> [PathBuf; 3] {
     ]
 }
 
-pub use pi2_runtime::sparse::model_info;
-
 pub fn run(a: ProfileArgs) -> Result<()> {
     if let Some(s) = a.sparsity.filter(|s| !(0.0..1.0).contains(s)) {
         bail!("--sparsity must be in 0..1 (got {s})");
@@ -59,77 +57,50 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     }
     let [trace_path, hot_svg, hit_svg] = companions(&a.output);
     let path = super::model_path(&a.model)?;
+    let inputs: Vec<&Path> = std::iter::once(path.as_path())
+        .chain(a.file.as_deref())
+        .collect();
     super::check_outputs(
         &[&a.output, &trace_path, &hot_svg, &hit_svg],
-        &[&path, &a.file],
+        &inputs,
         a.force,
     )?;
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("cannot read {}", a.file.display()))?;
     let model = load_model(&a.model)?;
     let c = &model.config;
     let mut engine = engine(&model, &a.model)?;
-    let chunk = a.chunk.min(engine.n_ctx());
-    let tokens = model.tokenizer.encode(&text, false, false);
-    let n = a.tokens.min(tokens.len());
+    let (tokens, name) = calibration_tokens(&model, a.file.as_deref(), a.tokens)?;
+    let n = tokens.len();
     if n < a.tokens {
-        eprintln!(
-            "profile: {} has only {} tokens; profiling all of them",
-            a.file.display(),
-            tokens.len()
-        );
+        eprintln!("profile: the calibration text has only {n} tokens; profiling all of them");
     }
+    let chunk = a.chunk.min(engine.n_ctx());
     eprintln!(
-        "profile: {n} tokens in chunks of {chunk}, {} layers x {} neurons ({:.0} MiB of scores)",
+        "profile: {n} tokens of {name} in chunks of {chunk}, {} layers x {} neurons ({:.0} MiB of scores)",
         c.n_layer,
         c.n_ff,
         (n * c.n_layer * c.n_ff) as f64 / (1 << 20) as f64
     );
     if c.n_expert > 0 {
-        return profile_experts(&a, &model, &tokens[..n], chunk, engine);
+        return profile_experts(&a, &model, &tokens, chunk, engine);
     }
-    let mut profiler = Profiler::new(c.n_layer, c.n_ff, pi2_engine::profile_activation(c.ffn_act));
-    let pb = ProgressBar::new(n as u64).with_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} tokens, {per_sec}, eta {eta}")
-            .expect("valid template"),
-    );
-    let bos = model
-        .tokenizer
-        .add_bos
-        .then_some(model.tokenizer.bos)
-        .flatten();
-    let start = std::time::Instant::now();
-    for part in tokens[..n].chunks(chunk) {
-        engine.truncate(0);
-        // A BOS opens each chunk where the model expects one; it is not profiled as text.
-        if let Some(b) = bos {
-            engine.forward(&[b], Logits::Last)?;
-        }
-        engine.forward_observed(part, Logits::Last, Some(&mut profiler))?;
-        pb.inc(part.len() as u64);
-    }
-    pb.finish_and_clear();
-    eprintln!(
-        "profile: ran {n} tokens in {:.1} s; summarising (thresholds, co-activation, cache curves) ..",
-        start.elapsed().as_secs_f64()
-    );
-    let start = std::time::Instant::now();
-    let info = model_info(&model, &path);
-    let cal = Calibration {
-        file: a
-            .file
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        tokens: n,
+    let opts = pi2_convert::pipeline::ProfileOptions {
+        chunk,
+        sparsity: a.sparsity,
+        calibration: name,
     };
-    let cfg = ProfileConfig {
-        reference_sparsity: a.sparsity.unwrap_or(0.5),
-        nonzero: a.sparsity.is_none() && model.config.ffn_act.exact_sparsity(),
-    };
-    let (profile, trace) = profiler.finish(info, cal, &cfg)?;
+    let start = std::time::Instant::now();
+    let mut bar = Bars::default();
+    let (profile, trace) = pi2_convert::pipeline::profile(
+        &model,
+        &path,
+        &mut engine,
+        &tokens,
+        &opts,
+        &mut |w, d, t| bar.show(w, d, t),
+    )?;
+    drop(bar);
     eprintln!(
-        "profile: summarised in {:.1} s",
+        "profile: profiled and summarised in {:.1} s",
         start.elapsed().as_secs_f64()
     );
     if let Some(spec) = pi2_model::stand_in::StandInSpec::from_file(&model.file) {
@@ -144,6 +115,61 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         eprintln!("profile: wrote {}", p.display());
     }
     Ok(())
+}
+
+/// Up to `n` calibration tokens: of `file`, or of the built-in text; and its name.
+pub fn calibration_tokens(
+    model: &Model,
+    file: Option<&Path>,
+    n: usize,
+) -> Result<(Vec<pi2_model::TokenId>, String)> {
+    let Some(f) = file else {
+        let toks = pi2_convert::calibration::builtin_tokens(model, n)?;
+        return Ok((toks, "the built-in calibration text".into()));
+    };
+    let text =
+        std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+    let mut toks = model.tokenizer.encode(&text, false, false);
+    toks.truncate(n);
+    let name = f
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok((toks, name))
+}
+
+/// One progress bar per phase of a pipeline (`(phase, done, total)`), cleared when done.
+#[derive(Default)]
+pub struct Bars {
+    bar: Option<(String, ProgressBar)>,
+}
+
+impl Bars {
+    pub fn show(&mut self, phase: &str, done: usize, total: usize) {
+        if self.bar.as_ref().is_none_or(|(p, _)| p != phase) {
+            if let Some((_, b)) = self.bar.take() {
+                b.finish_and_clear();
+            }
+            let b = ProgressBar::new(total as u64).with_style(
+                ProgressStyle::with_template("{msg:>15} {bar:30} {pos}/{len} {eta}")
+                    .expect("valid template"),
+            );
+            b.set_message(phase.to_string());
+            self.bar = Some((phase.to_string(), b));
+        }
+        if let Some((_, b)) = &self.bar {
+            b.set_length(total as u64);
+            b.set_position(done as u64);
+        }
+    }
+}
+
+impl Drop for Bars {
+    fn drop(&mut self) {
+        if let Some((_, b)) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// Mixture-of-experts models: count every expert's neurons over the tokens (per unit: tokens

@@ -47,9 +47,8 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let path = super::model_path(&a.model)?;
+    let (path, mut opts) = super::session_model(&a.model, &a.session, "run")?;
     let model = pi2_runtime::load_model(&path)?;
-    let mut opts = super::session_options(&a.model, &a.session, "run")?;
     let tok = &model.tokenizer;
     let user_text = prompt_text(&a)?;
     let prompt_text = if a.chat {
@@ -198,7 +197,7 @@ fn report_json(
     let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
     let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
     let text = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
-    json!({
+    let mut report = json!({
         "prompt_ids": prompt,
         "generated_ids": g.tokens,
         "text": text,
@@ -214,16 +213,19 @@ fn report_json(
         "peak_rss_bytes": rss::peak_rss_bytes(),
         "threads": engine.threads(),
         "kernel_tier": engine.tier().name(),
-        "sparse": prepared.sparse.as_ref().map(|_| super::sparse_args::stats_json(engine.sparse_stats())),
-        "head": super::sparse_args::head_json(&engine.head_stats(), prepared.model.config.n_vocab),
-        "offload": engine.offload().map(|o| super::sparse_args::offload_json(o, g.tokens.len(), predicted_ms / 1e3)),
         "plan": prepared.applied.as_ref().map(|ap| json!({
             "knobs": ap.plan.knobs,
             "predicted_decode_per_second": ap.plan.predicted.decode_tps,
             "predicted_prefill_per_second": ap.plan.predicted.prefill_tps,
             "predicted_memory_bytes": ap.plan.predicted.memory,
         })),
-    })
+    });
+    // The engine's own counts: sparse, head, offload, bytes read per token by part.
+    let counts = pi2_runtime::report::engine_json(engine, g.tokens.len(), predicted_ms / 1e3);
+    if let (Some(r), serde_json::Value::Object(c)) = (report.as_object_mut(), counts) {
+        r.extend(c);
+    }
+    report
 }
 
 /// llama.cpp's timing lines, on stderr.

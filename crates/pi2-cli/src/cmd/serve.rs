@@ -38,14 +38,15 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let path = super::model_path(&a.model)?;
-    let mut opts = super::session_options(&a.model, &a.session, "serve")?;
+    let (path, mut opts) = super::session_model(&a.model, &a.session, "serve")?;
     pi2_server::place_slots(&mut opts.engine, a.parallel);
     let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
     // The server runs until the process ends: the model and session live as long.
     let model: &'static _ = Box::leak(Box::new(pi2_runtime::load_model(&path)?));
     let prepared: &'static _ = Box::leak(Box::new(pi2_runtime::prepare(model, &path, &opts)?));
-    let mut names = vec![path
+    // Named after the file the user gave, not its cached conversion.
+    let named = super::model_path(&a.model)?;
+    let mut names = vec![named
         .file_stem()
         .map_or("model".into(), |s| s.to_string_lossy().into_owned())];
     if let Some(given) = &a.model.model {

@@ -31,10 +31,14 @@ pub struct SparseArgs {
     /// (q8_0, q4_1, q4_0, f16, f32; default: the model's down type)
     #[arg(long)]
     pub down_type: Option<String>,
-    /// Compute the whole output matrix every token, even when the converted model has a sparse
-    /// output head (perplexity always does)
+    /// Compute the whole output matrix every token, even when the converted model has a
+    /// clustered output head
     #[arg(long)]
     pub dense_head: bool,
+    /// Share of the output rows a converted model's clustered head computes exactly, in
+    /// (0, 1] (default: the share the file was converted for)
+    #[arg(long, conflicts_with = "dense_head")]
+    pub head_share: Option<f32>,
 }
 
 impl SparseArgs {
@@ -48,7 +52,14 @@ impl SparseArgs {
             profile: self.profile.clone(),
             no_predictor: self.no_predictor,
             down_type: self.down_type.clone(),
-            dense_head: self.dense_head,
+        }
+    }
+
+    /// The clustered head's share the options ask for (`None`: the file's).
+    pub fn head_share(&self) -> Option<f32> {
+        match self.dense_head {
+            true => Some(1.0),
+            false => self.head_share,
         }
     }
 }
@@ -75,48 +86,19 @@ pub fn print_stats(st: &pi2_engine::SparseStats) {
     }
 }
 
-/// The measured fractions as JSON.
-pub fn stats_json(st: &pi2_engine::SparseStats) -> serde_json::Value {
-    serde_json::json!({
-        "candidates": st.candidate_fraction(),
-        "confirmed": st.confirmed_fraction(),
-        "ffn_sparsity": 1.0 - st.confirmed_fraction(),
-        "ffn_bytes_per_token": st.ffn_bytes as f64 / (st.token_layers.max(1) as f64 / st.layer_tokens.len().max(1) as f64),
-        "ffn_bytes_fraction": st.byte_fraction(),
-        "recall": st.total_recall(),
-    })
-}
-
-/// The sparse head's counts on stderr (nothing when it did not run).
+/// The clustered head's counts on stderr (nothing when it did not run).
 pub fn print_head_stats(st: &pi2_engine::HeadStats, n_vocab: usize) {
     if st.steps == 0 {
         return;
     }
-    eprintln!(
-        "sparse head: {:.1} rows ({:.2}% of the vocabulary) and {:.0} KB per token ({:.0} KB from flash), {} fallbacks in {} steps",
-        st.rows as f64 / st.steps as f64,
-        100.0 * st.rows as f64 / (st.steps as f64 * n_vocab as f64),
-        st.bytes as f64 / st.steps as f64 / 1e3,
-        st.flash_bytes as f64 / st.steps as f64 / 1e3,
-        st.fallbacks,
-        st.steps
-    );
-}
-
-/// The sparse head's counts as JSON (`null` when it did not run).
-pub fn head_json(st: &pi2_engine::HeadStats, n_vocab: usize) -> serde_json::Value {
-    if st.steps == 0 {
-        return serde_json::Value::Null;
-    }
     let per = |x: u64| x as f64 / st.steps as f64;
-    serde_json::json!({
-        "steps": st.steps,
-        "rows_per_token": per(st.rows),
-        "rows_fraction": per(st.rows) / n_vocab as f64,
-        "bytes_per_token": per(st.bytes),
-        "flash_bytes_per_token": per(st.flash_bytes),
-        "fallbacks": st.fallbacks,
-    })
+    eprintln!(
+        "head: {:.0} rows ({:.2}% of the vocabulary) and {:.0} KB per token ({:.0} KB from flash)",
+        per(st.rows),
+        100.0 * per(st.rows) / n_vocab as f64,
+        per(st.bytes) / 1e3,
+        per(st.flash_bytes) / 1e3,
+    );
 }
 
 /// Options for running a converted model larger than memory (`run`, `bench`).
@@ -207,38 +189,4 @@ impl From<IoEngineArg> for pi2_io::IoEngine {
             IoEngineArg::Uring => Self::Uring,
         }
     }
-}
-
-/// What the offloaded FFN did, for `--json` (decode of `tokens` tokens in `decode_secs`).
-pub fn offload_json(o: &pi2_engine::Offload, tokens: usize, decode_secs: f64) -> serde_json::Value {
-    let st = o.stats();
-    let rd = o.reader_stats();
-    let b = o.budget();
-    let regions: serde_json::Map<String, serde_json::Value> = b
-        .breakdown()
-        .map(|(r, v)| (format!("{r:?}").to_lowercase(), v.into()))
-        .collect();
-    serde_json::json!({
-        "budget_bytes": b.limit(),
-        "regions_bytes": regions,
-        "kv_charged_bytes": o.kv_charged(),
-        "hot_neurons": o.hot_counts().iter().sum::<usize>(),
-        "hot_gate_rows": o.hot_gate_counts().iter().sum::<usize>(),
-        "cold_slots": o.cold_slots(),
-        "engine": o.engine().0,
-        "hit_rate": st.hit_rate(),
-        "gate_rows": {"hot": st.gate_hot, "cached": st.gate_hits, "read": st.gate_reads},
-        "updown_rows": {"hot": st.updown_hot, "cached": st.updown_hits, "read": st.updown_reads},
-        "bytes_read": rd.bytes_read,
-        "decode_bytes_requested_per_token": st.decode_bytes as f64 / tokens.max(1) as f64,
-        "streamed_attention_layers": o.streamed_layers(),
-        "attention_bytes_per_token": st.attn_bytes as f64 / tokens.max(1) as f64,
-        "streamed_output_rows": o.streamed_output_rows(),
-        "output_bytes_per_token": st.out_bytes as f64 / tokens.max(1) as f64,
-        "embedding_rows_read": st.embd_rows,
-        "device_reads": rd.reads,
-        "device_busy_secs": rd.busy_ns as f64 / 1e9,
-        "io_handling_secs": rd.handling_ns as f64 / 1e9,
-        "io_wait_share": if decode_secs > 0.0 { st.io_wait_ns as f64 / 1e9 / decode_secs } else { 0.0 },
-    })
 }

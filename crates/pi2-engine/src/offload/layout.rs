@@ -139,6 +139,17 @@ impl Layout {
             attn_layers: n,
             out_rows: v.output.rows,
         };
+        if v.head.is_some() {
+            // A clustered head's rows are pinned by how often they are chosen, beside the
+            // neurons (`regions`): here they all stream, and only attention layers are chosen.
+            return (0..=n)
+                .map(|k| Streaming {
+                    attn_layers: k,
+                    out_rows: v.output.rows,
+                })
+                .find(|&s| self.fixed_streaming(s) + rest <= budget)
+                .unwrap_or(all);
+        }
         let mut best: Option<Streaming> = None;
         for k in 0..=n {
             let over = (self.fixed_streaming(Streaming {
@@ -193,11 +204,14 @@ pub(crate) struct VocabMat {
 }
 
 /// The token embedding and the output matrix (the same tensor when the model ties them).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct VocabLayout {
     pub embd: VocabMat,
     pub output: VocabMat,
     pub tied: bool,
+    /// A clustered head's rows per cluster and each cluster's selection frequency (hottest
+    /// first, the file's order): its output rows are read only when their cluster is chosen.
+    pub head: Option<(usize, Vec<f32>)>,
 }
 
 /// Most bytes of one read of streamed output rows.
@@ -290,10 +304,13 @@ pub(crate) fn layout(
             row_bytes: t.size as usize / v.rows,
         }
     };
+    let head =
+        crate::ClusteredHead::load(model, false)?.map(|h| (h.cluster(), h.frequency().to_vec()));
     let vocab = VocabLayout {
         embd: vocab_mat(&w.token_embd),
         output: vocab_mat(&w.output),
         tied: w.tied_output,
+        head,
     };
     // A separate token embedding is read a row per token, never resident.
     let embd_bytes = match vocab.tied {
@@ -469,11 +486,27 @@ pub fn regions(
     // unit). Without a predictor every gate row is read every token.
     let hot_budget = ((neuron_bytes - min_cold) as f64 * hot_share.clamp(0.0, 1.0)) as u64;
     let every_gate = !sparse.use_predictor;
-    let (hot_gate_counts, hot_counts) = hot_counts(&p.ffn, n_ff, hot_budget, frequency, every_gate);
+    let head = p.vocab.head.as_ref().map(|(cluster, freq)| HeadRows {
+        frequency: freq,
+        cluster_bytes: cluster * p.vocab.output.row_bytes,
+    });
+    let Pinned {
+        gates: hot_gate_counts,
+        pairs: hot_counts,
+        head_clusters,
+    } = hot_counts(&p.ffn, n_ff, hot_budget, frequency, every_gate, head);
+    let head_rows = p.vocab.head.as_ref().map_or(0, |(cluster, _)| {
+        (head_clusters * cluster).min(p.vocab.output.rows)
+    });
     let hot_bytes: u64 = (0..n_units)
         .map(|u| hot_block(&p.ffn[u], hot_gate_counts[u], hot_counts[u]).2 as u64)
-        .sum();
-    budget.reserve(Region::Hot, hot_bytes, "pinned hot neurons")?;
+        .sum::<u64>()
+        + (head_rows * p.vocab.output.row_bytes) as u64;
+    budget.reserve(
+        Region::Hot,
+        hot_bytes,
+        "pinned hot neurons and head clusters",
+    )?;
     // The rest is the LRU cache, never more slots than neurons outside the pinned set.
     let unpinned = n_units * n_ff - hot_counts.iter().sum::<usize>();
     let slots = SlotCache::<Lru>::slots_in(
@@ -492,7 +525,7 @@ pub fn regions(
         hot_gate_counts,
         cold_slots: slots,
         streamed_layers: streaming.attn_layers,
-        streamed_output_rows: streaming.out_rows,
+        streamed_output_rows: streaming.out_rows - head_rows,
     })
 }
 
@@ -504,63 +537,101 @@ pub(crate) fn hot_block(l: &FfnLayout, g: usize, h: usize) -> (usize, usize, usi
     (up_at, down_at, down_at + pad(h * l.down.row_bytes))
 }
 
-/// What to pin with `bytes`: `(gate rows, up+down rows)` per unit, first neurons of each. Rows
-/// are taken by the reading they save per byte pinned: a gate row saves its bytes every token
-/// it is read (every token when `every_gate`, there being no predictor; else about as often as
-/// its neuron fires), an up+down pair as often as its neuron fires (the profile's frequency).
-/// Without frequencies, the same number of whole neurons per unit.
+/// A clustered head's output rows as candidates for pinning: each cluster's selection
+/// frequency (hottest first) and bytes.
+pub(crate) struct HeadRows<'a> {
+    pub frequency: &'a [f32],
+    pub cluster_bytes: usize,
+}
+
+/// What [`hot_counts`] pins: gate rows and up+down rows per unit (first neurons of each), and
+/// the first clusters of a clustered head.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pinned {
+    pub gates: Vec<usize>,
+    pub pairs: Vec<usize>,
+    pub head_clusters: usize,
+}
+
+/// What to pin with `bytes`. Rows are taken by the reading they save per byte pinned: a gate
+/// row saves its bytes every token it is read (every token when `every_gate`, there being no
+/// predictor; else about as often as its neuron fires), an up+down pair as often as its neuron
+/// fires (the profile's frequency), a head cluster as often as it is chosen. Without
+/// frequencies, the same number of whole neurons per unit and no head clusters.
 pub(crate) fn hot_counts(
     layout: &[FfnLayout],
     n_ff: usize,
     bytes: u64,
     frequency: Option<&[Vec<f32>]>,
     every_gate: bool,
-) -> (Vec<usize>, Vec<usize>) {
+    head: Option<HeadRows<'_>>,
+) -> Pinned {
     // Each unit's three blocks are padded.
     let bytes = bytes.saturating_sub((3 * PAD * layout.len()) as u64);
-    let (mut gates, mut pairs) = (vec![0usize; layout.len()], vec![0usize; layout.len()]);
-    match frequency {
-        Some(freq) if freq.len() == layout.len() && freq.iter().all(|f| f.len() == n_ff) => {
-            // (saved per byte, unit, is gate), gate before pair on ties (a pair needs its gate).
-            let mut all: Vec<(f32, usize, bool)> = freq
-                .iter()
-                .enumerate()
-                .flat_map(|(u, f)| {
-                    f.iter().flat_map(move |&v| {
-                        let gate = if every_gate { 1.0 } else { v };
-                        [(gate, u, true), (v, u, false)]
-                    })
-                })
-                .collect();
-            all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.2.cmp(&a.2)));
-            let mut left = bytes;
-            for (_, u, is_gate) in all {
-                let l = &layout[u];
-                let cost = match is_gate {
-                    true => l.gate.row_bytes,
-                    false => l.up.row_bytes + l.down.row_bytes,
-                } as u64;
-                // Counts are prefixes: a pair only with its gate, never more than n_ff.
-                let ok = is_gate || pairs[u] < gates[u];
-                let n = match is_gate {
-                    true => &mut gates[u],
-                    false => &mut pairs[u],
-                };
-                if ok && *n < n_ff && left >= cost {
-                    left -= cost;
-                    *n += 1;
-                }
+    let mut pin = Pinned {
+        gates: vec![0; layout.len()],
+        pairs: vec![0; layout.len()],
+        head_clusters: 0,
+    };
+    let Some(freq) =
+        frequency.filter(|f| f.len() == layout.len() && f.iter().all(|f| f.len() == n_ff))
+    else {
+        let per = |l: &FfnLayout| (l.gate.row_bytes + l.up.row_bytes + l.down.row_bytes) as u64;
+        let total: u64 = layout.iter().map(per).sum::<u64>().max(1);
+        let h = ((bytes / total) as usize).min(n_ff);
+        pin.gates.iter_mut().for_each(|c| *c = h);
+        pin.pairs.iter_mut().for_each(|c| *c = h);
+        return pin;
+    };
+    // (saved per byte, what): gate before pair on ties (a pair needs its gate).
+    #[derive(Clone, Copy)]
+    enum Item {
+        Gate(usize),
+        Pair(usize),
+        Cluster,
+    }
+    let mut all: Vec<(f32, Item)> = freq
+        .iter()
+        .enumerate()
+        .flat_map(|(u, f)| {
+            f.iter().flat_map(move |&v| {
+                let gate = if every_gate { 1.0 } else { v };
+                [(gate, Item::Gate(u)), (v, Item::Pair(u))]
+            })
+        })
+        .collect();
+    if let Some(h) = &head {
+        all.extend(h.frequency.iter().map(|&f| (f, Item::Cluster)));
+    }
+    let rank = |i: &Item| match i {
+        Item::Gate(_) => 0,
+        Item::Pair(_) => 1,
+        Item::Cluster => 2,
+    };
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(rank(&a.1).cmp(&rank(&b.1))));
+    let mut left = bytes;
+    for (_, item) in all {
+        // Counts are prefixes: a pair only with its gate, never more than n_ff; clusters in
+        // the file's hottest-first order.
+        let (cost, n, max) = match item {
+            Item::Gate(u) => (layout[u].gate.row_bytes, &mut pin.gates[u], n_ff),
+            Item::Pair(u) if pin.pairs[u] < pin.gates[u] => (
+                layout[u].up.row_bytes + layout[u].down.row_bytes,
+                &mut pin.pairs[u],
+                n_ff,
+            ),
+            Item::Pair(_) => continue,
+            Item::Cluster => {
+                let h = head.as_ref().expect("clusters only with a head");
+                (h.cluster_bytes, &mut pin.head_clusters, h.frequency.len())
             }
-        }
-        _ => {
-            let per = |l: &FfnLayout| (l.gate.row_bytes + l.up.row_bytes + l.down.row_bytes) as u64;
-            let total: u64 = layout.iter().map(per).sum::<u64>().max(1);
-            let h = ((bytes / total) as usize).min(n_ff);
-            gates.iter_mut().for_each(|c| *c = h);
-            pairs.iter_mut().for_each(|c| *c = h);
+        };
+        if *n < max && left >= cost as u64 {
+            left -= cost as u64;
+            *n += 1;
         }
     }
-    (gates, pairs)
+    pin
 }
 
 #[cfg(test)]
@@ -599,6 +670,7 @@ mod tests {
                 embd: out,
                 output: out,
                 tied: true,
+                head: None,
             },
             fixed: 200_000,
             stage: 0,
@@ -636,5 +708,51 @@ mod tests {
         assert_eq!(all, s(8, 1000));
         assert_eq!(p.fixed_streaming(all), 83_648);
         assert_eq!(p.streaming(83_648, 0), all);
+    }
+
+    #[test]
+    fn head_clusters_are_pinned_by_how_often_they_are_chosen() {
+        let part = |row_bytes| Part {
+            offset: 0,
+            ty: QuantType::Q8_0,
+            row_bytes,
+            slot_at: 0,
+        };
+        let unit = FfnLayout {
+            gate: part(10),
+            up: part(10),
+            down: part(10),
+        };
+        // Two neurons firing 0.9 and 0.2; clusters chosen 0.5, 0.4, 0.1 of the time.
+        let freq = vec![vec![0.9f32, 0.2]];
+        let clusters = [0.5f32, 0.4, 0.1];
+        let head = |f: &'static [f32]| HeadRows {
+            frequency: f,
+            cluster_bytes: 30,
+        };
+        let pin = |bytes: u64| {
+            let clusters: &'static [f32] = Box::leak(clusters.to_vec().into_boxed_slice());
+            hot_counts(
+                &[unit],
+                2,
+                bytes + 3 * PAD as u64,
+                Some(&freq),
+                true,
+                Some(head(clusters)),
+            )
+        };
+        let want = |gates: usize, pairs: usize, head_clusters: usize| Pinned {
+            gates: vec![gates],
+            pairs: vec![pairs],
+            head_clusters,
+        };
+        // Every gate row is read every token: they go first (20 bytes).
+        assert_eq!(pin(20), want(2, 0, 0));
+        // Then the 0.9 pair (20), then clusters 0.5 and 0.4 (30 each), then the 0.2 pair.
+        assert_eq!(pin(40), want(2, 1, 0));
+        assert_eq!(pin(70), want(2, 1, 1));
+        assert_eq!(pin(100), want(2, 1, 2));
+        assert_eq!(pin(120), want(2, 2, 2));
+        assert_eq!(pin(1000), want(2, 2, 3));
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! Files: `layout` (where everything lies, how a budget splits, what streams), `streaming`
 //! (prefill staging and streamed attention), `vocab` (embedding and output rows), `residency`
-//! (the neuron rows of a decode step).
+//! (the neuron rows of a decode step), `store` (all of it as the engine's weight store).
 //!
 //! When the budget cannot hold every layer's attention projections too, the last layers'
 //! attention streams from flash: each is read whole into one of two buffers, the next streamed
@@ -25,6 +25,7 @@ use crate::EngineError;
 mod layout;
 mod moving;
 mod residency;
+mod store;
 mod streaming;
 mod vocab;
 
@@ -41,6 +42,7 @@ use pi2_io::{
 use pi2_model::Model;
 use std::path::Path;
 use std::sync::Arc;
+pub(crate) use store::Offloaded;
 use vocab::VocabStream;
 
 use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Release};
@@ -328,6 +330,11 @@ impl Offload {
 
     pub fn stats(&self) -> &OffloadStats {
         &self.stats
+    }
+
+    /// Bytes of one token embedding row (what a lookup of a non-resident row reads).
+    pub fn embedding_row_bytes(&self) -> usize {
+        self.vocab.embedding_row_bytes()
     }
 
     pub fn reader_stats(&self) -> pi2_io::ReaderStats {

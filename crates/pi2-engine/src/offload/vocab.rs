@@ -53,9 +53,10 @@ pub(crate) struct VocabStream {
 
 impl VocabStream {
     pub(crate) fn new(layout: VocabLayout, streamed_rows: usize) -> Self {
-        let out = &layout.output;
+        let out = layout.output;
         let chunk_rows = layout.chunk_rows();
         let buf = |on: bool| AlignedBuf::new(if on { chunk_rows * out.row_bytes } else { 0 }, PAD);
+        let embd_buf = AlignedBuf::new(EMBD_BATCH * pad(layout.embd.row_bytes), PAD);
         Self {
             layout,
             resident: out.rows - streamed_rows,
@@ -63,7 +64,7 @@ impl VocabStream {
             bufs: [buf(streamed_rows > 0), buf(streamed_rows > 0)],
             buf_chunk: [None, None],
             pending: [AtomicU64::new(0), AtomicU64::new(0)],
-            embd_buf: AlignedBuf::new(EMBD_BATCH * pad(layout.embd.row_bytes), PAD),
+            embd_buf,
             embd_reqs: Requests(Vec::with_capacity(EMBD_BATCH)),
             embd_rows: Vec::with_capacity(EMBD_BATCH),
             embd_pending: AtomicU64::new(0),
@@ -77,6 +78,10 @@ impl VocabStream {
     /// Output rows read from flash per LM head.
     pub(crate) fn streamed_rows(&self) -> usize {
         self.layout.output.rows - self.resident
+    }
+
+    pub(crate) fn embedding_row_bytes(&self) -> usize {
+        self.layout.embd.row_bytes
     }
 
     /// Whether embedding lookups go through [`Offload::embed`].

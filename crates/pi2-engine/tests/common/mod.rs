@@ -57,3 +57,19 @@ pub fn assert_same_logits(want: &[Vec<f32>], got: &[Vec<f32>], what: &str) {
         );
     }
 }
+
+/// An engine computing with the sparse FFN `sp` (and reading through `offload`).
+#[allow(dead_code)] // not every test crate offloads
+pub fn sparse_engine<'m>(
+    m: &'m Model,
+    cfg: &EngineConfig,
+    sp: &'m pi2_engine::SparseFfn<'m>,
+    offload: Option<pi2_engine::Offload>,
+) -> Result<Engine<'m>, pi2_engine::EngineError> {
+    let parts = pi2_engine::EngineParts {
+        sparse: Some(sp),
+        head: None,
+        offload,
+    };
+    Engine::with_parts(m, cfg, parts)
+}

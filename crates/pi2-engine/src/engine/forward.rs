@@ -1,0 +1,265 @@
+//! One forward pass: embed (or take a given residual stream) -> every layer (attention, FFN)
+//! -> final norm and the output head. Every weight comes from the engine's store.
+
+use super::{Engine, Input};
+use crate::error::EngineError;
+use crate::pipeline::Step;
+use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
+use crate::weights::SparseCall;
+use crate::{attention, ffn, moe};
+use pi2_model::{LayerWeights, TokenId};
+use pi2_sparse::FfnObserver;
+
+impl Engine<'_> {
+    pub(super) fn forward_inner<'o>(
+        &mut self,
+        input: Input<'_>,
+        first_logit: usize,
+        mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        let n = input.len(c.n_embd);
+        let pos0 = self.kv.len;
+        // The KV cache grows inside a budget: room comes from the neuron memory.
+        let kv = self.kv.bytes_at(pos0 + n, n, c.kv_dim());
+        self.store.charge_kv(kv as u64, pos0 + n)?;
+        let (first_layer, resumed) = match input {
+            Input::Tokens(tokens) => {
+                self.embed(tokens)?;
+                (0, false)
+            }
+            Input::Stream { layer, x } => {
+                grow(&mut self.s.x, x.len()).copy_from_slice(x);
+                (layer, true)
+            }
+        };
+        self.s.rope.fill(&self.inv_freq, pos0, n);
+        if let Some(f) = &self.inv_freq_local {
+            self.s.rope_local.fill(f, pos0, n);
+        }
+        for (li, l) in m.weights.layers.iter().enumerate().skip(first_layer) {
+            if let Some(o) = observer.as_deref_mut() {
+                o.observe_stream(li, &self.s.x[..n * c.n_embd]);
+            }
+            let mats = self.store.attention(li)?;
+            attention::block(
+                &self.ks,
+                f,
+                c,
+                l,
+                mats,
+                &mut self.s,
+                &mut self.kv,
+                li,
+                pos0,
+                n,
+            );
+            self.ffn_layer(li, l, n, observer.as_deref_mut())?;
+        }
+        if resumed {
+            // Sliding-window rings may have written over what the next positions attend to.
+            self.kv.truncate(pos0);
+        } else {
+            self.kv.len = pos0 + n;
+        }
+        self.head(n, first_logit, observer)
+    }
+
+    /// Embedding rows of `tokens` into `s.x`, scaled as the model says.
+    fn embed(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
+        let c = &self.model.config;
+        let x = grow(&mut self.s.x, tokens.len() * c.n_embd);
+        self.store.embed(tokens, x)?;
+        if c.embd_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embd_scale);
+        }
+        Ok(())
+    }
+
+    /// Final norm and LM head for the rows from `first_logit` on, into `s.logits`. An
+    /// observer sees every row's normalized state.
+    fn head<'o>(
+        &mut self,
+        n: usize,
+        first_logit: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        let d = c.n_embd;
+        let rows = n - first_logit;
+        let s = &mut self.s;
+        let normed = if observer.is_some() { 0 } else { first_logit };
+        rms_norm_rows(
+            &s.x[normed * d..],
+            m.weights.output_norm.f32s(f),
+            c.rms_eps,
+            d,
+            n - normed,
+            &mut s.xn,
+        );
+        if let Some(o) = observer {
+            o.observe_head(&s.xn[..n * d]);
+            s.xn.copy_within(first_logit * d..n * d, 0);
+        }
+        let logits = grow(&mut s.logits, rows * c.n_vocab);
+        let (kind, _) = self.store.output_kind();
+        s.acts.quantize(kind, &s.xn[..rows * d], d);
+        self.head.logits(
+            &self.ks,
+            self.store.as_mut(),
+            &s.xn[..rows * d],
+            &s.acts,
+            rows,
+            logits,
+        )
+    }
+
+    /// Layer `li`'s FFN on the normalised stream, its output (normalised again where the
+    /// layer says so) added to the residual stream.
+    fn ffn_layer<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        let nd = n * c.n_embd;
+        let s = &mut self.s;
+        rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
+        let Some(post) = &l.post_ffn_norm else {
+            return self.ffn_output(li, l, n, observer);
+        };
+        // Every FFN path adds into the stream: run it on zeros to get the output alone.
+        grow(&mut s.resid, nd).copy_from_slice(&s.x[..nd]);
+        s.x[..nd].fill(0.0);
+        self.ffn_output(li, l, n, observer)?;
+        let s = &mut self.s;
+        for (x, r) in s.x[..nd]
+            .chunks_exact_mut(c.n_embd)
+            .zip(s.resid.chunks_exact(c.n_embd))
+        {
+            rms_norm_in_place(x, post.f32s(f), c.rms_eps);
+            x.iter_mut().zip(r).for_each(|(x, r)| *x += r);
+        }
+        Ok(())
+    }
+
+    /// Layer `li`'s FFN of `s.xn`, added to `s.x`: a decoded token of a sparse model runs the
+    /// sparse pipeline (on the chosen experts, for a mixture); a batch runs the whole
+    /// matrices the store gives (per chosen expert), dense or masked sparse.
+    fn ffn_output<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        if let Some(router) = &l.router {
+            moe::route_tokens(
+                &self.ks,
+                c,
+                &router.mat(f),
+                &mut self.s,
+                &mut self.routes,
+                n,
+            );
+            if n == 1 && self.sparse.is_some() {
+                // The chosen experts as units of the sparse FFN.
+                let units: Vec<(usize, f32)> = self
+                    .routes
+                    .picked
+                    .iter()
+                    .map(|&(e, w)| (li * c.n_expert + e, w))
+                    .collect();
+                return self.sparse_token(li, l, &units);
+            }
+            return moe::experts(
+                &self.ks,
+                c,
+                li,
+                &self.routes,
+                &mut self.s,
+                self.store.as_mut(),
+                observer,
+            );
+        }
+        if self.sparse.is_some() && n == 1 {
+            return self.sparse_token(li, l, &[(li, 1.0)]);
+        }
+        let next = (li + 1 < c.n_layer).then_some(li + 1);
+        let mats = self.store.ffn(li, next)?;
+        if let Some(sp) = self.sparse.filter(|sp| sp.batches_too) {
+            let sl = &sp.layers[li];
+            let dense_bytes = [mats.gate, mats.up, mats.down]
+                .iter()
+                .map(|w| w.bytes().len() as u64)
+                .sum();
+            // The store's down matrix when it is transposed (staged), else the sparse layer's.
+            let down_t = match mats.down_transposed {
+                true => mats.down,
+                false => sl.down_t.mat(),
+            };
+            ffn::sparse_batch(
+                &self.ks,
+                &mut self.s,
+                &mut self.stats,
+                li,
+                n,
+                sl,
+                sp.use_predictor,
+                [mats.gate, mats.up, down_t],
+                dense_bytes,
+                c.ffn_act,
+            );
+            return Ok(());
+        }
+        let transposed = mats.down_transposed;
+        ffn::dense(
+            &self.ks,
+            c.ffn_act,
+            [mats.gate, mats.up, mats.down],
+            transposed,
+            &mut self.s,
+            observer,
+            li,
+            n,
+        );
+        Ok(())
+    }
+
+    /// The sparse pipeline for the decoded token: `units` of layer `li` with their weights.
+    fn sparse_token(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        units: &[(usize, f32)],
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let f = &m.file;
+        let sp = self.sparse.expect("sparse weights are set");
+        let step = Step {
+            ks: &self.ks,
+            act: m.config.ffn_act,
+            sparse: sp,
+            use_predictor: sp.use_predictor,
+            cluster: self.cluster,
+            layer: li,
+            units,
+            dense_bytes: l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f),
+        };
+        self.store.sparse_token(SparseCall {
+            step: &step,
+            s: &mut self.s,
+            buffers: &mut self.step,
+            stats: &mut self.stats,
+            record: self.record.as_mut(),
+            sparse: sp,
+        })
+    }
+}

@@ -1,0 +1,250 @@
+//! Where the engine's weights live, behind one interface. Model code (attention, the FFN,
+//! experts, the head, the embedding) asks a [`Store`] for what a stage multiplies and never
+//! asks where it is: [`Resident`] answers from the file mapping or the row-interleaved copies
+//! (`packed.rs`); an offloaded model (`offload/store.rs`) from pinned rows, staging buffers,
+//! its neuron cache and flash. Neuron rows of a sparse step go through the same store, which
+//! runs the cluster pipeline with its own [`crate::residency::Residency`].
+
+use crate::error::EngineError;
+use crate::offload::Offload;
+use crate::packed::PackedWeights;
+use crate::pipeline::{Step, StepBuffers};
+use crate::residency::Mapped;
+use crate::scratch::Scratch;
+use crate::sparse::{SparseFfn, SparseStats};
+use crate::NeuronStep;
+use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef};
+use pi2_model::{Model, TokenId};
+
+/// A unit's whole FFN matrices for a dense pass: gate and up (rows of `n_ff`), and down,
+/// either as the model stores it (`n_embd` rows of `n_ff`) or transposed (a row per neuron).
+pub(crate) struct FfnMats<'a> {
+    pub gate: MatRef<'a>,
+    pub up: MatRef<'a>,
+    pub down: MatRef<'a>,
+    pub down_transposed: bool,
+}
+
+/// What one sparse decode step of a unit list needs from the store, besides the rows.
+pub(crate) struct SparseCall<'a, 'm> {
+    pub step: &'a Step<'a>,
+    pub s: &'a mut Scratch,
+    pub buffers: &'a mut StepBuffers,
+    pub stats: &'a mut SparseStats,
+    pub record: Option<&'a mut Vec<NeuronStep>>,
+    pub sparse: &'m SparseFfn<'m>,
+}
+
+/// Where the weights are. Every method may read from flash (an offloaded store), so all can
+/// fail with the read's error; a resident store never fails.
+pub(crate) trait Store: Send {
+    /// Start-up work that belongs to loading (the resident store's copies), on the engine's
+    /// pool. Called before the first pass.
+    fn prepare(&mut self, _ks: &KernelSet, _pool: &rayon::ThreadPool) {}
+
+    /// Embedding rows of `tokens` into `x` (rows of `n_embd`).
+    fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError>;
+
+    /// Layer `li`'s q, k, v and output projections.
+    fn attention(&mut self, li: usize) -> Result<[MatRef<'_>; 4], EngineError>;
+
+    /// Unit `unit`'s whole FFN (a layer, or one expert `layer * n_expert + e`) for a dense
+    /// pass; `next` is the unit the pass needs after it, which a store may start reading.
+    fn ffn(&mut self, unit: usize, next: Option<usize>) -> Result<FfnMats<'_>, EngineError>;
+
+    /// Logits of the output rows in `ranges` (sorted, disjoint, starting at multiples of 8)
+    /// for the `n` token rows quantized in `acts` (for the output matrix's activation format),
+    /// into `logits` (`n` rows of the whole vocabulary; rows outside the ranges untouched).
+    /// Returns the bytes of output rows read from flash.
+    fn output(
+        &mut self,
+        ks: &KernelSet,
+        acts: &ActBuf,
+        n: usize,
+        ranges: &[(usize, usize)],
+        logits: &mut [f32],
+    ) -> Result<u64, EngineError>;
+
+    /// The output matrix's activation format and row bytes.
+    fn output_kind(&self) -> (pi2_kernels::ActKind, usize);
+
+    /// One sparse decode step (`call.step`'s units), rows served by this store.
+    fn sparse_token(&mut self, call: SparseCall<'_, '_>) -> Result<(), EngineError>;
+
+    /// The KV cache will hold `bytes` once positions up to `positions` are written: a
+    /// budgeted store makes room for it.
+    fn charge_kv(&mut self, _bytes: u64, _positions: usize) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// Bytes of copies this store made of the weights (the resident store's packed matrices).
+    fn copied_bytes(&self) -> usize {
+        0
+    }
+
+    /// The offloaded FFN and its statistics, if this store reads from flash.
+    fn offload(&self) -> Option<&Offload> {
+        None
+    }
+
+    fn offload_mut(&mut self) -> Option<&mut Offload> {
+        None
+    }
+}
+
+/// Weights in memory: the file mapping, and row-interleaved copies of the matrices multiplied
+/// whole when the configuration asks for them (made by [`Store::prepare`]).
+pub(crate) struct Resident<'m> {
+    model: &'m Model,
+    repack: bool,
+    /// Whether the FFN is multiplied whole (a dense FFN of plain tensors): packed too.
+    pack_ffn: bool,
+    packed: Option<PackedWeights>,
+}
+
+impl<'m> Resident<'m> {
+    /// `repack`: make the interleaved copies (only where the kernel tier has them);
+    /// `sparse`: the FFN is computed neuron by neuron, so it stays in the mapping.
+    pub(crate) fn new(model: &'m Model, repack: bool, sparse: bool) -> Self {
+        let pack_ffn = !sparse
+            && model
+                .weights
+                .layers
+                .iter()
+                .all(|l| l.router.is_none() && !l.down_transposed);
+        Self {
+            model,
+            repack,
+            pack_ffn,
+            packed: None,
+        }
+    }
+}
+
+impl Store for Resident<'_> {
+    fn prepare(&mut self, ks: &KernelSet, pool: &rayon::ThreadPool) {
+        // Only where the tier has SIMD kernels for the interleaved layout.
+        if self.repack && ks.x8.fast && self.packed.is_none() {
+            let (m, ffn) = (self.model, self.pack_ffn);
+            self.packed = Some(pool.install(|| PackedWeights::build(m, ffn)));
+        }
+    }
+
+    fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError> {
+        let m = self.model;
+        let d = m.config.n_embd;
+        let embd = m.weights.token_embd.mat(&m.file);
+        for (t, &tok) in tokens.iter().enumerate() {
+            embd.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, li: usize) -> Result<[MatRef<'_>; 4], EngineError> {
+        let (f, l) = (&self.model.file, &self.model.weights.layers[li]);
+        let tvs = [&l.wq, &l.wk, &l.wv, &l.wo];
+        Ok(match &self.packed {
+            Some(p) => p.attn(li, tvs, f),
+            None => tvs.map(|w| w.mat(f)),
+        })
+    }
+
+    fn ffn(&mut self, unit: usize, _next: Option<usize>) -> Result<FfnMats<'_>, EngineError> {
+        let (c, f) = (&self.model.config, &self.model.file);
+        let ne = c.n_expert.max(1);
+        let (li, e) = (unit / ne, unit % ne);
+        let l = &self.model.weights.layers[li];
+        if l.router.is_some() {
+            // One expert's rows of the stacked tensors.
+            let (ff, d) = (c.n_ff, c.n_embd);
+            let down_rows = match l.down_transposed {
+                true => e * ff..(e + 1) * ff,
+                false => e * d..(e + 1) * d,
+            };
+            return Ok(FfnMats {
+                gate: l.gate.mat(f).rows(e * ff..(e + 1) * ff),
+                up: l.up.mat(f).rows(e * ff..(e + 1) * ff),
+                down: l.down.mat(f).rows(down_rows),
+                down_transposed: l.down_transposed,
+            });
+        }
+        let [gate, up, down] = match &self.packed {
+            Some(p) => p.ffn(li, [&l.gate, &l.up, &l.down], f),
+            None => [&l.gate, &l.up, &l.down].map(|t| t.mat(f)),
+        };
+        Ok(FfnMats {
+            gate,
+            up,
+            down,
+            down_transposed: l.down_transposed,
+        })
+    }
+
+    fn output(
+        &mut self,
+        ks: &KernelSet,
+        acts: &ActBuf,
+        n: usize,
+        ranges: &[(usize, usize)],
+        logits: &mut [f32],
+    ) -> Result<u64, EngineError> {
+        let (w, f) = (&self.model.weights, &self.model.file);
+        let out = match &self.packed {
+            Some(p) => p.output(&w.output, f),
+            None => w.output.mat(f),
+        };
+        output_rows(ks, &out, acts, n, ranges, logits, &mut Vec::new());
+        Ok(0)
+    }
+
+    fn output_kind(&self) -> (pi2_kernels::ActKind, usize) {
+        let out = self.model.weights.output.mat(&self.model.file);
+        (out.ty.act_kind(), out.row_bytes())
+    }
+
+    fn sparse_token(&mut self, call: SparseCall<'_, '_>) -> Result<(), EngineError> {
+        let m = self.model;
+        let l = &m.weights.layers[call.step.layer];
+        let mut mapped = Mapped::new(&m.file, l, call.sparse, m.config.n_ff);
+        crate::pipeline::token(
+            call.step,
+            call.s,
+            call.buffers,
+            &mut mapped,
+            call.stats,
+            call.record,
+        )
+    }
+
+    fn copied_bytes(&self) -> usize {
+        self.packed.as_ref().map_or(0, PackedWeights::bytes)
+    }
+}
+
+/// Logits of `ranges` of `out`'s rows for `n` token rows into `logits` (`n` rows of
+/// `out.rows`): one product per range, scattered through `tmp` when `n > 1` and the range is
+/// not the whole matrix.
+pub(crate) fn output_rows(
+    ks: &KernelSet,
+    out: &MatRef<'_>,
+    acts: &ActBuf,
+    n: usize,
+    ranges: &[(usize, usize)],
+    logits: &mut [f32],
+    tmp: &mut Vec<f32>,
+) {
+    let vocab = out.rows;
+    for &(a, b) in ranges {
+        if n == 1 {
+            matmul(ks, &out.rows(a..b), acts, &mut logits[a..b]);
+        } else if (a, b) == (0, vocab) {
+            matmul(ks, out, acts, &mut logits[..n * vocab]);
+        } else {
+            tmp.resize(n * (b - a), 0.0);
+            matmul(ks, &out.rows(a..b), acts, tmp);
+            for (t, part) in tmp.chunks_exact(b - a).enumerate() {
+                logits[t * vocab + a..t * vocab + b].copy_from_slice(part);
+            }
+        }
+    }
+}
