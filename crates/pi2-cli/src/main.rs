@@ -204,7 +204,7 @@ fn exit_cleanly_when_output_fails() {
 
 /// The error and its causes on one line, each cause once: a library error that already
 /// prints its source is not followed by that source again.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();

@@ -10,8 +10,9 @@
 //! source model's neuron. The predictor is `blk.N.fc1.weight` (`rank x n_embd`),
 //! `blk.N.fc2.weight` (`n_ff x rank`) and `blk.N.fc2.bias`. Metadata `pi2.*` holds the format
 //! version, the per-layer thresholds and predictor cuts, held-out recall and candidate fractions,
-//! and the profile (renumbered to the file's neuron order) as JSON. There is no `ffn_down`:
-//! dense prefill reads the transposed rows too, so the file holds each weight once.
+//! and the profile (renumbered to the file's neuron order) as JSON. The source's `ffn_down` is
+//! kept as it is (in the source's neuron order, which `ffn_perm` maps to): a layer that runs
+//! dense multiplies it whole at the speed of the plain model.
 
 use pi2_engine::{check_thresholds, transposed, EngineError};
 use pi2_kernels::QuantType;
@@ -77,7 +78,8 @@ pub struct ConvertConfig {
     /// `None`: no predictor (every neuron a candidate).
     pub predictor: Option<PredictorKind>,
     /// Type of the transposed down rows (default: the model's down type if it can be made for
-    /// rows of `n_embd`, else Q8_0).
+    /// rows of `n_embd`, else the smallest 32-element type at least as precise: Q5_0 for
+    /// Q2_K-Q4_K and IQ4_XS, Q5_1 for Q5_K, else Q8_0).
     pub down_type: Option<QuantType>,
     /// I/O granule the tensors are aligned to.
     pub granule: u32,
@@ -223,11 +225,10 @@ pub fn convert(
     }
     let mut w = GgufWriter::new();
     write_metadata(&mut w, model, profile, thresholds, &layers, cfg);
+    // Gate and up are written in the file's neuron order; the source's down matrix is kept as
+    // it is beside its transposed rows, for layers that run dense (`pi2_model::bundle`).
     let ffn_name = |n: &str| {
-        n.starts_with("blk.")
-            && (n.ends_with(".ffn_gate.weight")
-                || n.ends_with(".ffn_up.weight")
-                || n.ends_with(".ffn_down.weight"))
+        n.starts_with("blk.") && (n.ends_with(".ffn_gate.weight") || n.ends_with(".ffn_up.weight"))
     };
     // A clustered head writes the output matrix itself, in cluster order.
     let head_out = cfg
@@ -548,7 +549,16 @@ fn down_type(
             "cannot store down rows of {n_embd} as {t} (pi2 makes F32, F16, Q8_0, Q4_0, Q4_1, Q4_K in whole blocks)"
         ))),
         None if ok(model) => Ok(model),
-        None => Ok(QuantType::Q8_0),
+        // The smallest type of 32-element blocks at least as precise as the source's.
+        None => Ok(match model {
+            QuantType::Q2_K | QuantType::Q3_K | QuantType::Q4_K | QuantType::IQ4_XS
+                if ok(QuantType::Q5_0) =>
+            {
+                QuantType::Q5_0
+            }
+            QuantType::Q5_K if ok(QuantType::Q5_1) => QuantType::Q5_1,
+            _ => QuantType::Q8_0,
+        }),
     }
 }
 

@@ -60,6 +60,11 @@ pub struct EngineConfig {
     /// Also compute the whole output matrix every step and count how the clustered head's
     /// selection agrees with it ([`Engine::head_stats`]; perplexity's check, slower).
     pub head_check: bool,
+    /// Run a converted model's layers dense when their whole FFN is in memory and the sparse
+    /// FFN computes every gate row anyway (no predictor): the plain model's kernels on the
+    /// source's down matrix the file keeps, about twice the sparse step's speed. `false`: the
+    /// sparse step everywhere (offloaded and in-memory sparse decode then agree bit for bit).
+    pub dense_resident: bool,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +81,7 @@ impl Default for EngineConfig {
             record_neurons: false,
             head_share: None,
             head_check: false,
+            dense_resident: true,
         }
     }
 }
@@ -205,7 +211,19 @@ impl<'m> Engine<'m> {
                 }
                 Box::new(Offloaded::new(model, o))
             }
-            None => Box::new(Resident::new(model, cfg.repack, parts.sparse.is_some())),
+            None => {
+                // Dense where resident: a sparse FFN that computes every gate row anyway,
+                // unless the caller records which neurons fire (only the sparse step knows).
+                let dense = cfg.dense_resident
+                    && !cfg.record_neurons
+                    && parts.sparse.is_some_and(|sp| !sp.use_predictor);
+                Box::new(Resident::new(
+                    model,
+                    cfg.repack,
+                    parts.sparse.is_some(),
+                    dense,
+                ))
+            }
         };
         let (inv_freq, inv_freq_local) = rope_frequencies(model);
         Ok(Self {

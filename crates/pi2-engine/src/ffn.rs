@@ -55,6 +55,45 @@ pub(crate) fn dense<'o>(
         .for_each(|(x, o)| *x += o);
 }
 
+/// A converted layer's dense FFN of the `n` tokens of `s.xn`, added to `s.x`: gate and up in
+/// the file's neuron order, their coefficients put back in the source's order (`perm`), then
+/// the source's down matrix. The same products as the plain model's dense FFN, row for row.
+pub(crate) fn dense_permuted(
+    ks: &KernelSet,
+    act: FfnAct,
+    d: &crate::weights::DenseFfn<'_>,
+    s: &mut Scratch,
+    n: usize,
+) {
+    let (dim, ff) = (d.gate.cols, d.gate.rows);
+    let gate_out = grow(&mut s.gate, n * ff);
+    let up_out = grow(&mut s.up, n * ff);
+    project_pair(
+        ks,
+        &mut s.acts,
+        &s.xn[..n * dim],
+        dim,
+        [(d.gate, gate_out), (d.up, up_out)],
+    );
+    gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
+    // The up buffer holds the coefficients in the source's order.
+    for (file, src) in s.gate[..n * ff]
+        .chunks_exact(ff)
+        .zip(s.up[..n * ff].chunks_exact_mut(ff))
+    {
+        for (&j, &v) in d.perm.iter().zip(file) {
+            src[j as usize] = v;
+        }
+    }
+    s.acts.quantize(d.down.ty.act_kind(), &s.up[..n * ff], ff);
+    let o = grow(&mut s.o, n * dim);
+    matmul(ks, &d.down, &s.acts, o);
+    s.x[..n * dim]
+        .iter_mut()
+        .zip(&s.o[..n * dim])
+        .for_each(|(x, o)| *x += o);
+}
+
 /// Neuron i's coefficient: `gate[i] = act(gate[i]) * up_act(up[i])`.
 pub(crate) fn gated(act: FfnAct, gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {

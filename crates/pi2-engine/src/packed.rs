@@ -1,5 +1,6 @@
 //! Row-interleaved copies ([`PackedMat`]) of the matrices the engine multiplies whole: the
-//! attention projections, the output matrix and, for a dense FFN, gate/up/down. Their matvec
+//! attention projections, the output matrix and, for a dense FFN, gate/up/down (a converted
+//! model's layers that run dense: the source's down matrix the file keeps). Their matvec
 //! and GEMM run about twice as fast as on the file's row layout (see pi2-kernels' README), at
 //! the cost of one copy made at start-up; the mapped pages of each packed tensor are then
 //! released, so the process holds the weights once.
@@ -43,7 +44,7 @@ impl PackedWeights {
             let tvs = w
                 .layers
                 .iter()
-                .flat_map(|l| [&l.gate, &l.up, &l.down])
+                .flat_map(|l| [&l.gate, &l.up, l.down_dense.as_ref().unwrap_or(&l.down)])
                 .collect();
             let mut it = pack_all(tvs).into_iter();
             (0..w.layers.len())

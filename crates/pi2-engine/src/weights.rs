@@ -25,6 +25,16 @@ pub(crate) struct FfnMats<'a> {
     pub down_transposed: bool,
 }
 
+/// A converted layer run dense: gate and up in the file's neuron order, the source's down
+/// matrix in the source's order, and the file's permutation (file neuron `j` is source neuron
+/// `perm[j]`) that puts the coefficients back in the source's order between them.
+pub(crate) struct DenseFfn<'a> {
+    pub gate: MatRef<'a>,
+    pub up: MatRef<'a>,
+    pub down: MatRef<'a>,
+    pub perm: &'a [u32],
+}
+
 /// What one sparse decode step of a unit list needs from the store, besides the rows.
 pub(crate) struct SparseCall<'a, 'm> {
     pub step: &'a Step<'a>,
@@ -68,6 +78,12 @@ pub(crate) trait Store: Send {
     /// The output matrix's activation format and row bytes.
     fn output_kind(&self) -> (pi2_kernels::ActKind, usize);
 
+    /// Layer `li` of a converted model when this store holds its whole FFN and runs it dense
+    /// (faster than the sparse step where every gate row is computed anyway).
+    fn dense_ffn(&self, _li: usize) -> Option<DenseFfn<'_>> {
+        None
+    }
+
     /// One sparse decode step (`call.step`'s units), rows served by this store.
     fn sparse_token(&mut self, call: SparseCall<'_, '_>) -> Result<(), EngineError>;
 
@@ -99,26 +115,58 @@ pub(crate) struct Resident<'m> {
     repack: bool,
     /// Whether the FFN is multiplied whole (a dense FFN of plain tensors): packed too.
     pack_ffn: bool,
+    /// A converted model's layers run dense: their permutations (empty: none).
+    dense: Vec<&'m [u32]>,
     packed: Option<PackedWeights>,
 }
 
 impl<'m> Resident<'m> {
     /// `repack`: make the interleaved copies (only where the kernel tier has them);
-    /// `sparse`: the FFN is computed neuron by neuron, so it stays in the mapping.
-    pub(crate) fn new(model: &'m Model, repack: bool, sparse: bool) -> Self {
-        let pack_ffn = !sparse
-            && model
-                .weights
-                .layers
-                .iter()
-                .all(|l| l.router.is_none() && !l.down_transposed);
+    /// `sparse`: the FFN is computed neuron by neuron, so it stays in the mapping; `dense`: a
+    /// converted model's layers run dense from the source's down matrix (where the file keeps
+    /// it).
+    pub(crate) fn new(model: &'m Model, repack: bool, sparse: bool, dense: bool) -> Self {
+        let plain = model
+            .weights
+            .layers
+            .iter()
+            .all(|l| l.router.is_none() && !l.down_transposed);
+        let dense = match dense {
+            true => dense_layers(model).unwrap_or_default(),
+            false => Vec::new(),
+        };
         Self {
             model,
             repack,
-            pack_ffn,
+            pack_ffn: (!sparse && plain) || !dense.is_empty(),
+            dense,
             packed: None,
         }
     }
+}
+
+/// Every layer's permutation when every layer of a converted model keeps the source's down
+/// matrix (`None` otherwise: the model runs as converted).
+fn dense_layers(model: &Model) -> Option<Vec<&[u32]>> {
+    let (f, c) = (&model.file, &model.config);
+    model
+        .weights
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(li, l)| {
+            l.down_dense.as_ref()?;
+            let t = f.tensor(&pi2_model::bundle::Tensor::Perm.name(li))?;
+            let perm: &[u32] = bytemuck::try_cast_slice(f.tensor_data(t)).ok()?;
+            // A permutation of the layer's neurons, or the layer is not run dense.
+            let mut seen = vec![false; c.n_ff];
+            let ok = perm.len() == c.n_ff
+                && perm.iter().all(|&p| {
+                    (p as usize) < c.n_ff && !std::mem::replace(&mut seen[p as usize], true)
+                });
+            ok.then_some(perm)
+        })
+        .collect()
 }
 
 impl Store for Resident<'_> {
@@ -128,6 +176,22 @@ impl Store for Resident<'_> {
             let (m, ffn) = (self.model, self.pack_ffn);
             self.packed = Some(pool.install(|| PackedWeights::build(m, ffn)));
         }
+    }
+
+    fn dense_ffn(&self, li: usize) -> Option<DenseFfn<'_>> {
+        let perm = *self.dense.get(li)?;
+        let (f, l) = (&self.model.file, &self.model.weights.layers[li]);
+        let down = l.down_dense.as_ref()?;
+        let [gate, up, down] = match &self.packed {
+            Some(p) => p.ffn(li, [&l.gate, &l.up, down], f),
+            None => [&l.gate, &l.up, down].map(|t| t.mat(f)),
+        };
+        Some(DenseFfn {
+            gate,
+            up,
+            down,
+            perm,
+        })
     }
 
     fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError> {

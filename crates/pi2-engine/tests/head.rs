@@ -215,3 +215,43 @@ fn a_head_share_outside_0_1_is_refused() {
     };
     assert!(Engine::with_parts(&plain, &cfg(None), parts).is_err());
 }
+
+/// A converted model held in memory runs its layers dense from the source's down matrix (no
+/// predictor: the sparse step would compute every gate row anyway): through the whole output
+/// matrix it gives the source model's logits bit for bit, and it never takes a sparse step.
+#[test]
+fn converted_layers_held_in_memory_run_dense_as_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = converted(dir.path(), QuantType::F32);
+    let src = Model::load(dir.path().join("in.gguf")).unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+    assert!(!sp.use_predictor);
+    let tokens = [5u32, 17, 42, 3, 99, 7];
+    let decode = |e: &mut Engine<'_>| -> Vec<Vec<f32>> {
+        let mut out = vec![e.forward(&tokens[..3], Logits::Last).unwrap().to_vec()];
+        for &t in &tokens[3..] {
+            out.push(e.forward(&[t], Logits::Last).unwrap().to_vec());
+        }
+        out
+    };
+    let want = decode(&mut Engine::new(&src, &cfg(None)).unwrap());
+    let parts = EngineParts {
+        sparse: Some(&sp),
+        ..Default::default()
+    };
+    let mut dense = Engine::with_parts(&m, &cfg(Some(1.0)), parts).unwrap();
+    assert_eq!(decode(&mut dense), want);
+    assert_eq!(dense.sparse_stats().token_layers, 0);
+    // Asked not to, it takes the sparse step.
+    let sparse_cfg = EngineConfig {
+        dense_resident: false,
+        ..cfg(Some(1.0))
+    };
+    let parts = EngineParts {
+        sparse: Some(&sp),
+        ..Default::default()
+    };
+    let mut sparse = Engine::with_parts(&m, &sparse_cfg, parts).unwrap();
+    decode(&mut sparse);
+    assert!(sparse.sparse_stats().token_layers > 0);
+}

@@ -33,8 +33,10 @@ fn cfg() -> EngineConfig {
         n_ctx: 64,
         cluster: 8,
         // Offloaded tensors keep the file's row layout; so does the in-memory reference, as
-        // the interleaved copies' kernels sum in another order (not bit for bit).
+        // the interleaved copies' kernels sum in another order (not bit for bit); and the
+        // reference runs the sparse step that offloaded decode runs.
         repack: false,
+        dense_resident: false,
         ..EngineConfig::default()
     }
 }

@@ -181,6 +181,9 @@ pub struct LayerWeights {
     /// transposed (`n_ff` rows of `n_embd`: neuron i's down column is row i).
     pub down: TensorView,
     pub down_transposed: bool,
+    /// A converted file's copy of the source's `ffn_down` (in the source's neuron order), for
+    /// layers that run dense.
+    pub down_dense: Option<TensorView>,
     /// Mixture-of-experts layers: the router. `gate`, `up` and `down` then stack the experts
     /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down, or
     /// `e*n_ff..` of a transposed down).
@@ -525,14 +528,13 @@ impl Weights {
                         None => Err(ModelError::MissingTensor(n("ffn_down_exps.weight"))),
                     };
                 }
-                match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
-                    Some(d) => Ok((d, false)),
-                    None => {
-                        match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
-                            Some(d) => Ok((d, true)),
-                            None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
-                        }
-                    }
+                // A converted file's transposed rows first (it may keep the source's too).
+                match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
+                    Some(d) => Ok((d, true)),
+                    None => match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
+                        Some(d) => Ok((d, false)),
+                        None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
+                    },
                 }
             };
             let down_transposed: bool;
@@ -564,6 +566,10 @@ impl Weights {
                     d
                 },
                 down_transposed,
+                down_dense: match down_transposed && c.n_expert == 0 {
+                    true => optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))?,
+                    false => None,
+                },
                 router: if c.n_expert > 0 {
                     Some(view(f, &n("ffn_gate_inp.weight"), &[c.n_embd, c.n_expert])?)
                 } else {

@@ -1,8 +1,9 @@
 //! The one-command flow: a plain GGUF asked to run under a memory budget is profiled and
 //! converted once, on the built-in calibration text with the default options, into the
 //! per-user cache (`<cache>/converted/`, see [`crate::device::cache_dir`]), and later runs reuse
-//! that file. The cache key is the source file's SHA-256 and pi2's converted-file format
-//! version, so a changed model file is never served a stale conversion; the SHA-256 itself is
+//! that file. The cache key is the source file's SHA-256, pi2's converted-file format version
+//! and a digest of the conversion recipe (the default options and calibration size), so neither
+//! a changed model file nor changed defaults are served a stale conversion; the SHA-256 itself is
 //! remembered with the file's size, modification time and inode ([`file_sha256`]) so that an
 //! unchanged file is not read again.
 
@@ -28,10 +29,26 @@ pub fn cached_path(source: &Path, sha256: &str) -> PathBuf {
         .file_stem()
         .map_or("model".into(), |s| s.to_string_lossy().into_owned());
     crate::device::cache_dir().join("converted").join(format!(
-        "{stem}-{}-v{}.gguf",
+        "{stem}-{}-v{}-{}.gguf",
         &sha256[..16.min(sha256.len())],
-        pi2_model::bundle::FORMAT_VERSION
+        pi2_model::bundle::FORMAT_VERSION,
+        recipe()
     ))
+}
+
+/// A short digest of everything the one-command conversion does besides reading the model:
+/// a release that changes a default makes a new cache entry instead of reusing an old one.
+fn recipe() -> String {
+    let text = format!(
+        "{:?}|{:?}|{CALIBRATION_TOKENS}",
+        ProfileOptions::default(),
+        ConvertOptions::default()
+    );
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(4)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// What [`converted`] did.

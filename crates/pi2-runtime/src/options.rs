@@ -28,6 +28,9 @@ pub struct EngineOptions {
     pub head_share: Option<f32>,
     /// Check the clustered head against the whole output matrix every step (perplexity).
     pub head_check: bool,
+    /// Run a converted model's layers dense where they are in memory (see
+    /// `pi2_engine::EngineConfig::dense_resident`); `--sparse` turns it off.
+    pub dense_resident: bool,
 }
 
 impl Default for EngineOptions {
@@ -40,6 +43,7 @@ impl Default for EngineOptions {
             repack: true,
             head_share: None,
             head_check: false,
+            dense_resident: true,
         }
     }
 }
@@ -102,6 +106,7 @@ impl EngineOptions {
             repack: self.repack,
             head_share: self.head_share,
             head_check: self.head_check,
+            dense_resident: self.dense_resident,
             ..EngineConfig::default()
         })
     }

@@ -68,7 +68,8 @@ pub struct ConvertArgs {
     /// Largest predictor rank tried (multiples of 32)
     #[arg(long, default_value_t = 192)]
     pub max_rank: usize,
-    /// Type of the transposed down rows (default: the model's down type)
+    /// Type of the transposed down rows (default: the model's down type, or the smallest type at
+    /// least as precise that rows of the model's width can hold: Q5_0 for Q4_K sources)
     #[arg(long)]
     pub down_type: Option<String>,
     /// I/O granule the tensors are aligned to (bytes, power of two)
@@ -82,7 +83,7 @@ pub struct ConvertArgs {
     #[arg(long, default_value_t = 16)]
     pub head_cluster: usize,
     /// Share of the output rows the clustered head computes exactly by default, in (0, 1]
-    #[arg(long, default_value_t = 0.15)]
+    #[arg(long, default_value_t = 0.25)]
     pub head_share: f32,
     /// Neuron order in the file: `coactivation` (hot first, and inside bands of 512 of that
     /// order each neuron next to the one it fires with most often: fewer pages read per

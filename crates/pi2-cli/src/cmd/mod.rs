@@ -162,24 +162,33 @@ pub fn session_model(
     }
     drop(model);
     let engine = opts.engine.config()?;
-    let mut bars = profile::Bars::default();
-    let conv = pi2_runtime::convert_cache::converted(
-        &path,
-        &engine,
-        |to| {
+    // Converted in a child process: what the conversion allocated never counts against the
+    // budget this process then runs under.
+    in_child(|| {
+        let mut bars = profile::Bars::default();
+        let t0 = std::time::Instant::now();
+        let conv = pi2_runtime::convert_cache::converted(
+            &path,
+            &engine,
+            |to| {
+                eprintln!(
+                    "pi2: converting {} for --mem-budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
+                    path.display(),
+                    to.display()
+                )
+            },
+            &mut |w, d, t| bars.show(w, d, t),
+        )?;
+        if conv.made {
             eprintln!(
-                "pi2: converting {} for --mem-budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
-                path.display(),
-                to.display()
-            )
-        },
-        &mut |w, d, t| bars.show(w, d, t),
-    );
-    drop(bars);
-    let conv = conv?;
-    if conv.made {
-        eprintln!("pi2: converted; later runs reuse {}", conv.path.display());
-    }
+                "pi2: converted in {:.0} s ({}); later runs reuse it",
+                t0.elapsed().as_secs_f64(),
+                bars.summary()
+            );
+        }
+        Ok(())
+    })?;
+    let conv = pi2_runtime::convert_cache::converted(&path, &engine, |_| {}, &mut |_, _, _| {})?;
     // A share of the file is a share of the model the user named, not of the conversion.
     if budget.trim_end().ends_with('%') {
         opts.mem_budget = Some(bytes.to_string());
@@ -225,6 +234,49 @@ impl ModelArgs {
     }
 }
 
+/// Runs `f` in a child process (Unix: fork, before this process starts any thread) and waits
+/// for it; elsewhere in this process. The child reports its own error; the parent says it
+/// failed.
+fn in_child(f: impl FnOnce() -> Result<()>) -> Result<()> {
+    #[cfg(unix)]
+    {
+        // SAFETY: called before the process starts any thread (no engine exists yet), so the
+        // child is a whole copy of a single-threaded process.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = match f() {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {}", crate::one_line(&e));
+                    1
+                }
+            };
+            // SAFETY: ends the child without running the parent's exit handlers twice.
+            unsafe { libc::_exit(code) };
+        }
+        if pid < 0 {
+            bail!(
+                "cannot start the conversion: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; `status` is a valid place to write.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+            bail!(
+                "the conversion's process was lost: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            bail!("the conversion did not complete (see above); nothing was cached");
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    f()
+}
+
 /// The runtime's session options from a command's arguments (`command` names it in errors).
 pub fn session_options(
     model: &ModelArgs,
@@ -234,6 +286,8 @@ pub fn session_options(
     Ok(pi2_runtime::SessionOptions {
         engine: pi2_runtime::EngineOptions {
             head_share: session.sparse.head_share(),
+            // `--sparse` asks for the sparse step even where a layer could run dense.
+            dense_resident: !session.sparse.sparse,
             ..model.engine_options()?
         },
         sparse: session.sparse.options(),

@@ -138,18 +138,24 @@ pub fn calibration_tokens(
     Ok((toks, name))
 }
 
-/// One progress bar per phase of a pipeline (`(phase, done, total)`), cleared when done.
+/// One progress bar per phase of a pipeline (`(phase, done, total)`), cleared when done; the
+/// time each phase took.
 #[derive(Default)]
 pub struct Bars {
     bar: Option<(String, ProgressBar)>,
+    started: Option<std::time::Instant>,
+    times: Vec<(String, f64)>,
 }
 
 impl Bars {
     pub fn show(&mut self, phase: &str, done: usize, total: usize) {
         if self.bar.as_ref().is_none_or(|(p, _)| p != phase) {
-            if let Some((_, b)) = self.bar.take() {
+            if let Some((p, b)) = self.bar.take() {
                 b.finish_and_clear();
+                let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                self.times.push((p, secs));
             }
+            self.started = Some(std::time::Instant::now());
             let b = ProgressBar::new(total as u64).with_style(
                 ProgressStyle::with_template("{msg:>15} {bar:30} {pos}/{len} {eta}")
                     .expect("valid template"),
@@ -161,6 +167,23 @@ impl Bars {
             b.set_length(total as u64);
             b.set_position(done as u64);
         }
+    }
+}
+
+impl Bars {
+    /// Seconds per phase so far ("profile 27.3 s, sensitivity 88.1 s, ..."), the last included.
+    pub fn summary(&mut self) -> String {
+        if let Some((p, b)) = self.bar.take() {
+            b.finish_and_clear();
+            let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            self.times.push((p, secs));
+        }
+        let parts: Vec<String> = self
+            .times
+            .iter()
+            .map(|(p, s)| format!("{p} {s:.1} s"))
+            .collect();
+        parts.join(", ")
     }
 }
 

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SparseArgs {
-    /// Compute the FFN sparsely in decode (automatic for a model made by `pi2 convert`)
+    /// Compute the FFN sparsely in decode (automatic for a model made by `pi2 convert` under a
+    /// memory budget; in memory its layers run dense where that is faster unless this is given)
     #[arg(long)]
     pub sparse: bool,
     /// Compute the FFN densely, even for a converted model

@@ -189,6 +189,11 @@ impl Engine<'_> {
                 observer,
             );
         }
+        // A converted layer held whole runs dense where that is faster (no predictor).
+        if let Some(d) = self.store.dense_ffn(li) {
+            ffn::dense_permuted(&self.ks, c.ffn_act, &d, &mut self.s, n);
+            return Ok(());
+        }
         if self.sparse.is_some() && n == 1 {
             return self.sparse_token(li, l, &[(li, 1.0)]);
         }
