@@ -50,9 +50,12 @@ pub fn resolve(spec: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
-/// The path of catalogue model `m`, fetching it first if it is not in the models folder.
+/// The path of catalogue model `m`, fetching it first if it is not in the models folder, and
+/// verified: its SHA-256 must be the catalogue's (computed once, then remembered with the
+/// file's stamp until the file changes), so a corrupted or replaced file is never run.
 fn ensure(m: &CatalogModel) -> Result<PathBuf> {
     let dir = models_dir()?;
+    remove_stale_partials(&dir, m.file);
     let path = dir.join(m.file);
     if !path.exists() {
         eprintln!(
@@ -61,9 +64,39 @@ fn ensure(m: &CatalogModel) -> Result<PathBuf> {
             dir.display(),
             m.size as f64 / (1 << 20) as f64
         );
-        fetch(m, &dir, false)?;
+        return fetch(m, &dir, false);
     }
-    Ok(path)
+    match verify(m, &path)? {
+        Check::Verified => Ok(path),
+        Check::Changed(got) => bail!(
+            "{} does not hold the catalogue's {} (sha256 {got}, expected {}): it is corrupt or was replaced; `pi2 fetch-model {} --force` fetches it again",
+            path.display(),
+            m.name,
+            m.sha256,
+            m.name
+        ),
+    }
+}
+
+/// What a present catalogue file holds.
+pub enum Check {
+    Verified,
+    /// Another SHA-256 than the catalogue's.
+    Changed(String),
+}
+
+/// Checks a present catalogue file against its SHA-256 (remembered per file stamp).
+pub fn verify(m: &CatalogModel, path: &Path) -> Result<Check> {
+    if fs::metadata(path).map(|md| md.len()).ok() != Some(m.size) {
+        let got = sha256_file(path)?;
+        return Ok(Check::Changed(got));
+    }
+    let got = pi2_runtime::convert_cache::file_sha256(path)?;
+    Ok(if got == m.sha256 {
+        Check::Verified
+    } else {
+        Check::Changed(got)
+    })
 }
 
 pub(crate) fn sha256_file(path: &Path) -> Result<String> {
@@ -148,7 +181,7 @@ pub fn fetch(m: &CatalogModel, dir: &Path, force: bool) -> Result<PathBuf> {
 }
 
 /// Removes partial files of `name` left by fetches that were killed (their process is gone).
-fn remove_stale_partials(dir: &Path, name: &str) {
+pub fn remove_stale_partials(dir: &Path, name: &str) {
     let prefix = format!(".{name}.");
     let Ok(entries) = fs::read_dir(dir) else {
         return;

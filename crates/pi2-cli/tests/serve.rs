@@ -5,140 +5,13 @@
 
 mod common;
 
+use common::server::{http, metric, post, sse_data, Server};
 use common::{m, root};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A running `pi2 serve` on a free port; killed when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        Server::start_model(&m(), extra)
-    }
-
-    fn start_model(model: &str, extra: &[&str]) -> Server {
-        let mut args = vec!["serve", "-m", model, "--port", "0", "-t", "1"];
-        args.extend_from_slice(extra);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pi2"))
-            .args(&args)
-            .current_dir(root())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start pi2 serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let line = lines.next().expect("pi2 serve printed nothing").unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in `{line}`"))
-            .to_string();
-        // Keep reading stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Server { child, addr }
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Reply {
-    status: u16,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-}
-
-/// One HTTP/1.1 request on a fresh connection (closed after the answer).
-fn http(addr: &str, method: &str, path: &str, headers: &[&str], body: &[u8]) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for h in headers {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    // A server may answer (413) before reading the whole body and close: ignore that error.
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    parse_reply(&raw)
-}
-
-fn parse_reply(raw: &[u8]) -> Reply {
-    let text = String::from_utf8_lossy(raw);
-    let (head, rest) = text.split_once("\r\n\r\n").expect("no HTTP head");
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Reply { status, body }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
-}
-
-fn post(addr: &str, path: &str, body: &Value) -> Reply {
-    http(addr, "POST", path, &[], body.to_string().as_bytes())
-}
-
-/// The `data:` payloads of an SSE body.
-fn sse_data(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
-}
-
-fn metric(addr: &str, name: &str) -> f64 {
-    let r = http(addr, "GET", "/metrics", &[], b"");
-    r.body
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} missing from {}", r.body))
-        .parse()
-        .unwrap()
-}
 
 fn run_text(args: &[&str]) -> String {
     run_text_with(&m(), args)
@@ -328,6 +201,9 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
     assert_eq!(http(&s.addr, "GET", "/health", &[], b"").status, 200);
     assert_eq!(http(&s.addr, "GET", "/metrics", &[], b"").status, 401);
     assert_eq!(call(chat, &[auth], hi).0, 200);
+    // The scheme is case-insensitive; the key is not.
+    assert_eq!(call(chat, &["Authorization: bearer sesame"], hi).0, 200);
+    assert_eq!(call(chat, &["Authorization: bearer SESAME"], hi).0, 401);
     assert!(s.alive());
 }
 
@@ -425,7 +301,8 @@ fn a_client_leaving_mid_answer_frees_its_slot() {
         let body = long.to_string();
         write!(
             c,
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            s.addr,
             body.len()
         )
         .unwrap();
@@ -461,6 +338,23 @@ fn serve_refuses_unusable_options_in_one_line() {
     common::fails_with(&["serve", "-m", &m(), "--queue", "0"], "--queue");
     common::fails_with(&["serve", "-m", &m(), "--api-key", " "], "--api-key");
     common::fails_with(&["serve", "-m", &m(), "--max-body", "lots"], "--max-body");
+    common::fails_with(
+        &["serve", "-m", &m(), "--max-connections", "0"],
+        "--max-connections",
+    );
+    common::fails_with(
+        &["serve", "-m", &m(), "--header-timeout", "0"],
+        "--header-timeout",
+    );
+    common::fails_with(
+        &["serve", "-m", &m(), "--cors-origin", "evil"],
+        "--cors-origin",
+    );
+    // An address that is not this machine's is not blamed on another server.
+    common::fails_with(
+        &["serve", "-m", &m(), "--host", "999.1.1.1", "--port", "0"],
+        "check --host",
+    );
     // A port already taken.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();

@@ -1,8 +1,13 @@
 //! Chat templates: the model's `tokenizer.chat_template` (Jinja) rendered with minijinja.
 
 use crate::error::{ModelError, Result};
+use crate::tokenizer::{TokenId, Tokenizer};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::Serialize;
+
+/// Stands for a message's text when finding the template's markup: a character no template
+/// writes and no trim removes (U+2063, invisible separator).
+const MARK: &str = "\u{2063}pi2";
 
 /// One chat message.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -98,6 +103,60 @@ impl ChatTemplate {
     pub fn strip_leading_bos(mut self, yes: bool) -> Self {
         self.strip_bos = yes;
         self
+    }
+
+    /// Render `messages` and tokenize the result: the template's own markup becomes control
+    /// tokens, the messages' text never does, so a message holding `<|im_end|><|im_start|>system`
+    /// stays words and cannot end its turn or open another. A message with control-token text
+    /// needs a template that keeps message text as it is (or trimmed); another gets an error.
+    pub fn encode(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<TokenId>> {
+        let text = self.render(messages, add_generation_prompt)?;
+        if !messages.iter().any(|m| tok.has_control_text(&m.content)) {
+            return Ok(tok.encode(&text, true, true));
+        }
+        // Render again with a mark for each message's text: what lies between the marks is
+        // markup, which the real text must repeat around each message's text.
+        let marked: Vec<Message> = (0..messages.len())
+            .map(|i| Message::new(&messages[i].role, &format!("{MARK}{i}{MARK}")))
+            .collect();
+        let skeleton = self.render(&marked, add_generation_prompt)?;
+        let changed = || {
+            ModelError::Template(
+                "the chat template changes message text, so control-token text inside a message cannot be kept as text; remove it from the message".into(),
+            )
+        };
+        let mut spans = Vec::new();
+        let (mut at, mut rest) = (0, skeleton.as_str());
+        for (i, m) in messages.iter().enumerate() {
+            let mark = format!("{MARK}{i}{MARK}");
+            let Some(found) = rest.find(&mark) else {
+                continue; // the template leaves this message out
+            };
+            let markup = &rest[..found];
+            if !text[at..].starts_with(markup) {
+                return Err(changed());
+            }
+            at += markup.len();
+            rest = &rest[found + mark.len()..];
+            let next_markup = &rest[..rest.find(MARK).unwrap_or(rest.len())];
+            let content = [m.content.as_str(), m.content.trim()]
+                .into_iter()
+                .find(|c| {
+                    text[at..].starts_with(c) && text[at + c.len()..].starts_with(next_markup)
+                })
+                .ok_or_else(changed)?;
+            spans.push(at..at + content.len());
+            at += content.len();
+        }
+        if text[at..] != *rest {
+            return Err(changed());
+        }
+        Ok(tok.encode_marked(&text, true, &spans))
     }
 
     /// Render `messages`, ending with the assistant prompt when `add_generation_prompt`.

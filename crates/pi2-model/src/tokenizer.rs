@@ -341,12 +341,68 @@ impl Tokenizer {
     /// Text -> token ids. `add_special` adds BOS/EOS as the model asks; `parse_special` turns
     /// control-token text (e.g. `<|im_start|>`) into its single id.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<TokenId> {
+        self.encode_fragments(self.partition(text, parse_special), add_special)
+    }
+
+    /// Whether `text` holds the text of a control token (such as `<|im_end|>`).
+    pub fn has_control_text(&self, text: &str) -> bool {
+        self.partition(text, true) != self.partition(text, false)
+    }
+
+    /// Like [`Tokenizer::encode`] with control-token parsing, except inside the byte ranges
+    /// `literal` (sorted, disjoint, on character boundaries), which are always text: a chat
+    /// template's own markup becomes control tokens, the messages' words never do. Text runs
+    /// on both sides of a range's edge are tokenized together, so a text without control-token
+    /// text inside the ranges encodes exactly as `encode(text, add_special, true)`.
+    pub fn encode_marked(
+        &self,
+        text: &str,
+        add_special: bool,
+        literal: &[std::ops::Range<usize>],
+    ) -> Vec<TokenId> {
+        let mut frags = Vec::new();
+        let mut at = 0;
+        for r in literal {
+            self.push_fragments(text, at..r.start, true, &mut frags);
+            self.push_fragments(text, r.clone(), false, &mut frags);
+            at = r.end;
+        }
+        self.push_fragments(text, at..text.len(), true, &mut frags);
+        self.encode_fragments(frags, add_special)
+    }
+
+    /// Appends the fragments of `text[range]`, joining a text run to the one before it when
+    /// the two touch (they were one run in `text`).
+    fn push_fragments<'t>(
+        &self,
+        text: &'t str,
+        range: std::ops::Range<usize>,
+        parse_special: bool,
+        frags: &mut Vec<Result<TokenId, &'t str>>,
+    ) {
+        for f in self.partition(&text[range], parse_special) {
+            match (frags.last_mut(), f) {
+                (_, Err("")) => {}
+                (Some(Err(prev)), Err(s)) if touches(text, prev, s) => {
+                    let start = offset_in(text, prev);
+                    *prev = &text[start..offset_in(text, s) + s.len()];
+                }
+                (_, f) => frags.push(f),
+            }
+        }
+    }
+
+    fn encode_fragments(
+        &self,
+        frags: Vec<Result<TokenId, &str>>,
+        add_special: bool,
+    ) -> Vec<TokenId> {
         let mut ids = Vec::new();
         if add_special && self.add_bos {
             ids.extend(self.bos);
         }
         let mut prev_special = true;
-        for frag in self.partition(text, parse_special) {
+        for frag in frags {
             match frag {
                 Ok(id) => {
                     ids.push(id);
@@ -611,6 +667,16 @@ fn bpe_merge(
         }
     }
     syms.truncate(w);
+}
+
+/// Where `part`, a slice of `whole`, starts in it.
+fn offset_in(whole: &str, part: &str) -> usize {
+    part.as_ptr() as usize - whole.as_ptr() as usize
+}
+
+/// Whether slice `b` of `whole` starts where slice `a` ends.
+fn touches(whole: &str, a: &str, b: &str) -> bool {
+    offset_in(whole, a) + a.len() == offset_in(whole, b)
 }
 
 #[cfg(test)]

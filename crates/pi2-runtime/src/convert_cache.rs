@@ -109,7 +109,7 @@ pub fn converted(
 }
 
 /// The SHA-256 of `path` (hex), remembered in `<cache>/sha256-stamps.json` with the file's size,
-/// modification time and inode: an unchanged file is not read again, a changed one always is.
+/// modification time, inode and change time: an unchanged file is not read again, a changed one always is.
 pub fn file_sha256(path: &Path) -> Result<String> {
     let io = |e: std::io::Error| RuntimeError::Io {
         path: path.display().to_string(),
@@ -150,11 +150,14 @@ pub fn file_sha256(path: &Path) -> Result<String> {
     Ok(sha)
 }
 
-/// What identifies a file's contents without reading them: size, modification time, inode.
+/// What identifies a file's contents without reading them: size, modification time, inode and
+/// change time (which no user can set back, so a rewrite that restores the modification time
+/// is still seen).
 struct Stamp {
     size: u64,
     mtime_ns: i128,
     inode: u64,
+    ctime_ns: i128,
 }
 
 impl Stamp {
@@ -165,13 +168,20 @@ impl Stamp {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos() as i128);
         #[cfg(unix)]
-        let inode = std::os::unix::fs::MetadataExt::ino(meta);
+        let (inode, ctime_ns) = {
+            use std::os::unix::fs::MetadataExt;
+            (
+                meta.ino(),
+                meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+            )
+        };
         #[cfg(not(unix))]
-        let inode = 0;
+        let (inode, ctime_ns) = (0, 0);
         Self {
             size: meta.len(),
             mtime_ns,
             inode,
+            ctime_ns,
         }
     }
 
@@ -180,6 +190,7 @@ impl Stamp {
             "size": self.size,
             "mtime_ns": self.mtime_ns.to_string(),
             "inode": self.inode,
+            "ctime_ns": self.ctime_ns.to_string(),
             "sha256": sha,
         })
     }
@@ -188,7 +199,8 @@ impl Stamp {
     fn matches(&self, v: &serde_json::Value) -> Option<String> {
         let same = v.get("size")?.as_u64()? == self.size
             && v.get("mtime_ns")?.as_str()? == self.mtime_ns.to_string()
-            && v.get("inode")?.as_u64()? == self.inode;
+            && v.get("inode")?.as_u64()? == self.inode
+            && v.get("ctime_ns")?.as_str()? == self.ctime_ns.to_string();
         same.then(|| v.get("sha256")?.as_str().map(String::from))?
     }
 }

@@ -45,6 +45,20 @@ pub fn build(
     }
 }
 
+/// Refuses `budget` when it cannot hold even what no conversion changes: this process's own
+/// memory, and the KV cache and buffers of a one-token batch. Checked before a plain model is
+/// converted for the budget, so an absurd budget costs no conversion.
+pub fn check_floor(model: &Model, engine: &EngineConfig, budget: u64) -> Result<()> {
+    let process = process_bytes(model);
+    let kv = pi2_engine::kv_bytes_start(model, engine, 1) as u64;
+    let scratch = pi2_engine::scratch_bytes(model, engine, 1) as u64;
+    let floor = process + kv + scratch;
+    if budget < floor {
+        return Err(too_small(budget, floor, process, kv, scratch, 1));
+    }
+    Ok(())
+}
+
 /// A budget below the least: what it needs, what its parts are, and the budget to pass. The
 /// KV cache counts only its first batch here: later positions take room from the neuron
 /// memory as the context grows (`pi2_engine::Offload`), so no `-c` is needed to fit.
@@ -58,6 +72,7 @@ fn too_small(
 ) -> RuntimeError {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let human = |b: u64| match b {
+        b if b < 1 << 10 => format!("{b} bytes"),
         b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
         b if b < 1 << 30 => format!("{:.1} MiB", mib(b)),
         b => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),

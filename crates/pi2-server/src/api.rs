@@ -128,6 +128,8 @@ pub struct StreamOptions {
 
 /// Most stop strings, and longest, accepted (OpenAI allows 4).
 const MAX_STOPS: usize = 16;
+/// Roles a message may have (tool calls are not served, so no `tool` turns).
+const ROLES: [&str; 3] = ["system", "user", "assistant"];
 const MAX_STOP_LEN: usize = 256;
 
 impl CompletionRequest {
@@ -144,7 +146,7 @@ impl CompletionRequest {
         })
     }
 
-    /// The chat messages as the template takes them (text content only).
+    /// The messages as the template takes them, checked: a known role and text content in each.
     pub fn chat_messages(&self) -> Result<Vec<pi2_model::Message>, ApiError> {
         let msgs = self
             .messages
@@ -156,8 +158,21 @@ impl CompletionRequest {
         msgs.iter()
             .enumerate()
             .map(|(i, m)| {
+                if !ROLES.contains(&m.role.as_str()) {
+                    return Err(ApiError::bad(format!(
+                        "role `{}` is not one of {}",
+                        m.role,
+                        ROLES.join(", ")
+                    ))
+                    .param(format!("messages[{i}].role")));
+                }
                 let content = match &m.content {
-                    None => String::new(),
+                    None => {
+                        return Err(ApiError::bad(
+                            "`content` is required (a string or a list of text parts)",
+                        )
+                        .param(format!("messages[{i}].content")))
+                    }
                     Some(Content::Text(t)) => t.clone(),
                     Some(Content::Parts(parts)) => {
                         let mut text = String::new();

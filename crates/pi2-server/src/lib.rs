@@ -9,6 +9,8 @@
 //! leaves stops its generation at the next token.
 
 pub mod api;
+pub mod conn;
+pub mod guard;
 pub mod metrics;
 pub mod routes;
 pub mod sched;
@@ -16,6 +18,7 @@ pub mod slots;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How the server listens and schedules.
 #[derive(Clone, Debug)]
@@ -34,6 +37,16 @@ pub struct ServerConfig {
     pub model_names: Vec<String>,
     /// Prompt batch size (the engines' buffers are sized for it).
     pub n_batch: usize,
+    /// Open connections served at once; one more gets 503 (fewer when file descriptors run
+    /// short).
+    pub max_connections: usize,
+    /// A request's header must arrive within this of the connection opening or of the last
+    /// answer on it (so it is also the keep-alive idle timeout).
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this of its header (408 otherwise).
+    pub body_timeout: Duration,
+    /// The one origin browsers may call the API from (`*` for any); no CORS headers without.
+    pub cors_origin: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +60,10 @@ impl Default for ServerConfig {
             max_body: 2 << 20,
             model_names: vec!["pi2".into()],
             n_batch: 512,
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(15),
+            body_timeout: Duration::from_secs(30),
+            cors_origin: None,
         }
     }
 }
@@ -54,6 +71,7 @@ impl Default for ServerConfig {
 /// Most slots and queued requests accepted.
 pub const MAX_PARALLEL: usize = 64;
 pub const MAX_QUEUE: usize = 4096;
+pub const MAX_CONNECTIONS: usize = 65536;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -61,10 +79,11 @@ pub enum ServerError {
     /// An option's value cannot work; the message says what to pass instead.
     #[error("{option}: {msg}")]
     Option { option: &'static str, msg: String },
-    #[error("cannot listen on {addr}: {source} (is another server using the port? choose another --port)")]
+    #[error("cannot listen on {addr}: {source} ({hint})")]
     Bind {
         addr: String,
         source: std::io::Error,
+        hint: &'static str,
     },
     #[error(transparent)]
     Runtime(#[from] pi2_runtime::RuntimeError),
@@ -99,6 +118,29 @@ impl ServerConfig {
                 "--api-key",
                 "must be non-empty, without surrounding spaces".into(),
             );
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return bad(
+                "--max-connections",
+                format!("{} is outside 1..{MAX_CONNECTIONS}", self.max_connections),
+            );
+        }
+        for (option, t) in [
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+        ] {
+            if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&t) {
+                return bad(option, "must be between 0.1 and 3600 seconds".into());
+            }
+        }
+        if let Some(o) = &self.cors_origin {
+            let url_like = o == "*" || (o.contains("://") && !o.ends_with('/'));
+            if !url_like || guard::cors(Some(o)).is_none() {
+                return bad(
+                    "--cors-origin",
+                    format!("`{o}` is not an origin such as https://app.example or *"),
+                );
+            }
         }
         if self.model_names.is_empty() {
             return bad("--alias", "the model needs a name".into());
@@ -147,15 +189,26 @@ pub fn serve(
         cfg.n_batch,
         metrics.clone(),
     )?;
-    let state = Arc::new(routes::AppState::new(
+    let mut state = routes::AppState::new(
         prepared.model,
         cfg.model_names.clone(),
         n_ctx,
         queue,
         metrics,
         cfg.api_key.clone(),
-    ));
-    let app = routes::router(state, cfg.max_body);
+    );
+    state.max_body = cfg.max_body;
+    state.body_timeout = cfg.body_timeout;
+    let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
+    let mut app = routes::router(Arc::new(state))
+        .layer(axum::middleware::from_fn_with_state(rules, guard::check));
+    if let Some(cors) = guard::cors(cfg.cors_origin.as_deref()) {
+        app = app.layer(cors);
+    }
+    let limits = conn::Limits {
+        max_connections: conn::connections_that_fit(cfg.max_connections),
+        header_timeout: cfg.header_timeout,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -163,11 +216,20 @@ pub fn serve(
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
-            .map_err(|source| ServerError::Bind { addr, source })?;
+            .map_err(|source| {
+                let hint = match source.kind() {
+                    std::io::ErrorKind::AddrInUse => {
+                        "is another server using the port? choose another --port"
+                    }
+                    std::io::ErrorKind::PermissionDenied => {
+                        "ports below 1024 need privileges; choose another --port"
+                    }
+                    _ => "check --host: an address of this machine, such as 127.0.0.1 or 0.0.0.0",
+                };
+                ServerError::Bind { addr, source, hint }
+            })?;
         on_listening(listener.local_addr()?);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown())
-            .await?;
+        conn::serve(listener, app, limits, shutdown()).await?;
         Ok(())
     })
 }

@@ -4,9 +4,8 @@
 use crate::api::{ApiError, CompletionRequest, Envelope, Kind};
 use crate::metrics::Metrics;
 use crate::slots::{Event, Job, Queue, QueueError};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -32,6 +31,9 @@ pub struct AppState {
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub api_key: Option<String>,
+    /// The largest body read, and how long it may take to arrive.
+    pub max_body: usize,
+    pub body_timeout: std::time::Duration,
     pub created: u64,
     next_id: AtomicU64,
 }
@@ -53,6 +55,8 @@ impl AppState {
             queue,
             metrics,
             api_key,
+            max_body: 2 << 20,
+            body_timeout: std::time::Duration::from_secs(30),
             created: unix_now(),
             next_id: AtomicU64::new(1),
         }
@@ -66,8 +70,8 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The routes, with the API key check and the body cap.
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+/// The routes, with the API key check.
+pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(|| async { Html(include_str!("page.html")) }))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -85,7 +89,6 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
                 "method not allowed on this route",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .with_state(state)
 }
@@ -104,7 +107,9 @@ async fn check_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110), the key is not.
+        .and_then(|(scheme, key)| scheme.eq_ignore_ascii_case("bearer").then_some(key));
     match given {
         Some(g) if same_secret(g.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "wrong API key").into_response(),
@@ -146,18 +151,15 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(s): State<Arc<AppState>>, body: Body) -> Response {
     answer(&s, body, Kind::Chat).await
 }
 
-async fn completion(
-    State(s): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completion(State(s): State<Arc<AppState>>, body: Body) -> Response {
     answer(&s, body, Kind::Completion).await
 }
 
-async fn answer(s: &AppState, body: Result<Bytes, BytesRejection>, kind: Kind) -> Response {
+async fn answer(s: &AppState, body: Body, kind: Kind) -> Response {
     s.metrics.request();
     match start(s, body, kind).await {
         Ok(r) => r,
@@ -173,18 +175,8 @@ async fn answer(s: &AppState, body: Result<Bytes, BytesRejection>, kind: Kind) -
 }
 
 /// Checks a request, queues its job and answers (whole, or as a stream).
-async fn start(
-    s: &AppState,
-    body: Result<Bytes, BytesRejection>,
-    kind: Kind,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(|r| match r.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the request body is larger than this server accepts (see `pi2 serve --max-body`)",
-        ),
-        st => ApiError::new(st, format!("cannot read the request body: {r}")),
-    })?;
+async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiError> {
+    let body = read_body(s, body).await?;
     let req = CompletionRequest::parse(&body)?;
     if let Some(m) = req.model.as_deref() {
         if !m.is_empty() && !s.names.iter().any(|n| n == m) {
@@ -206,12 +198,16 @@ async fn start(
                     "this model has no usable chat template ({e}); use /v1/completions"
                 ))
             })?;
-            let text = template.render(&req.chat_messages()?, true).map_err(|e| {
-                ApiError::bad(format!("the chat template refused the messages: {e}"))
-                    .param("messages")
-            })?;
-            tok.encode(&text, true, true)
+            // Message text stays text: only the template's markup becomes control tokens.
+            template
+                .encode(tok, &req.chat_messages()?, true)
+                .map_err(|e| {
+                    ApiError::bad(format!("the chat template refused the messages: {e}"))
+                        .param("messages")
+                })?
         }
+        // A completion prompt is the model's whole input, control tokens and all (as
+        // llama-server takes it).
         Kind::Completion => tok.encode(req.prompt_text()?, true, true),
     };
     if prompt.is_empty() {
@@ -257,6 +253,35 @@ async fn start(
     } else {
         whole(env, rx).await
     }
+}
+
+/// The whole body, within the size cap and the body timeout (a client that sends half a body
+/// and waits gets 408, not a connection held open for ever).
+async fn read_body(s: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body)).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                s.body_timeout.as_secs_f32()
+            ),
+        )),
+        Ok(Err(e)) if is_length_limit(&e) => Err(crate::guard::too_large()),
+        Ok(Err(e)) => Err(ApiError::bad(format!("cannot read the request body: {e}"))),
+        Ok(Ok(b)) => Ok(b),
+    }
+}
+
+/// Whether reading a body failed on the size cap.
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = src {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        src = err.source();
+    }
+    false
 }
 
 /// Collects the answer. If the client leaves, this future is dropped with `rx`, and the slot

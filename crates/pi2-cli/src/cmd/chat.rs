@@ -51,11 +51,15 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let mut out = std::io::stdout();
     loop {
         eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let mut bytes = Vec::new();
+        if stdin.lock().read_until(b'\n', &mut bytes)? == 0 {
             eprintln!();
             return Ok(());
         }
+        let Ok(line) = String::from_utf8(bytes) else {
+            eprintln!("(that line of input is not UTF-8 text, so it was not sent; set the terminal or the piped file to UTF-8)");
+            continue;
+        };
         let line = line.trim_end_matches(['\n', '\r']);
         match line.trim() {
             "" => continue,
@@ -68,7 +72,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(Message::new("user", line));
-        let prompt = tok.encode(&template.render(&messages, true)?, true, true);
+        let prompt = template.encode(tok, &messages, true)?;
         if prompt.len() + 1 >= engine.n_ctx() {
             messages.pop();
             eprintln!(

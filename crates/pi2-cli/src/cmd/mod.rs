@@ -45,10 +45,17 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
     if a.list {
         for m in catalog::MODELS {
             let path = dir.join(m.file);
-            let here = if path.exists() {
-                "present"
+            fetch::remove_stale_partials(&dir, m.file);
+            let here = if !path.exists() {
+                "not fetched".to_string()
             } else {
-                "not fetched"
+                match fetch::verify(m, &path)? {
+                    fetch::Check::Verified => "present, sha256 verified".into(),
+                    fetch::Check::Changed(_) => format!(
+                        "present but CORRUPT or replaced (sha256 differs): `pi2 fetch-model {} --force`",
+                        m.name
+                    ),
+                }
             };
             let default = if m.name == catalog::DEFAULT {
                 " (default)"
@@ -160,8 +167,9 @@ pub fn session_model(
         opts.mem_budget = None;
         return Ok((path, opts));
     }
-    drop(model);
     let engine = opts.engine.config()?;
+    pi2_runtime::offload::check_floor(&model, &engine, bytes)?;
+    drop(model);
     // Converted in a child process: what the conversion allocated never counts against the
     // budget this process then runs under.
     in_child(|| {

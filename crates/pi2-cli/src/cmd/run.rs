@@ -47,20 +47,30 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
+    if a.n_predict < -1 {
+        bail!(
+            "-n {}: pass a number of tokens, or -1 for until end of generation",
+            a.n_predict
+        );
+    }
     let (path, mut opts) = super::session_model(&a.model, &a.session, "run")?;
     let model = pi2_runtime::load_model(&path)?;
     let tok = &model.tokenizer;
     let user_text = prompt_text(&a)?;
-    let prompt_text = if a.chat {
-        model
-            .chat_template()?
-            .render(&[Message::new("user", &user_text)], true)?
+    // A hand-written prompt's control-token text becomes control tokens (as llama.cpp parses
+    // it) unless --no-parse-special; with --chat that flag keeps the message's text as text
+    // inside the template's markup.
+    let prompt = if a.chat {
+        let template = model.chat_template()?;
+        let msgs = [Message::new("user", &user_text)];
+        if a.no_parse_special {
+            template.encode(tok, &msgs, true)?
+        } else {
+            tok.encode(&template.render(&msgs, true)?, true, true)
+        }
     } else {
-        user_text.clone()
+        tok.encode(&user_text, true, !a.no_parse_special)
     };
-    // Chat-rendered text carries control tokens; so may a hand-written prompt (llama.cpp
-    // parses them too) unless told otherwise.
-    let prompt = tok.encode(&prompt_text, true, a.chat || !a.no_parse_special);
     if prompt.is_empty() {
         bail!("the prompt is empty");
     }

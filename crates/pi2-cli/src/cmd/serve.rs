@@ -33,6 +33,21 @@ pub struct ServeArgs {
     /// Another name clients may use for the model (the default is the file's name)
     #[arg(long)]
     pub alias: Vec<String>,
+    /// Open connections served at once; one more is answered 503 (fewer if the process's
+    /// file-descriptor limit is lower)
+    #[arg(long = "max-connections", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds a request's header may take to arrive, from the connection opening or the
+    /// last answer (also the keep-alive idle timeout)
+    #[arg(long = "header-timeout", default_value_t = 15.0)]
+    pub header_timeout: f64,
+    /// Seconds a request's body may take to arrive (408 after)
+    #[arg(long = "body-timeout", default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// The origin web pages may call the API from (e.g. https://app.example, or * for any);
+    /// without it no CORS headers are sent and browsers keep other sites out
+    #[arg(long = "cors-origin")]
+    pub cors_origin: Option<String>,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
@@ -63,6 +78,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         model_names: names,
         n_batch: a.batch_size,
+        max_connections: a.max_connections,
+        header_timeout: seconds("--header-timeout", a.header_timeout)?,
+        body_timeout: seconds("--body-timeout", a.body_timeout)?,
+        cors_origin: a.cors_origin.clone(),
     };
     let id = cfg.model_names[0].clone();
     pi2_server::serve(prepared, &cfg, |addr| {
@@ -73,4 +92,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     })?;
     eprintln!("pi2 serve: stopped");
     Ok(())
+}
+
+/// A timeout option in seconds (the server checks its range).
+fn seconds(option: &str, s: f64) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s)
+        .map_err(|_| anyhow::anyhow!("{option}: {s} is not a number of seconds"))
 }

@@ -1,6 +1,8 @@
 //! What the CLI test files share: the model, running `pi2`, and the one-error-line check.
 #![allow(dead_code)] // not every test file uses every helper
 
+pub mod server;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
