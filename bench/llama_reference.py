@@ -5,7 +5,7 @@
         --out testdata/golden/qwen2.5-coder-0.5b [--chunks 8]
 
 llama.cpp is PyPI llama-cpp-python, built from source into target/llama-cpp-venv by
-bench/compare_llama_cpp.py's recipe (CPU flags read from /proc/cpuinfo, AMX off). Weights stay
+bench/pi2bench.py's recipe (CPU flags read from /proc/cpuinfo, AMX off). Weights stay
 in the GGUF layout (no repacked extra buffers), flash attention on, f16 KV cache, 2 threads,
 as the SmolLM2 reference in testdata/golden was made. Writes:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-import compare_llama_cpp  # noqa: E402  (the venv recipe)
+import pi2bench  # noqa: E402  (the venv recipe)
 
 RUNNER = r'''
 import json, math, struct, sys
@@ -185,7 +185,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--chunks", type=int, default=8)
     a = ap.parse_args()
-    py = compare_llama_cpp.ensure_llama_cpp()
+    py = pi2bench.llama_python()
     subprocess.run([py, "-m", "pip", "install", "-q", "jinja2", "numpy", "typing-extensions", "diskcache"],
                    check=True)
     strings = [c["text"] for c in json.load(open(ROOT / "testdata/golden/tokenize.json"))["cases"]]
@@ -196,9 +196,9 @@ def main():
                                     capture_output=True, text=True).stdout)
     model = Path(a.model)
     digest = hashlib.sha256(model.read_bytes()).hexdigest()
-    flags = compare_llama_cpp.cmake_args()
+    flags = pi2bench.cmake_args()
     meta = {"model": {"file": model.name, "sha256": digest, "size_bytes": model.stat().st_size},
-            "llama_cpp": {"source": compare_llama_cpp.LLAMA_CPP_PYTHON + " built from source",
+            "llama_cpp": {"source": pi2bench.LLAMA_CPP_PYTHON + " built from source",
                           "cmake_args": flags, "repack": "use_extra_bufts=false: weights in plain GGUF layout"},
             "settings": {"n_ctx": 2048, "n_batch": 2048, "n_ubatch": 512, "threads": 2,
                          "flash_attn": True, "kv_cache": "f16", "sampling": "argmax of raw logits, lowest id wins ties",

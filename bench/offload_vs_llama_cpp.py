@@ -1,189 +1,141 @@
 #!/usr/bin/env python3
-"""Decode speed under a memory cap: pi2 (flash offload) vs llama.cpp (mmap), the paper's baseline.
+"""Decode speed under a memory cap: pi2's one command against llama.cpp with mmap, the paper's
+baseline, with the quality of what pi2 computed beside every speed.
 
-    sudo python3 bench/offload_vs_llama_cpp.py --model MODEL.gguf --converted CONVERTED.gguf \
-        [--budgets 100%,75%,60%,50%,35%,25%] [--tokens 8] [--prompt 0] [--threads 2] \
-        [--svg speed.svg] [--ppl "dense 14.88, pi2 14.59"]
+    sudo python3 bench/offload_vs_llama_cpp.py --model qwen2.5-coder-0.5b \
+        [--budgets 100%,75%,60%,50%,40%,30%] [--tokens 32] [--rounds 2] [--threads 2] \
+        [--quality-text testdata/corpus/rust_book.txt] [--chunks 16] [--name NAME]
 
-For each budget (a fraction of the original file, or a size like 2G), both engines run inside a
-cgroup v1 memory cap of that size, after `echo 3 > /proc/sys/vm/drop_caches`:
-- llama.cpp (`llama-cpp-python` in target/llama-cpp-venv, see compare_llama_cpp.py) loads the
-  original file with mmap and decodes --tokens tokens one at a time after a 1-token prompt;
-- pi2 runs `pi2 bench -p 0 -n TOKENS -r 1 --offload-only --mem-budget B` on the converted file
-  (FFN neurons read from flash, the rest resident; one warm-up pass, then the measured one), where
-  B = cap - --headroom (default 0: pi2's budget counts its own code and heap, so the budget is
-  the cap).
-With --prompt N both engines instead process an N-token prompt in one batch (prefill).
-Needs root (cgroups, drop_caches). Prints a markdown table; --svg also draws decode speed
-against the cap for both engines (--ppl adds a caption line, e.g. the perplexity of the pi2 model).
+For each cap (a share of the model file, or a size like 300M), in interleaved rounds, both
+engines run inside a cgroup v1 memory cap of that size after the page cache is dropped:
+- llama.cpp (llama-cpp-python built for this CPU, bench/llama_runner.py `decode`) maps the file
+  and decodes --tokens tokens one at a time;
+- pi2 runs the one command `pi2 run -m MODEL --mem-budget CAP -n TOKENS --json` on the plain
+  GGUF, which runs the cached conversion (made once before the sweep, outside the caps).
+Both are also run without a cap, the file in the page cache (the in-memory lines). Quality:
+`pi2 perplexity --mem-budget` on held-out text (a genre the calibration does not contain)
+against the dense model; the functions decode computes do not depend on the budget (only where
+the bytes come from does), so one figure holds for every capped point.
+
+Writes docs/measurements/offload-NAME.json and .svg (bench/plot.py) and prints a table. Needs
+root (cgroups, drop_caches).
 """
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, subprocess, sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PY = ROOT / "target" / "llama-cpp-venv" / "bin" / "python"
-PI2 = ROOT / "target" / "release" / "pi2"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pi2bench  # noqa: E402
 
-LLAMA_RUNNER = r"""
-import sys, time, json, llama_cpp, llama_cpp.llama_cpp as C
-model, threads, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-# Keep the weights in the file mapping: by default llama.cpp copies Q4_0 tensors into a
-# repacked (CPU_REPACK) buffer in anonymous memory, which is not the mmap baseline and does
-# not fit under the cap (`--no-repack` in llama.cpp's own tools).
-_defaults = C.llama_model_default_params
-def _no_repack():
-    p = _defaults()
-    p.use_extra_bufts = False
-    return p
-C.llama_model_default_params = _no_repack
-t0 = time.perf_counter()
-llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=256,
-                      n_batch=32, use_mmap=True, verbose=False)
-load = time.perf_counter() - t0
-prompt = int(sys.argv[4])
-toks = lambda k: [(i * 7919 + 13) % llm.n_vocab() for i in range(k)]
-if prompt > 0:
-    t = time.perf_counter()
-    llm.eval(toks(prompt))
-    print(json.dumps({"load_s": load, "token_s": [(time.perf_counter() - t) / prompt] * prompt}))
-    sys.exit(0)
-llm.eval([1])
-times = []
-for tok in toks(n):
-    t = time.perf_counter()
-    llm.eval([tok])
-    times.append(time.perf_counter() - t)
-print(json.dumps({"load_s": load, "token_s": times}))
-"""
+PROMPT = "Write a Python function that parses a CSV file and returns the rows as dictionaries."
 
 
-def cgroup_root():
-    for line in open("/proc/self/cgroup"):
-        parts = line.strip().split(":")
-        if len(parts) == 3 and parts[1] == "memory":
-            return Path("/sys/fs/cgroup/memory") / parts[2].lstrip("/")
-    sys.exit("no cgroup v1 memory controller")
+def pi2_run(model, budget, tokens, threads, cap, env):
+    args = [pi2bench.pi2(), "run", "-m", model, "-p", PROMPT, "-n", str(tokens), "--temp", "0",
+            "--ignore-eos", "-t", str(threads), "-c", "512", "--json"]
+    if budget:
+        args += ["--mem-budget", str(budget)]
+    if cap:
+        out, peak, err = pi2bench.capped(args, cap, env=env)
+    else:
+        p = subprocess.run(args, capture_output=True, text=True, env=env)
+        out, peak, err = (p.stdout, None, None) if p.returncode == 0 else (None, None, p.stderr[-300:])
+    if out is None:
+        return None, peak, err
+    j = json.loads(out)
+    return {"tps": j["timings"]["predicted_per_second"], "bytes_per_token": j.get("bytes_read_per_token"),
+            "peak_rss": j.get("peak_rss_bytes")}, peak, None
 
 
-def capped(cmd, cap_bytes):
-    """Run cmd inside a fresh memory cgroup of cap_bytes, caches dropped first."""
-    cg = cgroup_root() / f"pi2bench{os.getpid()}"
-    cg.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(cap_bytes))
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        pre = lambda: Path(cg / "cgroup.procs").write_text(str(os.getpid()))
-        out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pre)
-        peak = int((cg / "memory.max_usage_in_bytes").read_text())
-        if out.returncode != 0:
-            # Killed by the cap (-9) or refused: a row that says so, not the end of the sweep.
-            last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-            return None, peak, f"exit {out.returncode}: {last[:200]}"
-        return out.stdout, peak, None
-    finally:
-        # Processes have exited; the group can go.
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+def llama_run(model, tokens, threads, cap):
+    out, peak, err = pi2bench.llama(["decode", model, threads, tokens, 0], cap)
+    if out is None:
+        return None, peak, err
+    return {"tps": len(out["token_s"]) / sum(out["token_s"])}, peak, None
 
 
-def size(spec, file_bytes):
-    spec = spec.strip()
-    if spec.endswith("%"):
-        return int(file_bytes * float(spec[:-1]) / 100)
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(spec[:-1]) * mult[spec[-1].upper()]) if spec[-1].upper() in mult else int(spec)
+def quality(model, budget, text, chunks, env):
+    """Perplexity as decode computes it under `budget`, and dense, with the head's agreement."""
+    base = [pi2bench.pi2(), "perplexity", "-m", model, "-f", text, "-c", "512", "--chunks", str(chunks), "--json"]
+    dense = json.loads(subprocess.run(base + ["--dense"], capture_output=True, text=True, check=True,
+                                      env=env).stdout)
+    approx = json.loads(subprocess.run(base + ["--mem-budget", budget], capture_output=True, text=True,
+                                       check=True, env=env).stdout)
+    return {"text": str(Path(text).name), "chunks": chunks, "dense_ppl": dense["ppl"], "ppl": approx["ppl"],
+            "ppl_increase": approx["ppl"] / dense["ppl"] - 1,
+            "head_top1_agreement": approx.get("head_top1_agreement"), "head_mass": approx.get("head_mass")}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--converted", required=True)
-    ap.add_argument("--budgets", default="100%,75%,60%,50%,35%,25%")
-    ap.add_argument("--tokens", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=0, help="measure prefill of this many tokens instead")
+    ap.add_argument("--model", required=True, help="a plain GGUF or a catalogue name")
+    ap.add_argument("--budgets", default="100%,75%,60%,50%,40%,30%")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--headroom", default="0", help="cap minus pi2's --mem-budget")
-    ap.add_argument("--svg", help="write the speed-against-memory picture here")
-    ap.add_argument("--ppl", default="", help="caption line for the picture (perplexities)")
-    ap.add_argument("--pi2-args", default="", help="extra pi2 bench arguments (e.g. --no-predictor)")
+    ap.add_argument("--quality-text", default=str(pi2bench.ROOT / "testdata/corpus/rust_book.txt"))
+    ap.add_argument("--chunks", type=int, default=16, help="chunks of 512 tokens scored for quality")
+    ap.add_argument("--name", help="measurement name (default: the model file's stem)")
+    ap.add_argument("--cache-dir", help="PI2_CACHE_DIR for the conversion (default: pi2's own)")
     a = ap.parse_args()
-    file_bytes = os.path.getsize(a.model)
-    headroom = size(a.headroom, file_bytes)
-    test = f"pp{a.prompt}" if a.prompt else f"tg{a.tokens}"
-    print(f"| cap | test | llama.cpp mmap t/s | pi2 offload t/s | pi2 / llama.cpp | pi2 hit rate | "
-          f"pi2 MB read/token | pi2 I/O wait share | peak cgroup MiB (llama.cpp / pi2) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    model = pi2bench.model_path(a.model)
+    file_bytes = os.path.getsize(model)
+    env = dict(os.environ, **({"PI2_CACHE_DIR": a.cache_dir} if a.cache_dir else {}))
+    caps = [(b, pi2bench.size(b, file_bytes)) for b in a.budgets.split(",")]
+    # The conversion, once, outside the caps (its time is reported by `pi2 run` itself).
+    made = subprocess.run([pi2bench.pi2(), "run", "-m", model, "-p", "x", "-n", "1", "--mem-budget", "50%"],
+                          capture_output=True, text=True, env=env)
+    if made.returncode != 0:
+        sys.exit(f"pi2 could not convert {model}: {made.stderr.strip().splitlines()[-1]}")
+    q = quality(model, "50%", a.quality_text, a.chunks, env)
+    print(f"quality at 50% ({q['text']}, {a.chunks} chunks): ppl {q['ppl']:.4f} vs dense {q['dense_ppl']:.4f} "
+          f"({q['ppl_increase']:+.2%}), head top-1 {q['head_top1_agreement']}, mass {q['head_mass']}",
+          file=sys.stderr)
+    steps = {
+        ("llama.cpp", "memory"): lambda: llama_run(model, a.tokens, a.threads, None),
+        ("pi2", "memory"): lambda: pi2_run(model, None, a.tokens, a.threads, None, env),
+    }
+    for b, cap in caps:
+        steps[("llama.cpp", b)] = lambda cap=cap: llama_run(model, a.tokens, a.threads, cap)
+        steps[("pi2", b)] = lambda cap=cap: pi2_run(model, cap, a.tokens, a.threads, cap, env)
+    raw = pi2bench.interleaved(a.rounds, steps)
     points = []
-    for b in a.budgets.split(","):
-        cap = size(b, file_bytes)
-        out, peak_l, err_l = capped([str(VENV_PY), "-c", LLAMA_RUNNER, a.model, str(a.threads), str(a.tokens),
-                                     str(a.prompt)], cap)
-        ll_tps = float("nan")
-        if out is not None:
-            ll = json.loads(out.strip().splitlines()[-1])
-            ll_tps = len(ll["token_s"]) / sum(ll["token_s"])
-        p, n = (a.prompt, 0) if a.prompt else (0, a.tokens)
-        out, peak_p, err_p = capped([str(PI2), "bench", "-m", a.converted, "-p", str(p), "-n", str(n), "-r", "1",
-                                     "-t", str(a.threads), "-c", "256", "--offload-only", *a.pi2_args.split(),
-                                     "--mem-budget", str(cap - headroom), "-o", "json"], cap)
-        pi_tps, off = float("nan"), {}
-        if out is not None:
-            rows = json.loads(out)
-            rows = rows if isinstance(rows, list) else rows.get("results", [rows])
-            row = rows[-1]
-            pi_tps = row["avg_ts"]
-            off = (row.get("sparse") or {}).get("offload") or {}
-        # Neuron rows, streamed attention layers and output rows decode asked the reader for
-        # (prefill streams whole units instead).
-        per_tok = (off.get("decode_bytes_requested_per_token", 0)
-                   + off.get("attention_bytes_per_token", 0)
-                   + off.get("output_bytes_per_token", 0)) / 1e6 if n and off else float("nan")
-        note = "; ".join(f"{who} {e}" for who, e in (("llama.cpp", err_l), ("pi2", err_p)) if e)
-        print(f"| {b} ({cap / 2**30:.2f} GiB) | {test} | {ll_tps:.3f} | {pi_tps:.3f} | {pi_tps / ll_tps:.1f}x | "
-              f"{off.get('hit_rate', float('nan')):.3f} | {per_tok:.1f} | {off.get('io_wait_share', float('nan')):.2f} | "
-              f"{peak_l / 2**20:.0f} / {peak_p / 2**20:.0f} |{' ' + note if note else ''}", flush=True)
-        points.append((cap / file_bytes, ll_tps, pi_tps))
-    if a.svg:
-        Path(a.svg).write_text(svg(points, Path(a.model).name, test, a.ppl))
-        print(f"wrote {a.svg}")
+    for (engine, where), runs in raw.items():
+        ok = [r[0] for r in runs if r[0]]
+        points.append({
+            "engine": engine, "cap": where,
+            "cap_share": None if where == "memory" else pi2bench.size(where, file_bytes) / file_bytes,
+            "tps": pi2bench.spread([r["tps"] for r in ok]),
+            "peak_cgroup_bytes": max((r[1] for r in runs if r[1]), default=None),
+            "errors": [r[2] for r in runs if r[2]],
+            "bytes_read_per_token": ok[-1].get("bytes_per_token") if ok else None,
+        })
+    table(points)
+    name = a.name or Path(model).stem
+    pi2bench.write(f"offload-{name}", {
+        "what": "decode t/s under cgroup v1 memory caps, page cache dropped: pi2's one command vs llama.cpp mmap",
+        "command": " ".join(sys.argv), "model": Path(model).name, "file_bytes": file_bytes,
+        "tokens": a.tokens, "threads": a.threads, "rounds": a.rounds, "quality": q, "points": points,
+        "plot": {"kind": "caps", "title": f"{Path(model).name}: decode inside a memory cap",
+                 "caption": f"pi2 perplexity {q['ppl_increase']:+.1%} vs dense on {q['text']}, "
+                            f"head top-1 {100 * (q['head_top1_agreement'] or 0):.2f}%"},
+    })
 
 
-def svg(points, name, test, caption):
-    """Decode (or prefill) speed against the memory cap, both engines, as a line chart."""
-    w, h, l, r, t, b = 640, 400, 60, 20, 40, 60
-    xs = [p[0] for p in points]
-    finite = [v for p in points for v in p[1:] if v == v]
-    ymax = max(finite + [1.0]) * 1.1
-    x0, x1 = min(xs + [0.2]), max(xs + [1.0])
-    px = lambda x: l + (x - x0) / (x1 - x0) * (w - l - r)
-    py = lambda y: h - b - y / ymax * (h - t - b)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-           f'<text x="{l}" y="20">{name}: {test} t/s inside a cgroup memory cap</text>',
-           f'<line x1="{l}" y1="{h - b}" x2="{w - r}" y2="{h - b}" stroke="black"/>',
-           f'<line x1="{l}" y1="{t}" x2="{l}" y2="{h - b}" stroke="black"/>']
-    for x in sorted(set(xs)):
-        out.append(f'<text x="{px(x):.1f}" y="{h - b + 16}" text-anchor="middle">{x * 100:.0f}%</text>')
-    for k in range(5):
-        y = ymax * k / 4
-        out.append(f'<text x="{l - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.1f}</text>')
-    out.append(f'<text x="{(l + w - r) / 2}" y="{h - b + 34}" text-anchor="middle">cap, share of the model file</text>')
-    for idx, (label, colour) in ((1, ("llama.cpp mmap", "#d62728")), (2, ("pi2 offload", "#1f77b4"))):
-        pts = sorted((p[0], p[idx]) for p in points if p[idx] == p[idx])
-        line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for x, y in pts:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>')
-        ly = t + 14 * idx
-        out.append(f'<text x="{w - r - 150}" y="{ly}" fill="{colour}">{label}</text>')
-    if caption:
-        out.append(f'<text x="{l}" y="{h - 8}">{caption}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+def table(points):
+    by = {(p["engine"], p["cap"]): p for p in points}
+    print("| cap | llama.cpp t/s | pi2 t/s | pi2 / llama.cpp | pi2 MB read/token | "
+          "peak cgroup MiB llama.cpp / pi2 |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    for cap in dict.fromkeys(p["cap"] for p in points):
+        l, p = by.get(("llama.cpp", cap)), by.get(("pi2", cap))
+        lt = l["tps"]["median"] if l and l["tps"] else float("nan")
+        pt = p["tps"]["median"] if p and p["tps"] else float("nan")
+        b = p.get("bytes_read_per_token") or {}
+        mb = b.get("total", float("nan")) / 1e6
+        peak = lambda x: f"{x['peak_cgroup_bytes'] / 2**20:.0f}" if x and x["peak_cgroup_bytes"] else "-"
+        errs = "; ".join(e for x in (l, p) if x for e in x["errors"])
+        print(f"| {cap} | {lt:.2f} | {pt:.2f} | {pt / lt:.2f}x | {mb:.1f} | {peak(l)} / {peak(p)} |"
+              f"{' ' + errs if errs else ''}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-import compare_llama_cpp  # noqa: E402
+import pi2bench  # noqa: E402
 
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* numbers.
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_M": 12,
@@ -60,9 +60,9 @@ def main():
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--pure", action="store_true", help="no type mix: the type on every matrix it fits")
     a = ap.parse_args()
-    py = compare_llama_cpp.ensure_llama_cpp()
+    py = pi2bench.llama_python()
     subprocess.run([py, "-m", "pip", "install", "-q", "numpy"], check=True)
-    src = Path(compare_llama_cpp.model_path(a.model))
+    src = Path(pi2bench.model_path(a.model))
     pi2 = ROOT / "target" / "release" / "pi2"
     corpus = ROOT / "testdata" / "corpus" / "kjv_genesis.txt"
     out = ROOT / "target" / "quant"

@@ -1,14 +1,14 @@
 //! `pi2`: run, chat with, tokenize, measure and inspect GGUF models. Errors end the process with
 //! one line on stderr and a non-zero exit code.
 
-mod catalog;
+mod args;
 mod cmd;
+mod errors;
 mod fetch;
 mod rss;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -19,59 +19,6 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-/// Options shared by every command that loads a model.
-#[derive(Args, Clone, Debug)]
-pub struct ModelArgs {
-    /// GGUF model file, or a catalogue name fetched on first use (`pi2 fetch-model --list`);
-    /// default: smollm2-135m
-    #[arg(short = 'm', long = "model")]
-    pub model: Option<PathBuf>,
-    /// Compute threads (default: all cores); `pi2 bench` takes a comma-separated list
-    #[arg(short = 't', long = "threads", value_delimiter = ',')]
-    pub threads: Vec<usize>,
-    /// Context size in tokens (0 = the model's training context)
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-    pub ctx_size: usize,
-    /// Force a kernel tier lower than the detected one (scalar, avx2, avxvnni, avx512,
-    /// avx512vnni, neon, dotprod)
-    #[arg(long = "kernel-tier")]
-    pub kernel_tier: Option<String>,
-    /// Pin compute threads to these cores: clusters (big, mid, little, all) or CPU numbers
-    /// (0-3,6), in placement order; threads default to the number of cores selected
-    #[arg(long = "cores")]
-    pub cores: Option<String>,
-    /// Keep every weight in the file mapping: no row-interleaved copies of the attention,
-    /// output and dense FFN matrices (slower matvec; for comparison and tight memory)
-    #[arg(long = "no-repack")]
-    pub no_repack: bool,
-}
-
-/// Sampling options (llama.cpp names and defaults).
-#[derive(Args, Clone, Debug)]
-pub struct SampleArgs {
-    /// Temperature; 0 = greedy
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temp: f32,
-    /// Top-k (0 = off)
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    /// Top-p (1.0 = off)
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Min-p: keep tokens at least this share as probable as the top one (0 = off)
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Repetition penalty (1.0 = off)
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Tokens the repetition penalty looks back over
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// RNG seed (default: random)
-    #[arg(short = 's', long = "seed")]
-    pub seed: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -141,7 +88,7 @@ fn main() {
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {}", one_line(&e));
+        eprintln!("error: {}", errors::one_line(&e));
         std::process::exit(1);
     }
 }
@@ -200,23 +147,6 @@ fn exit_cleanly_when_output_fails() {
         }
         default(info);
     }));
-}
-
-/// The error and its causes on one line, each cause once: a library error that already
-/// prints its source is not followed by that source again.
-pub(crate) fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line.replace('\n', " ")
 }
 
 /// A mapped model file truncated (or its storage gone) while pi2 reads it raises SIGBUS on the

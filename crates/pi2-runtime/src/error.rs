@@ -11,6 +11,8 @@ pub enum RuntimeError {
     #[error(transparent)]
     Model(#[from] pi2_model::ModelError),
     #[error(transparent)]
+    Catalog(#[from] pi2_catalog::CatalogError),
+    #[error(transparent)]
     Engine(#[from] pi2_engine::EngineError),
     #[error(transparent)]
     Plan(#[from] pi2_planner::PlanError),

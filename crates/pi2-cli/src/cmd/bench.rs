@@ -2,7 +2,7 @@
 //! The measuring is `pi2_runtime::bench` (one engine per mode, repetitions interleaved); this
 //! parses the arguments and prints the rows.
 
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use pi2_runtime::bench::{BenchOptions, BenchRow};

@@ -2,7 +2,7 @@
 //! template and evaluates only the tokens that differ from what the KV cache already holds.
 
 use super::sampler;
-use crate::{ModelArgs, SampleArgs};
+use crate::args::{ModelArgs, SampleArgs};
 use anyhow::Result;
 use clap::Args;
 use pi2_engine::{generate, GenerateConfig, StopReason};

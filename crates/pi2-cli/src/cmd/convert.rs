@@ -7,7 +7,7 @@ fn parse_type(name: &str) -> pi2_runtime::Result<pi2_kernels::QuantType> {
     pi2_runtime::options::parse_type("--down-type", name)
 }
 use super::{load_model, model_path};
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_convert::pipeline::{self, ConvertOptions, Sparsity};

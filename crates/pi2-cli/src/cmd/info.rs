@@ -1,7 +1,8 @@
 //! `pi2 info`: what a model file is and what running it needs.
 
 use super::model_path;
-use crate::{rss::human, ModelArgs};
+use crate::args::ModelArgs;
+use crate::rss::human;
 use anyhow::{Context, Result};
 use clap::Args;
 use pi2_kernels::Tier;

@@ -14,7 +14,8 @@ pub mod sparse_args;
 pub mod synth;
 pub mod tokenize;
 
-use crate::{catalog, fetch, ModelArgs, SampleArgs};
+use crate::args::{ModelArgs, SampleArgs};
+use crate::fetch;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::{Engine, EngineConfig, Sampler, SamplerConfig};
@@ -40,24 +41,24 @@ pub struct FetchArgs {
 pub fn fetch(a: FetchArgs) -> Result<()> {
     let dir = match a.dir {
         Some(d) => d,
-        None => fetch::models_dir()?,
+        None => pi2_catalog::models_dir()?,
     };
     if a.list {
-        for m in catalog::MODELS {
+        let stamps = pi2_runtime::convert_cache::stamps_path();
+        for m in pi2_catalog::MODELS {
             let path = dir.join(m.file);
-            fetch::remove_stale_partials(&dir, m.file);
             let here = if !path.exists() {
                 "not fetched".to_string()
             } else {
-                match fetch::verify(m, &path)? {
-                    fetch::Check::Verified => "present, sha256 verified".into(),
-                    fetch::Check::Changed(_) => format!(
+                match pi2_catalog::verify(m, &path, &stamps)? {
+                    pi2_catalog::Check::Verified => "present, sha256 verified".into(),
+                    pi2_catalog::Check::Changed(_) => format!(
                         "present but CORRUPT or replaced (sha256 differs): `pi2 fetch-model {} --force`",
                         m.name
                     ),
                 }
             };
-            let default = if m.name == catalog::DEFAULT {
+            let default = if m.name == pi2_catalog::DEFAULT {
                 " (default)"
             } else {
                 ""
@@ -75,15 +76,15 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
         return Ok(());
     }
     let names = if a.names.is_empty() {
-        vec![catalog::DEFAULT.to_string()]
+        vec![pi2_catalog::DEFAULT.to_string()]
     } else {
         a.names
     };
     for name in &names {
-        let m = catalog::find(name).with_context(|| {
+        let m = pi2_catalog::find(name).with_context(|| {
             format!(
                 "`{name}` is not in the catalogue (known: {})",
-                catalog::names()
+                pi2_catalog::names()
             )
         })?;
         println!("{}", fetch::fetch(m, &dir, a.force)?.display());
@@ -243,31 +244,53 @@ impl ModelArgs {
 }
 
 /// Runs `f` in a child process (Unix: fork, before this process starts any thread) and waits
-/// for it; elsewhere in this process. The child reports its own error; the parent says it
-/// failed.
+/// for it; elsewhere in this process. The child's error comes back through a pipe, so the
+/// user sees it once, as this process's own.
 fn in_child(f: impl FnOnce() -> Result<()>) -> Result<()> {
     #[cfg(unix)]
     {
+        use std::io::{Read, Write};
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is a valid array of two descriptors for pipe to fill.
+        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+            bail!(
+                "cannot start the conversion: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: both descriptors were just opened by pipe and are owned here alone.
+        let (mut rx, mut tx) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
         // SAFETY: called before the process starts any thread (no engine exists yet), so the
         // child is a whole copy of a single-threaded process.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            drop(rx);
             let code = match f() {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("error: {}", crate::one_line(&e));
+                    let _ = tx.write_all(crate::errors::one_line(&e).as_bytes());
                     1
                 }
             };
+            drop(tx);
             // SAFETY: ends the child without running the parent's exit handlers twice.
             unsafe { libc::_exit(code) };
         }
+        drop(tx);
         if pid < 0 {
             bail!(
                 "cannot start the conversion: {}",
                 std::io::Error::last_os_error()
             );
         }
+        let mut why = String::new();
+        let _ = rx.read_to_string(&mut why);
         let mut status = 0;
         // SAFETY: waits for the child just forked; `status` is a valid place to write.
         if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
@@ -276,10 +299,19 @@ fn in_child(f: impl FnOnce() -> Result<()>) -> Result<()> {
                 std::io::Error::last_os_error()
             );
         }
-        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-            bail!("the conversion did not complete (see above); nothing was cached");
+        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+            return Ok(());
         }
-        Ok(())
+        if !why.is_empty() {
+            bail!("{why}");
+        }
+        if libc::WIFSIGNALED(status) {
+            bail!(
+                "the conversion was killed by signal {} (out of memory?); nothing was cached",
+                libc::WTERMSIG(status)
+            );
+        }
+        bail!("the conversion did not complete; nothing was cached");
     }
     #[cfg(not(unix))]
     f()

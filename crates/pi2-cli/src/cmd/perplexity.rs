@@ -1,6 +1,6 @@
 //! `pi2 perplexity`: llama-perplexity's chunking, running output and final line.
 
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::perplexity::{n_chunks, perplexity, PerplexityConfig};

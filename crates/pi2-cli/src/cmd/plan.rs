@@ -1,7 +1,7 @@
 //! `pi2 profile-hw`, `pi2 plan`, and printing plans. The engine<->planner glue (memory
 //! accounting, the recorded model profile, solving and applying plans) is `pi2_runtime::plan`.
 
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use pi2_planner::cost::Mode;

@@ -2,7 +2,7 @@
 //! activate (see `pi2_sparse::Profile`), with two pictures.
 
 use super::{engine, load_model};
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};

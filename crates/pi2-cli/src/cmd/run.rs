@@ -1,7 +1,8 @@
 //! `pi2 run`: one prompt in, streamed text out (or one JSON object with `--json`).
 
 use super::sampler;
-use crate::{rss, ModelArgs, SampleArgs};
+use crate::args::{ModelArgs, SampleArgs};
+use crate::rss;
 use anyhow::{bail, Result};
 use clap::Args;
 use pi2_engine::{generate, GenerateConfig};

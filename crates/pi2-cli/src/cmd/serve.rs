@@ -1,6 +1,6 @@
 //! `pi2 serve`: the OpenAI-compatible server (pi2-server) over a session built by the runtime.
 
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::Result;
 use clap::Args;
 

@@ -1,7 +1,7 @@
 //! `pi2 tokenize`: token ids of a text, as a JSON array.
 
 use super::load_model;
-use crate::ModelArgs;
+use crate::args::ModelArgs;
 use anyhow::Result;
 use clap::Args;
 

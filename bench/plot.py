@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Draws a measurement's picture from its JSON (docs/measurements/NAME.json -> NAME.svg), with
+matplotlib. Run by bench/pi2bench.py's `write`; run it again to redraw.
+
+    python bench/plot.py docs/measurements/NAME.json
+
+The JSON's `plot.kind` says what to draw:
+- `caps`: decode t/s against the memory cap (share of the model file), one line per engine with
+  the rounds' spread as error bars, and each engine's in-memory speed as a dashed line.
+"""
+import json, sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLOURS = {"pi2": "#1f77b4", "llama.cpp": "#d62728"}
+
+
+def caps(data, ax):
+    for engine in ("llama.cpp", "pi2"):
+        pts = sorted((p["cap_share"], p["tps"]) for p in data["points"]
+                     if p["engine"] == engine and p["cap_share"] and p["tps"])
+        if pts:
+            xs = [100 * x for x, _ in pts]
+            med = [t["median"] for _, t in pts]
+            err = [[t["median"] - t["min"] for _, t in pts], [t["max"] - t["median"] for _, t in pts]]
+            ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=COLOURS[engine],
+                        label=f"{engine} inside the cap")
+        mem = next((p["tps"] for p in data["points"] if p["engine"] == engine and p["cap"] == "memory"
+                    and p["tps"]), None)
+        if mem:
+            ax.axhline(mem["median"], linestyle="--", linewidth=1, color=COLOURS[engine],
+                       label=f"{engine} in memory ({mem['median']:.1f} t/s)")
+    ax.set_xlabel("memory cap, % of the model file")
+    ax.set_ylabel("decode tokens per second")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def main():
+    path = Path(sys.argv[1])
+    data = json.loads(path.read_text())
+    spec = data["plot"]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    {"caps": caps}[spec["kind"]](data, ax)
+    m = data.get("machine", {})
+    ax.set_title(spec.get("title", path.stem), fontsize=10)
+    foot = "; ".join(x for x in (spec.get("caption"), f"{m.get('cpu', '')}, {m.get('cores', '')} cores, "
+                                 f"{m.get('commit', '')}, {m.get('date', '')}") if x)
+    fig.text(0.01, 0.01, foot, fontsize=7, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    out = path.with_suffix(".svg")
+    fig.savefig(out)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

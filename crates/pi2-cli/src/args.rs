@@ -1,0 +1,57 @@
+//! Arguments shared by several commands: the model and engine, and sampling.
+
+use clap::Args;
+use std::path::PathBuf;
+
+/// Options shared by every command that loads a model.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF model file, or a catalogue name fetched on first use (`pi2 fetch-model --list`);
+    /// default: smollm2-135m
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Compute threads (default: all cores); `pi2 bench` takes a comma-separated list
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Context size in tokens (0 = the model's training context)
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Force a kernel tier lower than the detected one (scalar, avx2, avxvnni, avx512,
+    /// avx512vnni, neon, dotprod)
+    #[arg(long = "kernel-tier")]
+    pub kernel_tier: Option<String>,
+    /// Pin compute threads to these cores: clusters (big, mid, little, all) or CPU numbers
+    /// (0-3,6), in placement order; threads default to the number of cores selected
+    #[arg(long = "cores")]
+    pub cores: Option<String>,
+    /// Keep every weight in the file mapping: no row-interleaved copies of the attention,
+    /// output and dense FFN matrices (slower matvec; for comparison and tight memory)
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
+}
+
+/// Sampling options (llama.cpp names and defaults).
+#[derive(Args, Clone, Debug)]
+pub struct SampleArgs {
+    /// Temperature; 0 = greedy
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off)
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1.0 = off)
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p: keep tokens at least this share as probable as the top one (0 = off)
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1.0 = off)
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (default: random)
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
