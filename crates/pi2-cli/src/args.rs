@@ -55,3 +55,57 @@ pub struct SampleArgs {
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
 }
+
+/// Where speculative decoding's drafts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftSource {
+    /// No drafts: one token per forward pass
+    None,
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
+    /// last n-gram (editing answers repeat their prompt)
+    Lookup,
+}
+
+/// Speculative decoding (llama.cpp's names).
+#[derive(Args, Clone, Debug)]
+pub struct DraftArgs {
+    /// Draft tokens and check them in one forward pass (`lookup`); output is distributed as
+    /// without drafts (greedy: the same text)
+    #[arg(long = "draft", value_enum, default_value_t = DraftSource::None)]
+    pub draft: DraftSource,
+    /// Most tokens drafted per step (the length adapts to acceptance below it)
+    #[arg(long = "draft-max", default_value_t = 16)]
+    pub draft_max: usize,
+    /// Fewest drafted tokens worth checking
+    #[arg(long = "draft-min", default_value_t = 1)]
+    pub draft_min: usize,
+}
+
+/// Most tokens a draft may hold.
+pub const MAX_DRAFT: usize = 64;
+
+impl DraftArgs {
+    /// The drafter and its lengths, or None without drafts.
+    pub fn drafter(
+        &self,
+    ) -> anyhow::Result<Option<(Box<dyn pi2_engine::Drafter>, pi2_engine::DraftConfig)>> {
+        if !(1..=MAX_DRAFT).contains(&self.draft_max) {
+            anyhow::bail!("--draft-max {} is outside 1..{MAX_DRAFT}", self.draft_max);
+        }
+        if !(1..=self.draft_max).contains(&self.draft_min) {
+            anyhow::bail!(
+                "--draft-min {} must be between 1 and --draft-max ({})",
+                self.draft_min,
+                self.draft_max
+            );
+        }
+        let cfg = pi2_engine::DraftConfig {
+            max: self.draft_max,
+            min: self.draft_min,
+        };
+        Ok(match self.draft {
+            DraftSource::None => None,
+            DraftSource::Lookup => Some((Box::new(pi2_engine::Lookup::default()), cfg)),
+        })
+    }
+}

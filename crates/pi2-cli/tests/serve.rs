@@ -455,3 +455,30 @@ fn the_openai_python_client_works() {
 fn the_chat_page_streams_an_answer_in_headless_chromium() {
     python_script("chat_page.py", &[]);
 }
+
+#[test]
+fn requests_may_decode_with_prompt_lookup_drafts() {
+    let s = Server::start(&["-c", "1024"]);
+    let items: Vec<String> = (1..=20)
+        .map(|i| format!("item {i}: value {}", i * 7))
+        .collect();
+    let prompt = format!("{}\n{}\n", items.join("\n"), items.join("\n"));
+    let ask = |draft: &str| {
+        post(
+            &s.addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "draft": draft}),
+        )
+    };
+    let plain = ask("none").json();
+    let drafted = ask("lookup").json();
+    assert_eq!(plain["choices"][0]["text"], drafted["choices"][0]["text"]);
+    assert_eq!(plain["timings"]["draft_n"], 0);
+    assert!(
+        drafted["timings"]["draft_n_accepted"].as_u64().unwrap() > 0,
+        "{drafted}"
+    );
+    let bad = ask("wizard");
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["param"], "draft");
+}

@@ -65,6 +65,9 @@ pub struct EngineConfig {
     /// source's down matrix the file keeps, about twice the sparse step's speed. `false`: the
     /// sparse step everywhere (offloaded and in-memory sparse decode then agree bit for bit).
     pub dense_resident: bool,
+    /// Rows of logits one forward pass returns at most (1 for generation; a checked draft
+    /// returns one per drafted token and one more): memory budgets charge them.
+    pub logit_rows: usize,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +85,7 @@ impl Default for EngineConfig {
             head_share: None,
             head_check: false,
             dense_resident: true,
+            logit_rows: 1,
         }
     }
 }
@@ -160,6 +164,9 @@ pub struct Engine<'m> {
     store: Box<dyn Store + 'm>,
     head: HeadState<'m>,
     prepared: bool,
+    /// The pass under way checks a draft: its batch computes the sparse FFN as one-token decode
+    /// does ([`Engine::forward_decode`]).
+    decode_batch: bool,
 }
 
 impl<'m> Engine<'m> {
@@ -244,6 +251,7 @@ impl<'m> Engine<'m> {
             store,
             head: HeadState::new(head, cfg.head_share, cfg.head_check),
             prepared: false,
+            decode_batch: false,
         })
     }
 
@@ -340,6 +348,26 @@ impl<'m> Engine<'m> {
     /// Run `tokens` at the next positions; returns logits rows (`n_vocab` each) as asked.
     pub fn forward(&mut self, tokens: &[TokenId], want: Logits) -> Result<&[f32], EngineError> {
         self.forward_observed(tokens, want, None)
+    }
+
+    /// [`Engine::forward`] for a batch that stands for decode steps (a draft being checked): the
+    /// sparse FFN computes each token as a one-token step would (the same neurons, from the
+    /// weights read once for the batch), where a prompt batch runs the dense FFN.
+    pub fn forward_decode(
+        &mut self,
+        tokens: &[TokenId],
+        want: Logits,
+    ) -> Result<&[f32], EngineError> {
+        self.decode_batch = true;
+        let done = self.forward_observed(tokens, want, None).map(<[f32]>::len);
+        self.decode_batch = false;
+        Ok(&self.s.logits[..done?])
+    }
+
+    /// Whether [`Engine::forward_decode`] computes a batch exactly as one-token steps do (up to
+    /// rounding): not for a sparse mixture-of-experts model, whose batches route experts densely.
+    pub fn checks_batches_as_decode(&self) -> bool {
+        self.sparse.is_none() || self.model.config.n_expert == 0
     }
 
     /// [`Engine::forward`], reporting every FFN layer's input and gate pre-activations to

@@ -41,6 +41,8 @@ pub enum EngineError {
     Offload(String),
     #[error("output head: {0}")]
     Head(String),
+    #[error("speculative decoding: {0}")]
+    Drafts(String),
     #[error(transparent)]
     Budget(#[from] pi2_cache::CacheError),
     #[error(transparent)]

@@ -1,6 +1,8 @@
 //! The generation loop shared by every front end: prefill the prompt, then sample and decode
-//! one token at a time until a limit or an end-of-generation token.
+//! until a limit or an end-of-generation token: one token a step, or with a [`Drafter`] a
+//! checked draft of several (speculative decoding).
 
+use crate::draft::{DraftConfig, DraftLength, Drafter};
 use crate::engine::{Engine, Logits};
 use crate::sampler::Sampler;
 use crate::EngineError;
@@ -30,6 +32,11 @@ pub struct Generation {
     pub prompt_time: Duration,
     /// Time for every sampled token after the first: decode forward passes plus sampling.
     pub predicted_time: Duration,
+    /// Speculative decoding: tokens drafted and checked, and of those kept.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Forward passes of the generation phase (one per token without drafts).
+    pub decode_passes: usize,
 }
 
 /// Settings for [`generate`].
@@ -42,6 +49,8 @@ pub struct GenerateConfig {
     /// The prompt is evaluated in batches of at most this many tokens (llama.cpp's
     /// `n_batch`): what the engine's batch buffers, and an offload budget, were sized for.
     pub n_batch: usize,
+    /// Draft lengths, when a drafter is given to [`generate_drafted`].
+    pub draft: DraftConfig,
 }
 
 impl Default for GenerateConfig {
@@ -50,6 +59,7 @@ impl Default for GenerateConfig {
             max_tokens: None,
             ignore_eos: false,
             n_batch: 512,
+            draft: DraftConfig::default(),
         }
     }
 }
@@ -63,8 +73,32 @@ pub fn generate(
     cached: &mut Vec<TokenId>,
     prompt: &[TokenId],
     cfg: &GenerateConfig,
+    on_token: impl FnMut(TokenId) -> bool,
+) -> Result<Generation, EngineError> {
+    generate_drafted(engine, sampler, cached, prompt, cfg, None, on_token)
+}
+
+/// [`generate`] with speculative decoding when `drafter` is given: each step runs the sampled
+/// token and a draft of up to `cfg.draft.max` guessed tokens in one forward pass (the engine's
+/// batch buffers must hold `cfg.draft.max + 1` tokens), samples the target's distribution at
+/// each drafted position in turn, keeps the guesses while the sample equals them, and takes the
+/// first sample that differs (or the one after a draft kept whole) as the next token; the
+/// cache is cut back to what was kept. The tokens come out distributed as plain decode's
+/// (greedy: the same tokens, up to the batch's rounding against one-token steps).
+pub fn generate_drafted(
+    engine: &mut Engine<'_>,
+    sampler: &mut Sampler,
+    cached: &mut Vec<TokenId>,
+    prompt: &[TokenId],
+    cfg: &GenerateConfig,
+    mut drafter: Option<&mut dyn Drafter>,
     mut on_token: impl FnMut(TokenId) -> bool,
 ) -> Result<Generation, EngineError> {
+    if drafter.is_some() && !engine.checks_batches_as_decode() {
+        return Err(EngineError::Drafts(
+            "a sparse mixture-of-experts model routes a checked draft's experts densely, unlike its one-token steps; decode without drafts".into(),
+        ));
+    }
     let common = cached
         .iter()
         .zip(prompt)
@@ -87,37 +121,152 @@ pub fn generate(
         cached.extend_from_slice(part);
     }
     let prompt_time = t0.elapsed();
+    // The engine's counts (bytes read, neurons, head rows) are of the generation from here.
+    engine.reset_stats();
 
     let t1 = Instant::now();
-    let tok = engine.model().tokenizer.eog.clone();
-    let mut out = Vec::new();
+    let mut run = Run {
+        eog: engine.model().tokenizer.eog.clone(),
+        cfg,
+        out: Vec::new(),
+        drafted: 0,
+        accepted: 0,
+        passes: 0,
+    };
+    let mut length = DraftLength::new(cfg.draft);
+    let n_vocab = engine.model().config.n_vocab;
+    // A token sampled from a checked draft's pass, not yet run.
+    let mut pending: Option<TokenId> = None;
     let stop = loop {
-        if cfg.max_tokens.is_some_and(|m| out.len() >= m) {
-            break StopReason::Limit;
+        let next = match pending.take() {
+            Some(t) => t,
+            None => sampler.sample(&mut logits),
+        };
+        if let Some(stop) = run.take(
+            next,
+            sampler,
+            engine.n_past(),
+            engine.n_ctx(),
+            &mut on_token,
+        ) {
+            break stop;
         }
-        let next = sampler.sample(&mut logits);
-        if !cfg.ignore_eos && tok.contains(&next) {
-            break StopReason::EndOfGeneration;
+        let room = engine.n_ctx() - engine.n_past() - 1;
+        let want = length.get().min(room).min(run.left());
+        let draft = match drafter.as_deref_mut() {
+            Some(d) if want >= cfg.draft.min.max(1) => {
+                let mut history = cached.clone();
+                history.push(next);
+                let mut d = d.propose(&history, want);
+                d.truncate(want);
+                d
+            }
+            _ => Vec::new(),
+        };
+        run.passes += 1;
+        if draft.len() < cfg.draft.min.max(1) {
+            logits.copy_from_slice(engine.forward(&[next], Logits::Last)?);
+            cached.push(next);
+            continue;
         }
-        sampler.accept(next);
-        out.push(next);
-        if !on_token(next) {
-            break StopReason::Callback;
-        }
-        if cfg.max_tokens.is_some_and(|m| out.len() >= m) {
-            break StopReason::Limit;
-        }
-        if engine.n_past() >= engine.n_ctx() {
-            break StopReason::ContextFull;
-        }
-        logits.copy_from_slice(engine.forward(&[next], Logits::Last)?);
+        let base = engine.n_past();
+        let mut batch = Vec::with_capacity(draft.len() + 1);
+        batch.push(next);
+        batch.extend_from_slice(&draft);
+        let (n_ctx, checked) = (
+            engine.n_ctx(),
+            engine.forward_decode(&batch, Logits::From(0))?,
+        );
         cached.push(next);
+        run.drafted += draft.len();
+        let mut kept = 0;
+        let mut stopped = None;
+        for (i, &guess) in draft.iter().enumerate() {
+            logits.copy_from_slice(&checked[i * n_vocab..(i + 1) * n_vocab]);
+            let t = sampler.sample(&mut logits);
+            if t != guess {
+                pending = Some(t);
+                break;
+            }
+            kept += 1;
+            run.accepted += 1;
+            cached.push(t);
+            // In plain decode `t` would follow `next` and the kept guesses.
+            let past = base + 1 + i;
+            if let Some(stop) = run.take(t, sampler, past, n_ctx, &mut on_token) {
+                stopped = Some(stop);
+                break;
+            }
+        }
+        if stopped.is_none() && pending.is_none() {
+            // The whole draft was kept: its last row gives the next token.
+            let last = draft.len();
+            logits.copy_from_slice(&checked[last * n_vocab..(last + 1) * n_vocab]);
+        }
+        length.update(draft.len(), kept);
+        engine.truncate(base + 1 + kept);
+        cached.truncate(base + 1 + kept);
+        if let Some(stop) = stopped {
+            break stop;
+        }
     };
     Ok(Generation {
-        tokens: out,
+        tokens: run.out,
         stop,
         prompt_n: rest.len(),
         prompt_time,
         predicted_time: t1.elapsed(),
+        drafted: run.drafted,
+        accepted: run.accepted,
+        decode_passes: run.passes,
     })
+}
+
+/// The generated tokens and the rules every new one passes.
+struct Run<'c> {
+    eog: Vec<TokenId>,
+    cfg: &'c GenerateConfig,
+    out: Vec<TokenId>,
+    drafted: usize,
+    accepted: usize,
+    passes: usize,
+}
+
+impl Run<'_> {
+    /// Tokens still allowed (`usize::MAX` without a limit).
+    fn left(&self) -> usize {
+        self.cfg
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(self.out.len()))
+    }
+
+    /// Takes `t` as the next output token, or says why generation stops before or after it
+    /// (`past`: positions run before `t`).
+    fn take(
+        &mut self,
+        t: TokenId,
+        sampler: &mut Sampler,
+        past: usize,
+        n_ctx: usize,
+        on_token: &mut impl FnMut(TokenId) -> bool,
+    ) -> Option<StopReason> {
+        if self.left() == 0 {
+            return Some(StopReason::Limit);
+        }
+        if !self.cfg.ignore_eos && self.eog.contains(&t) {
+            return Some(StopReason::EndOfGeneration);
+        }
+        sampler.accept(t);
+        self.out.push(t);
+        if !on_token(t) {
+            return Some(StopReason::Callback);
+        }
+        if self.left() == 0 {
+            return Some(StopReason::Limit);
+        }
+        if past >= n_ctx {
+            return Some(StopReason::ContextFull);
+        }
+        None
+    }
 }

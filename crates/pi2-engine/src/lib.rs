@@ -6,6 +6,7 @@
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
 
 mod attention;
+mod draft;
 mod engine;
 mod error;
 mod ffn;
@@ -24,13 +25,14 @@ mod sparse;
 pub mod topology;
 mod weights;
 
+pub use draft::{DraftConfig, Drafter, Lookup};
 pub use engine::{
     kv_bytes_full, kv_bytes_start, scratch_bytes, Engine, EngineConfig, EngineParts, Logits,
     NeuronStep, MAX_CTX,
 };
 pub use error::EngineError;
 pub use ffn::fires;
-pub use generate::{generate, GenerateConfig, Generation, StopReason};
+pub use generate::{generate, generate_drafted, GenerateConfig, Generation, StopReason};
 pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};

@@ -31,6 +31,8 @@ pub struct EngineOptions {
     /// Run a converted model's layers dense where they are in memory (see
     /// `pi2_engine::EngineConfig::dense_resident`); `--sparse` turns it off.
     pub dense_resident: bool,
+    /// Rows of logits a forward pass returns at most (`pi2_engine::EngineConfig::logit_rows`).
+    pub logit_rows: usize,
 }
 
 impl Default for EngineOptions {
@@ -44,6 +46,7 @@ impl Default for EngineOptions {
             head_share: None,
             head_check: false,
             dense_resident: true,
+            logit_rows: 1,
         }
     }
 }
@@ -107,6 +110,7 @@ impl EngineOptions {
             head_share: self.head_share,
             head_check: self.head_check,
             dense_resident: self.dense_resident,
+            logit_rows: self.logit_rows,
             ..EngineConfig::default()
         })
     }

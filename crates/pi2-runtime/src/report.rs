@@ -71,8 +71,9 @@ pub fn offload_json(o: &Offload, tokens: usize, decode_secs: f64) -> Value {
     })
 }
 
-/// Bytes read from flash per token over `tokens` tokens, by part: FFN neuron rows, output
-/// head rows, attention projections and embedding rows (zeros in memory).
+/// Bytes read from flash per token over `tokens` tokens, by part: FFN neuron rows (and whole
+/// layers a batch read), output head rows, attention projections and embedding rows (zeros in
+/// memory).
 pub fn bytes_read_json(e: &Engine<'_>, tokens: usize) -> Value {
     let per = |x: u64| x as f64 / tokens.max(1) as f64;
     let Some(o) = e.offload() else {
@@ -81,7 +82,7 @@ pub fn bytes_read_json(e: &Engine<'_>, tokens: usize) -> Value {
     let st = o.stats();
     let embd_row = o.embedding_row_bytes() as u64;
     let (ffn, head, attn, embd) = (
-        st.decode_bytes,
+        st.decode_bytes + st.stage_bytes,
         st.out_bytes,
         st.attn_bytes,
         st.embd_rows * embd_row,

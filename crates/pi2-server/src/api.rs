@@ -85,6 +85,9 @@ pub struct CompletionRequest {
     pub n: Option<u64>,
     /// llama-server's: keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// Speculative decoding for this request: `lookup` (prompt lookup) or `none`; unset: the
+    /// server's `--draft`.
+    pub draft: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -195,6 +198,19 @@ impl CompletionRequest {
             .collect()
     }
 
+    /// Whether this request decodes with prompt-lookup drafts (`default`: the server's).
+    pub fn drafts(&self, default: bool) -> Result<bool, ApiError> {
+        match self.draft.as_deref() {
+            None => Ok(default),
+            Some("lookup") => Ok(true),
+            Some("none") => Ok(false),
+            Some(other) => Err(ApiError::bad(format!(
+                "`draft` is `lookup` or `none`, not `{other}`"
+            ))
+            .param("draft")),
+        }
+    }
+
     /// The completion prompt's text.
     pub fn prompt_text(&self) -> Result<&str, ApiError> {
         match &self.prompt {
@@ -289,6 +305,9 @@ pub struct Summary {
     pub completion_tokens: usize,
     pub prompt_ms: f64,
     pub predicted_ms: f64,
+    /// Speculative decoding: tokens drafted, and of those kept (llama-server's names).
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 impl Summary {
@@ -317,6 +336,8 @@ impl Summary {
             // As `pi2 run --json` and llama-server: generated tokens over generation time.
             "predicted_per_token_ms": per(self.predicted_ms, self.completion_tokens),
             "predicted_per_second": rate(self.predicted_ms, self.completion_tokens),
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
         })
     }
 }

@@ -47,6 +47,10 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// The one origin browsers may call the API from (`*` for any); no CORS headers without.
     pub cors_origin: Option<String>,
+    /// Requests decode with prompt-lookup drafts unless they say `"draft": "none"`.
+    pub draft: bool,
+    /// The longest draft a request checks (the engines' logit rows must hold it and one more).
+    pub draft_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +68,8 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(15),
             body_timeout: Duration::from_secs(30),
             cors_origin: None,
+            draft: false,
+            draft_max: 16,
         }
     }
 }
@@ -198,6 +204,8 @@ pub fn serve(
         cfg.api_key.clone(),
     );
     state.max_body = cfg.max_body;
+    state.draft = cfg.draft;
+    state.draft_max = cfg.draft_max;
     state.body_timeout = cfg.body_timeout;
     let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
     let mut app = routes::router(Arc::new(state))

@@ -31,6 +31,9 @@ pub struct AppState {
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub api_key: Option<String>,
+    /// Whether requests decode with prompt-lookup drafts unless they say, and the longest draft.
+    pub draft: bool,
+    pub draft_max: usize,
     /// The largest body read, and how long it may take to arrive.
     pub max_body: usize,
     pub body_timeout: std::time::Duration,
@@ -55,6 +58,8 @@ impl AppState {
             queue,
             metrics,
             api_key,
+            draft: false,
+            draft_max: 16,
             max_body: 2 << 20,
             body_timeout: std::time::Duration::from_secs(30),
             created: unix_now(),
@@ -228,6 +233,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         stops: req.stops()?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         stream: req.streams(),
+        draft_max: if req.drafts(s.draft)? { s.draft_max } else { 0 },
         events: tx,
     };
     s.queue.submit(job).map_err(|QueueError::Full(n)| {

@@ -5,7 +5,7 @@
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
 use crate::sched::Scheduler;
-use pi2_engine::{generate, Engine, GenerateConfig, Sampler, SamplerConfig, StopReason};
+use pi2_engine::{generate_drafted, Engine, GenerateConfig, Sampler, SamplerConfig, StopReason};
 use pi2_model::TokenId;
 use pi2_runtime::text::{StopStrings, Utf8Stream};
 use pi2_runtime::Prepared;
@@ -33,6 +33,8 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Send text as it comes (else once, at the end: no wake-up of the HTTP side per token).
     pub stream: bool,
+    /// Speculative decoding with prompt lookup, drafts of up to this many tokens (0: none).
+    pub draft_max: usize,
     pub events: mpsc::Sender<Event>,
 }
 
@@ -157,21 +159,30 @@ impl Slot<'_> {
         let mut sampler = Sampler::new(job.sampler.clone());
         let mut utf8 = Utf8Stream::default();
         let mut stops = StopStrings::new(job.stops.iter().cloned());
+        // A checked draft and its token fit the engine's batch buffers.
+        let draft_max = job.draft_max.min(self.n_batch.saturating_sub(1));
         let cfg = GenerateConfig {
             max_tokens: job.max_tokens,
             ignore_eos: job.ignore_eos,
             n_batch: self.n_batch,
+            draft: pi2_engine::DraftConfig {
+                max: draft_max.max(1),
+                min: 1,
+            },
         };
+        let mut lookup = pi2_engine::Lookup::default();
+        let drafter = (draft_max > 0).then_some(&mut lookup as &mut dyn pi2_engine::Drafter);
         let events = &job.events;
         let mut gone = false;
         let mut held = String::new();
         let started = Instant::now();
-        let result = generate(
+        let result = generate_drafted(
             &mut self.engine,
             &mut sampler,
             &mut self.cached,
             &job.prompt,
             &cfg,
+            drafter,
             |id| {
                 let text = stops.push(&utf8.push(&tok.token_bytes(id, false)));
                 let sent = match job.stream {
@@ -217,6 +228,8 @@ impl Slot<'_> {
             completion_tokens: g.tokens.len(),
             prompt_ms: g.prompt_time.as_secs_f64() * 1e3,
             predicted_ms: g.predicted_time.as_secs_f64() * 1e3,
+            draft_n: g.drafted,
+            draft_n_accepted: g.accepted,
         };
         self.metrics.completed(&summary, started.elapsed());
         Some(Event::Done(summary))

@@ -44,6 +44,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         max_tokens: Some(a.n_predict),
         ignore_eos: false,
         n_batch,
+        ..Default::default()
     };
     let mut cached = Vec::new();
     eprintln!("pi2 chat: type a message and press Enter; /reset clears the conversation, /exit or Ctrl-D quits.");

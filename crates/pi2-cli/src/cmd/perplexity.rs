@@ -78,7 +78,12 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         cfg.n_batch
     );
     let t0 = Instant::now();
-    let mut out = std::io::stdout().lock();
+    // With --json, standard output holds the JSON alone; llama-perplexity's lines go to stderr.
+    let mut out: Box<dyn Write> = if a.json {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    };
     let steps = perplexity(&mut engine, &tokens, &cfg, |s| {
         if s.chunk == 1 {
             let secs = t0.elapsed().as_secs_f64();
@@ -129,7 +134,8 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         if let (Some(r), serde_json::Value::Object(c)) = (report.as_object_mut(), counts) {
             r.extend(c);
         }
-        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+        drop(out);
+        println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
 }

@@ -1,11 +1,11 @@
 //! `pi2 run`: one prompt in, streamed text out (or one JSON object with `--json`).
 
 use super::sampler;
-use crate::args::{ModelArgs, SampleArgs};
+use crate::args::{DraftArgs, ModelArgs, SampleArgs};
 use crate::rss;
 use anyhow::{bail, Result};
 use clap::Args;
-use pi2_engine::{generate, GenerateConfig};
+use pi2_engine::{generate_drafted, GenerateConfig};
 use pi2_model::Message;
 use pi2_runtime::text::Utf8Stream;
 use serde_json::json;
@@ -17,6 +17,8 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Prompt text (special tokens such as `<|im_start|>` are parsed, as llama.cpp does)
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -54,6 +56,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         );
     }
+    let mut drafter = a.draft.drafter()?;
     let (path, mut opts) = super::session_model(&a.model, &a.session, "run")?;
     let model = pi2_runtime::load_model(&path)?;
     let tok = &model.tokenizer;
@@ -88,15 +91,30 @@ pub fn run(a: RunArgs) -> Result<()> {
             opts.engine.n_ctx = asked.min(need);
         }
     }
+    if let Some((_, d)) = &drafter {
+        // A checked draft returns a row of logits per token: the budget holds them.
+        opts.engine.logit_rows = d.max + 1;
+    }
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let mut cfg = GenerateConfig {
         max_tokens: (a.n_predict >= 0).then_some(a.n_predict as usize),
         ignore_eos: a.ignore_eos,
         ..Default::default()
     };
+    if let Some((_, d)) = &drafter {
+        cfg.draft = *d;
+    }
     // The prompt is evaluated in batches of `cfg.n_batch` (fewer where a memory budget cannot
-    // hold their buffers): buffers (and a budget) for those.
-    let (mut engine, n_batch) = prepared.engine_within_budget(prompt.len().min(cfg.n_batch))?;
+    // hold their buffers), and a checked draft in one: buffers (and a budget) for those.
+    let checked = drafter.as_ref().map_or(1, |(_, d)| d.max + 1);
+    let want = prompt.len().min(cfg.n_batch).max(checked);
+    let (mut engine, n_batch) = prepared.engine_within_budget(want)?;
+    if n_batch < checked {
+        bail!(
+            "--mem-budget leaves room for batches of {n_batch} tokens, fewer than a draft of --draft-max {} and its token: lower --draft-max or raise the budget",
+            checked - 1
+        );
+    }
     cfg.n_batch = n_batch;
     if prompt.len() >= engine.n_ctx() {
         bail!(
@@ -113,12 +131,15 @@ pub fn run(a: RunArgs) -> Result<()> {
         stdout.flush()?;
     }
     let mut cached = Vec::new();
-    let g = generate(
+    let g = generate_drafted(
         &mut engine,
         &mut sampler,
         &mut cached,
         &prompt,
         &cfg,
+        drafter
+            .as_mut()
+            .map(|(d, _)| d.as_mut() as &mut dyn pi2_engine::Drafter),
         |id| {
             if !a.json {
                 let text = stream.push(&tok.token_bytes(id, false));
@@ -222,6 +243,13 @@ fn report_json(
             "predicted_per_second": per_second(g.tokens.len(), predicted_ms),
         },
         "peak_rss_bytes": rss::peak_rss_bytes(),
+        "draft": (g.drafted > 0).then(|| json!({
+            "drafted": g.drafted,
+            "accepted": g.accepted,
+            "acceptance": g.accepted as f64 / g.drafted as f64,
+            "decode_passes": g.decode_passes,
+            "tokens_per_pass": g.tokens.len() as f64 / g.decode_passes.max(1) as f64,
+        })),
         "threads": engine.threads(),
         "kernel_tier": engine.tier().name(),
         "plan": prepared.applied.as_ref().map(|ap| json!({
@@ -256,6 +284,15 @@ fn print_timings(g: &pi2_engine::Generation) {
         g.tokens.len(),
         per_second(g.tokens.len(), predicted_ms)
     );
+    if g.drafted > 0 {
+        eprintln!(
+            "      draft: {} drafted, {} accepted ({:.0}%), {:.2} tokens per forward pass",
+            g.drafted,
+            g.accepted,
+            100.0 * g.accepted as f64 / g.drafted as f64,
+            g.tokens.len() as f64 / g.decode_passes.max(1) as f64
+        );
+    }
     if let Some(p) = rss::peak_rss_bytes() {
         eprintln!("   peak RSS: {}", rss::human(p));
     }

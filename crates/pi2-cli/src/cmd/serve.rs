@@ -1,6 +1,6 @@
 //! `pi2 serve`: the OpenAI-compatible server (pi2-server) over a session built by the runtime.
 
-use crate::args::ModelArgs;
+use crate::args::{DraftArgs, DraftSource, ModelArgs};
 use anyhow::Result;
 use clap::Args;
 
@@ -8,6 +8,9 @@ use clap::Args;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// The default for requests (each may say `"draft": "lookup"` or `"none"`)
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -53,7 +56,10 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    a.draft.drafter()?; // checks the lengths
     let (path, mut opts) = super::session_model(&a.model, &a.session, "serve")?;
+    // Any request may check a draft: every engine's logit rows (and a budget) hold one.
+    opts.engine.logit_rows = a.draft.draft_max + 1;
     pi2_server::place_slots(&mut opts.engine, a.parallel);
     let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
     // The server runs until the process ends: the model and session live as long.
@@ -82,6 +88,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
         body_timeout: seconds("--body-timeout", a.body_timeout)?,
         cors_origin: a.cors_origin.clone(),
+        draft: a.draft.draft == DraftSource::Lookup,
+        draft_max: a.draft.draft_max,
     };
     let id = cfg.model_names[0].clone();
     pi2_server::serve(prepared, &cfg, |addr| {

@@ -199,7 +199,7 @@ impl Engine<'_> {
         }
         let next = (li + 1 < c.n_layer).then_some(li + 1);
         let mats = self.store.ffn(li, next)?;
-        if let Some(sp) = self.sparse.filter(|sp| sp.batches_too) {
+        if let Some(sp) = self.sparse.filter(|sp| sp.batches_too || self.decode_batch) {
             let sl = &sp.layers[li];
             let dense_bytes = [mats.gate, mats.up, mats.down]
                 .iter()

@@ -20,8 +20,8 @@ pub fn kv_bytes_full(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
 }
 
 /// Working buffers for batches of up to `n_batch` tokens (activations, predictor scores,
-/// cluster partials) with logits for the last one ([`Logits::Last`](super::Logits::Last); each
-/// further row of logits takes `4 * n_vocab` bytes more), an upper estimate for memory budgets.
+/// cluster partials) with `cfg.logit_rows` rows of logits (one for [`Logits::Last`](super::Logits::Last);
+/// each further row takes `4 * n_vocab` bytes more), an upper estimate for memory budgets.
 pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize {
     let c = &model.config;
     let n = n_batch.max(1);
@@ -32,7 +32,11 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
         Some(_) => 2 * c.n_vocab,
         None => 0,
     };
-    4 * (n * per_token + c.n_vocab + head + threads * n * c.n_embd + 2 * c.n_ff * 3)
+    4 * (n * per_token
+        + cfg.logit_rows.clamp(1, n) * c.n_vocab
+        + head
+        + threads * n * c.n_embd
+        + 2 * c.n_ff * 3)
         + 4 * cfg.context(model) * rayon::current_num_threads().max(threads)
 }
 

@@ -111,8 +111,10 @@ pub struct OffloadStats {
     pub io_wait_ns: u64,
     /// Token-layers computed sparsely from the cache.
     pub token_layers: u64,
-    /// Units (layers, or experts) read whole for dense batches (prefill).
+    /// Units (layers, or experts) read whole for dense batches (prefill, checked drafts), and
+    /// their bytes.
     pub dense_layer_reads: u64,
+    pub stage_bytes: u64,
     /// Layers whose attention projections were read from flash, and their bytes.
     pub attn_layer_reads: u64,
     pub attn_bytes: u64,

@@ -33,6 +33,7 @@ impl Offload {
             tag: Tag::Stage.encode(),
         });
         self.stage_unit[b] = Some(u);
+        self.stats.stage_bytes += reqs.iter().map(|r| r.len as u64).sum::<u64>();
         // SAFETY: the buffer is not read until `wait_stage` has received every completion.
         unsafe { self.reader.submit(&reqs) }
     }

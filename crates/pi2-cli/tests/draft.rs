@@ -1,0 +1,106 @@
+//! `pi2 run --draft lookup`: speculative decoding from the command line gives the same greedy
+//! text as plain decode on the dense model, with fewer forward passes than tokens on an answer
+//! that repeats its prompt; under a memory budget it computes what in-memory sparse decode with
+//! drafts computes, token for token, reading fewer bytes per token than plain decode; absurd
+//! lengths are refused in one line. (A sparse model's checked batch agrees with its one-token
+//! steps to rounding, not bit for bit: `crates/pi2-engine/tests/draft.rs`.)
+
+mod common;
+
+use common::{fails_with, m, ok, root};
+use serde_json::Value;
+
+/// A prompt whose continuation repeats it: a list the model is asked to copy.
+fn editing_prompt() -> String {
+    let items: Vec<String> = (1..=30)
+        .map(|i| format!("item {i}: value {}", i * 7))
+        .collect();
+    format!(
+        "<|im_start|>user\nCopy this list exactly:\n{}\n<|im_end|>\n<|im_start|>assistant\n{}\n",
+        items.join("\n"),
+        items[0]
+    )
+}
+
+fn run(model: &str, draft: &str, extra: &[&str]) -> Value {
+    let prompt = editing_prompt();
+    let mut args = vec![
+        "run", "-m", model, "-p", &prompt, "-n", "48", "--temp", "0", "--json", "--draft", draft,
+        "-t", "2",
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&ok(&args)).unwrap()
+}
+
+#[test]
+fn lookup_drafts_give_the_same_greedy_text_in_fewer_passes() {
+    let plain = run(&m(), "none", &[]);
+    let drafted = run(&m(), "lookup", &[]);
+    assert_eq!(plain["generated_ids"], drafted["generated_ids"]);
+    assert!(plain["draft"].is_null());
+    let d = &drafted["draft"];
+    assert!(d["accepted"].as_u64().unwrap() > 10, "{d}");
+    assert!(d["tokens_per_pass"].as_f64().unwrap() > 1.5, "{d}");
+    fails_with(
+        &[
+            "run",
+            "-m",
+            &m(),
+            "-p",
+            "x",
+            "--draft",
+            "lookup",
+            "--draft-max",
+            "0",
+        ],
+        "--draft-max",
+    );
+    fails_with(
+        &[
+            "run",
+            "-m",
+            &m(),
+            "-p",
+            "x",
+            "--draft",
+            "lookup",
+            "--draft-min",
+            "9",
+            "--draft-max",
+            "4",
+        ],
+        "--draft-min",
+    );
+}
+
+#[test]
+fn under_a_memory_budget_drafts_compute_as_in_memory_and_read_less_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
+    let corpus = corpus.display().to_string();
+    let prof = dir.path().join("p.json").display().to_string();
+    let conv = dir.path().join("c.gguf").display().to_string();
+    let small = ["--tokens", "64", "--chunk", "32"];
+    let model = m();
+    let mut profile = vec!["profile", "-m", &model, "-f", &corpus, "-o", &prof];
+    profile.extend_from_slice(&small);
+    ok(&profile);
+    let mut convert = vec!["convert", "-m", &model, "--profile", &prof, "-f", &corpus];
+    convert.extend_from_slice(&small);
+    convert.extend_from_slice(&["--sparsity", "0.3", "--predictor", "none", "-o", &conv]);
+    ok(&convert);
+    let budget = ["--mem-budget", "60%", "-c", "1024"];
+    let plain = run(&conv, "none", &budget);
+    let drafted = run(&conv, "lookup", &budget);
+    let in_memory = run(&conv, "lookup", &["--sparse", "-c", "1024"]);
+    assert_eq!(drafted["generated_ids"], in_memory["generated_ids"]);
+    assert!(drafted["draft"]["accepted"].as_u64().unwrap() > 0);
+    let bytes = |v: &Value| v["bytes_read_per_token"]["total"].as_f64().unwrap();
+    assert!(bytes(&plain) > 0.0);
+    assert!(
+        bytes(&drafted) < bytes(&plain),
+        "{} vs {}",
+        bytes(&drafted),
+        bytes(&plain)
+    );
+}

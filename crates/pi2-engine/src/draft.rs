@@ -1,0 +1,137 @@
+//! Drafts for speculative decoding: guesses of the next tokens that one forward pass over
+//! them all then checks (see [`crate::generate`]). Under a memory budget a pass reads each
+//! needed weight once for every token in it, so each accepted guess saves most of a step.
+//!
+//! Drafts are deterministic (the same history gives the same guess), which is what makes
+//! checking them exact: sampling the target's own distribution at each drafted position and
+//! keeping the guess only where the sample equals it gives tokens distributed exactly as plain
+//! decode (and, greedy, the same tokens).
+
+use pi2_model::TokenId;
+
+/// A source of drafts.
+pub trait Drafter {
+    /// Up to `max` tokens guessed to follow `history` (the prompt and the generated tokens);
+    /// fewer or none when it has no guess.
+    fn propose(&mut self, history: &[TokenId], max: usize) -> Vec<TokenId>;
+}
+
+/// Prompt lookup (llama.cpp's `lookup` decoding): the longest recent n-gram ending the history
+/// that occurred before, and the tokens that followed it then. Editing answers repeat most of
+/// their prompt, so their drafts are often long and right.
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    /// Longest and shortest n-gram matched (longest first).
+    pub ngram_max: usize,
+    pub ngram_min: usize,
+}
+
+impl Default for Lookup {
+    fn default() -> Self {
+        Self {
+            ngram_max: 4,
+            ngram_min: 1,
+        }
+    }
+}
+
+impl Drafter for Lookup {
+    fn propose(&mut self, history: &[TokenId], max: usize) -> Vec<TokenId> {
+        let n = history.len();
+        for g in (self.ngram_min.max(1)..=self.ngram_max).rev() {
+            if g >= n {
+                continue;
+            }
+            let tail = &history[n - g..];
+            // The most recent earlier occurrence, whose continuation is known.
+            let found = (0..n - g).rev().find(|&s| &history[s..s + g] == tail);
+            if let Some(s) = found {
+                let from = s + g;
+                let take = max.min(n - from);
+                if take > 0 {
+                    return history[from..from + take].to_vec();
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// How long drafts may be, and how the length follows acceptance.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftConfig {
+    /// Most tokens drafted per step (llama.cpp's `--draft-max`).
+    pub max: usize,
+    /// A draft shorter than this is not checked; the step decodes one token (`--draft-min`).
+    pub min: usize,
+}
+
+impl Default for DraftConfig {
+    fn default() -> Self {
+        Self { max: 16, min: 1 }
+    }
+}
+
+/// The draft length as acceptance goes: doubled after a draft accepted whole, cut to one
+/// past what was accepted after a miss, always within `min..=max`.
+#[derive(Clone, Debug)]
+pub struct DraftLength {
+    cfg: DraftConfig,
+    now: usize,
+}
+
+impl DraftLength {
+    pub fn new(cfg: DraftConfig) -> Self {
+        Self {
+            cfg,
+            now: cfg.max.clamp(1, 4),
+        }
+    }
+
+    pub fn get(&self) -> usize {
+        self.now
+    }
+
+    /// After a check of `drafted` tokens of which `accepted` were kept.
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        self.now = if accepted == drafted {
+            (self.now * 2).min(self.cfg.max)
+        } else {
+            (accepted + 1).clamp(self.cfg.min.max(1), self.cfg.max.max(1))
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_continues_the_latest_matching_ngram() {
+        let mut l = Lookup::default();
+        // "a b c d | x a b c" -> after "a b c" came "d x a b c".
+        let h = [1, 2, 3, 4, 9, 1, 2, 3];
+        assert_eq!(l.propose(&h, 3), vec![4, 9, 1]);
+        assert_eq!(l.propose(&h, 10), vec![4, 9, 1, 2, 3]);
+        // Nothing repeats: no draft.
+        assert!(l.propose(&[1, 2, 3, 4], 4).is_empty());
+        // The most recent occurrence wins.
+        let h = [7, 1, 7, 2, 7];
+        assert_eq!(l.propose(&h, 1), vec![2]);
+    }
+
+    #[test]
+    fn draft_length_follows_acceptance() {
+        let mut d = DraftLength::new(DraftConfig { max: 16, min: 2 });
+        assert_eq!(d.get(), 4);
+        d.update(4, 4);
+        assert_eq!(d.get(), 8);
+        d.update(8, 8);
+        d.update(16, 16);
+        assert_eq!(d.get(), 16);
+        d.update(16, 0);
+        assert_eq!(d.get(), 2);
+        d.update(2, 1);
+        assert_eq!(d.get(), 2);
+    }
+}
