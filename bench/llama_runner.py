@@ -9,6 +9,10 @@
         copies in anonymous memory, `--no-repack` in llama.cpp's tools), then N_GEN tokens
         decoded one at a time after a 1-token prompt, or with N_PROMPT > 0 one prompt batch:
         {"load_s": s, "token_s": [s per token...]}
+    python llama_runner.py complete MODEL THREADS N_GEN PROMPT_FILE LOOKUP
+        a greedy completion of the prompt in the file (mmap, no repacked copies), with
+        llama.cpp's prompt lookup decoding drafting LOOKUP tokens (0: none):
+        {"text": ..., "n": tokens, "prompt_s": s, "gen_s": s}
 """
 import json, sys, time
 import llama_cpp
@@ -49,15 +53,36 @@ def bench(model, threads, n_prompt, n_gen, reps):
     return out
 
 
-def decode(model, threads, n_gen, n_prompt):
+def no_repack():
+    """Weights stay in the file mapping (the mmap baseline fits under a cap)."""
     defaults = C.llama_model_default_params
 
-    def no_repack():
+    def params():
         p = defaults()
         p.use_extra_bufts = False
         return p
 
-    C.llama_model_default_params = no_repack
+    C.llama_model_default_params = params
+
+
+def complete(model, threads, n_gen, prompt_file, lookup):
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    no_repack()
+    draft = LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=lookup) if lookup else None
+    llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=4096,
+                          n_batch=512, use_mmap=True, verbose=False, draft_model=draft)
+    prompt = open(prompt_file).read()
+    t = time.perf_counter()
+    out = llm.create_completion(prompt, max_tokens=n_gen, temperature=0.0, top_k=1)
+    total = time.perf_counter() - t
+    perf = C.llama_perf_context(llm._ctx.ctx)
+    prompt_s = perf.t_p_eval_ms / 1e3
+    return {"text": out["choices"][0]["text"], "n": out["usage"]["completion_tokens"],
+            "prompt_s": prompt_s, "gen_s": total - prompt_s}
+
+
+def decode(model, threads, n_gen, n_prompt):
+    no_repack()
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=256,
                           n_batch=32, use_mmap=True, verbose=False)
@@ -76,5 +101,10 @@ def decode(model, threads, n_gen, n_prompt):
 
 
 if __name__ == "__main__":
-    mode, model, rest = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3:]]
-    print(json.dumps(bench(model, *rest) if mode == "bench" else decode(model, *rest)))
+    mode, model = sys.argv[1], sys.argv[2]
+    if mode == "complete":
+        threads, n_gen, prompt_file, lookup = sys.argv[3:7]
+        print(json.dumps(complete(model, int(threads), int(n_gen), prompt_file, int(lookup))))
+    else:
+        rest = [int(x) for x in sys.argv[3:]]
+        print(json.dumps(bench(model, *rest) if mode == "bench" else decode(model, *rest)))

@@ -13,9 +13,10 @@ engines run inside a cgroup v1 memory cap of that size after the page cache is d
 - pi2 runs the one command `pi2 run -m MODEL --mem-budget CAP -n TOKENS --json` on the plain
   GGUF, which runs the cached conversion (made once before the sweep, outside the caps).
 Both are also run without a cap, the file in the page cache (the in-memory lines). Quality:
-`pi2 perplexity --mem-budget` on held-out text (a genre the calibration does not contain)
-against the dense model; the functions decode computes do not depend on the budget (only where
-the bytes come from does), so one figure holds for every capped point.
+perplexity on held-out text (a genre the calibration does not contain) of what decode computes
+(the conversion's sparse FFN and clustered head, scored in memory with `--sparse`: offloaded
+decode gives the same logits bit for bit at every budget, so one figure holds for every capped
+point) against the dense model.
 
 Writes docs/measurements/offload-NAME.json and .svg (bench/plot.py) and prints a table. Needs
 root (cgroups, drop_caches).
@@ -53,16 +54,27 @@ def llama_run(model, tokens, threads, cap):
     return {"tps": len(out["token_s"]) / sum(out["token_s"])}, peak, None
 
 
-def quality(model, budget, text, chunks, env):
-    """Perplexity as decode computes it under `budget`, and dense, with the head's agreement."""
-    base = [pi2bench.pi2(), "perplexity", "-m", model, "-f", text, "-c", "512", "--chunks", str(chunks), "--json"]
-    dense = json.loads(subprocess.run(base + ["--dense"], capture_output=True, text=True, check=True,
-                                      env=env).stdout)
-    approx = json.loads(subprocess.run(base + ["--mem-budget", budget], capture_output=True, text=True,
-                                       check=True, env=env).stdout)
+def converted_path(model, env):
+    """The one command's cached conversion of `model` (made before this is called)."""
+    cache = Path(env.get("PI2_CACHE_DIR") or Path.home() / ".cache" / "pi2") / "converted"
+    found = sorted(cache.glob(f"{Path(model).stem}-*.gguf"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        sys.exit(f"no conversion of {model} in {cache}")
+    return str(found[-1])
+
+
+def quality(model, converted, text, chunks, env):
+    """Perplexity of what decode computes under any budget (the conversion's sparse FFN and
+    clustered head: offloaded decode gives in-memory sparse decode's logits bit for bit, so it
+    is scored in memory, `--sparse`), against the dense source model, with the head's agreement."""
+    run = lambda m, extra: json.loads(subprocess.run(
+        [pi2bench.pi2(), "perplexity", "-m", m, "-f", text, "-c", "512", "--chunks", str(chunks), "--json", *extra],
+        capture_output=True, text=True, check=True, env=env).stdout)
+    dense, approx = run(model, []), run(converted, ["--sparse"])
     return {"text": str(Path(text).name), "chunks": chunks, "dense_ppl": dense["ppl"], "ppl": approx["ppl"],
             "ppl_increase": approx["ppl"] / dense["ppl"] - 1,
-            "head_top1_agreement": approx.get("head_top1_agreement"), "head_mass": approx.get("head_mass")}
+            "head_top1_agreement": approx.get("head_top1_agreement"), "head_mass": approx.get("head_mass"),
+            "ffn_sparsity": (approx.get("sparse") or {}).get("ffn_sparsity")}
 
 
 def main():
@@ -86,8 +98,8 @@ def main():
                           capture_output=True, text=True, env=env)
     if made.returncode != 0:
         sys.exit(f"pi2 could not convert {model}: {made.stderr.strip().splitlines()[-1]}")
-    q = quality(model, "50%", a.quality_text, a.chunks, env)
-    print(f"quality at 50% ({q['text']}, {a.chunks} chunks): ppl {q['ppl']:.4f} vs dense {q['dense_ppl']:.4f} "
+    q = quality(model, converted_path(model, env), a.quality_text, a.chunks, env)
+    print(f"quality ({q['text']}, {a.chunks} chunks): ppl {q['ppl']:.4f} vs dense {q['dense_ppl']:.4f} "
           f"({q['ppl_increase']:+.2%}), head top-1 {q['head_top1_agreement']}, mass {q['head_mass']}",
           file=sys.stderr)
     steps = {

@@ -115,9 +115,10 @@ def cgroup_root():
     sys.exit("no cgroup v1 memory controller (cgroup v1 and root are needed for memory caps)")
 
 
-def capped(cmd, cap_bytes, env=None):
+def capped(cmd, cap_bytes, env=None, stderr_too=False):
     """Runs cmd inside a fresh cgroup v1 memory cap of cap_bytes, the page cache dropped first.
-    Returns (stdout or None, peak bytes of the group, error line or None)."""
+    Returns (stdout (and stderr after it when `stderr_too`) or None, peak bytes of the group,
+    error line or None)."""
     cg = cgroup_root() / f"pi2bench{os.getpid()}"
     cg.mkdir()
     try:
@@ -131,7 +132,7 @@ def capped(cmd, cap_bytes, env=None):
             # Killed by the cap (-9) or refused: a row that says so, not the end of the sweep.
             last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
             return None, peak, f"exit {out.returncode}: {last[:200]}"
-        return out.stdout, peak, None
+        return out.stdout + (out.stderr if stderr_too else ""), peak, None
     finally:
         for _ in range(50):
             try:
@@ -190,3 +191,32 @@ def plot_python():
         venv.create(PLOT_VENV, with_pip=True)
         subprocess.run([py, "-m", "pip", "install", "-q", "matplotlib"], check=True)
     return str(py)
+
+
+def llama_tool(name):
+    """A llama.cpp program (e.g. `llama-lookup`) built from the same pinned llama-cpp-python
+    sdist and CPU options as the venv, under target/llama-cpp-tools (cmake from PyPI)."""
+    tools = ROOT / "target" / "llama-cpp-tools"
+    exe = tools / "build" / "bin" / name
+    stamp = tools / "pi2-cmake-args"
+    if exe.exists() and stamp.exists() and stamp.read_text() == cmake_args():
+        return str(exe)
+    py = llama_python()
+    tools.mkdir(parents=True, exist_ok=True)
+    src = tools / "src"
+    if not src.exists():
+        subprocess.run([py, "-m", "pip", "download", "-q", LLAMA_CPP_PYTHON, "--no-binary", "llama-cpp-python",
+                        "--no-deps", "-d", str(tools)], check=True)
+        tarball = next(tools.glob("llama_cpp_python-*.tar.gz"))
+        subprocess.run(["tar", "xzf", str(tarball), "-C", str(tools)], check=True)
+        next(tools.glob("llama_cpp_python-*/")).joinpath("vendor", "llama.cpp").rename(src)
+    subprocess.run([py, "-m", "pip", "install", "-q", "cmake"], check=True)
+    cmake = str(Path(py).parent / "cmake")
+    print(f"building llama.cpp's {name} (several minutes)", file=sys.stderr)
+    subprocess.run([cmake, "-S", str(src), "-B", str(tools / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    *cmake_args().split()], check=True, capture_output=True)
+    subprocess.run([cmake, "--build", str(tools / "build"), "--target", name, "-j", str(os.cpu_count() or 2)],
+                   check=True, capture_output=True)
+    stamp.write_text(cmake_args())
+    return str(exe)
