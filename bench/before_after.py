@@ -10,9 +10,12 @@ Everything after `--` goes to `pi2 bench` (with `-o json` added).
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pi2bench  # noqa: E402
 
 
 def run(binary, args):
@@ -31,27 +34,27 @@ def main():
     p.add_argument("old")
     p.add_argument("new")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--name", help="also write docs/measurements/NAME.json")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = p.parse_args(argv[:cut])
     args = argv[cut + 1 :]
-    results = {"old": [], "new": []}
-    for r in range(a.rounds):
-        for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
-            binary = a.old if which == "old" else a.new
-            results[which].append(run(binary, args))
-            print(f"round {r + 1} {which} done", file=sys.stderr)
+    results = pi2bench.interleaved(a.rounds, {"old": lambda: run(a.old, args), "new": lambda: run(a.new, args)})
     keys = [k for k in results["old"][0] if k in results["new"][0]]
-    print(f"| test | ffn | threads | old t/s | new t/s | new/old |")
-    print(f"| --- | --- | --- | --- | --- | --- |")
+    print("| test | ffn | threads | old t/s | new t/s | new/old |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    rows = []
     for k in keys:
-        old = statistics.median(x[k] for x in results["old"])
-        new = statistics.median(x[k] for x in results["new"])
-        spread = lambda w: max(x[k] for x in results[w]) / min(x[k] for x in results[w]) - 1
+        old, new = (pi2bench.spread([x[k] for x in results[w]]) for w in ("old", "new"))
+        width = lambda s: s["max"] / s["min"] - 1
         print(
-            f"| {k[0]} | {k[1]} | {k[2]} | {old:.2f} | {new:.2f} | {new / old:.3f} "
-            f"(spread old {spread('old'):.0%}, new {spread('new'):.0%}) |"
+            f"| {k[0]} | {k[1]} | {k[2]} | {old['median']:.2f} | {new['median']:.2f} | "
+            f"{new['median'] / old['median']:.3f} (spread old {width(old):.0%}, new {width(new):.0%}) |"
         )
+        rows.append({"test": k[0], "ffn": k[1], "threads": k[2], "old": old, "new": new})
+    if a.name:
+        pi2bench.write(a.name, {"what": "two pi2 builds, interleaved rounds of pi2 bench", "command": " ".join(sys.argv),
+                                "rows": rows}, plot=False)
 
 
 if __name__ == "__main__":

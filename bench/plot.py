@@ -7,6 +7,8 @@ matplotlib. Run by bench/pi2bench.py's `write`; run it again to redraw.
 The JSON's `plot.kind` says what to draw:
 - `caps`: decode t/s against the memory cap (share of the model file), one line per engine with
   the rounds' spread as error bars, and each engine's in-memory speed as a dashed line.
+- `curve`: named series of labelled (x, y) points (`series`), with axis names from `plot.x`
+  and `plot.y` and an optional dashed `plot.hline`.
 """
 import json, sys
 from pathlib import Path
@@ -41,18 +43,34 @@ def caps(data, ax):
     ax.legend(fontsize=8, loc="upper left")
 
 
+def curve(data, ax):
+    spec = data["plot"]
+    for name, pts in data["series"].items():
+        pts = sorted(pts, key=lambda p: p["x"])
+        ax.plot([p["x"] for p in pts], [p["y"] for p in pts], marker="o", label=name)
+        for p in pts:
+            ax.annotate(str(p.get("label", "")), (p["x"], p["y"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+    if "hline" in spec:
+        ax.axhline(spec["hline"], linestyle="--", linewidth=1, color="gray")
+    ax.set_xlabel(spec["x"])
+    ax.set_ylabel(spec["y"])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def main():
     path = Path(sys.argv[1])
     data = json.loads(path.read_text())
     spec = data["plot"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    {"caps": caps}[spec["kind"]](data, ax)
+    {"caps": caps, "curve": curve}[spec["kind"]](data, ax)
     m = data.get("machine", {})
     ax.set_title(spec.get("title", path.stem), fontsize=10)
-    foot = "; ".join(x for x in (spec.get("caption"), f"{m.get('cpu', '')}, {m.get('cores', '')} cores, "
-                                 f"{m.get('commit', '')}, {m.get('date', '')}") if x)
+    foot = "\n".join(x for x in (spec.get("caption"), f"{m.get('cpu', '')}, {m.get('cores', '')} cores, "
+                                  f"commit {m.get('commit', '')}, {m.get('date', '')}") if x)
     fig.text(0.01, 0.01, foot, fontsize=7, ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     out = path.with_suffix(".svg")
     fig.savefig(out)
     print(f"wrote {out}", file=sys.stderr)

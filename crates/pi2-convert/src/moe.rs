@@ -42,6 +42,34 @@ pub struct ExpertCounts {
 }
 
 impl ExpertCounts {
+    /// The counts as `pi2 profile` writes them for a mixture-of-experts model: per unit its
+    /// layer, expert, routed tokens, active rate and each neuron's firing frequency when routed.
+    pub fn to_json(&self, model: &pi2_model::Model) -> serde_json::Value {
+        let c = &model.config;
+        let units: Vec<serde_json::Value> = (0..self.fired.len())
+            .map(|u| {
+                let routed = self.routed[u].max(1) as f32;
+                serde_json::json!({
+                    "layer": u / self.experts,
+                    "expert": u % self.experts,
+                    "routed_tokens": self.routed[u],
+                    "active_rate": self.active_rate(u),
+                    "frequency_when_routed": self.fired[u].iter().map(|&n| n as f32 / routed).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "model": model.name,
+            "n_layer": c.n_layer,
+            "n_expert": c.n_expert,
+            "n_expert_used": c.n_expert_used,
+            "n_ff": c.n_ff,
+            "activation": c.ffn_act.name(),
+            "tokens": self.tokens,
+            "units": units,
+        })
+    }
+
     /// Fraction of calibration tokens on which each neuron of unit `u` fired.
     pub fn frequency(&self, u: usize) -> Vec<f32> {
         let t = self.tokens.max(1) as f32;

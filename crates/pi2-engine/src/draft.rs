@@ -72,8 +72,9 @@ impl Default for DraftConfig {
     }
 }
 
-/// The draft length as acceptance goes: doubled after a draft accepted whole, cut to one
-/// past what was accepted after a miss, always within `min..=max`.
+/// The draft length as acceptance goes: doubled after a draft accepted whole, halved after a
+/// miss (never below one past what was kept), always within `min..=max`. A checked pass costs
+/// about the same for any length when reads dominate, so lengths shrink slowly.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     cfg: DraftConfig,
@@ -97,7 +98,9 @@ impl DraftLength {
         self.now = if accepted == drafted {
             (self.now * 2).min(self.cfg.max)
         } else {
-            (accepted + 1).clamp(self.cfg.min.max(1), self.cfg.max.max(1))
+            (self.now / 2)
+                .max(accepted + 1)
+                .clamp(self.cfg.min.max(1), self.cfg.max.max(1))
         };
     }
 }
@@ -130,8 +133,12 @@ mod tests {
         d.update(16, 16);
         assert_eq!(d.get(), 16);
         d.update(16, 0);
-        assert_eq!(d.get(), 2);
-        d.update(2, 1);
+        assert_eq!(d.get(), 8);
+        d.update(8, 6);
+        assert_eq!(d.get(), 7);
+        d.update(7, 0);
+        d.update(3, 0);
+        d.update(2, 0);
         assert_eq!(d.get(), 2);
     }
 }

@@ -378,6 +378,50 @@ impl StandIn {
 
     /// Generate rows `rows` of tensor `t` into `out` (deterministic: any split of the rows
     /// over threads gives the same bytes).
+    /// Writes the whole GGUF file to `out`: rows made in parallel batches, written in order;
+    /// `progress` hears each batch's bytes.
+    pub fn write(
+        &self,
+        out: &mut impl std::io::Write,
+        progress: &mut dyn FnMut(u64),
+    ) -> std::io::Result<()> {
+        use rayon::prelude::*;
+        const BATCH_BYTES: usize = 64 << 20;
+        crate::writer::write_streamed(
+            out,
+            *b"GGUF",
+            &self.metadata,
+            32,
+            &self.tensors,
+            |t, out| {
+                let (rows, _) = self.geometry(t);
+                let row_bytes = (self.tensors[t].bytes as usize / rows).max(1);
+                let per_batch = (BATCH_BYTES / row_bytes).max(1);
+                let per_task = per_batch.div_ceil(rayon::current_num_threads() * 4).max(1);
+                let mut start = 0;
+                while start < rows {
+                    let end = (start + per_batch).min(rows);
+                    let parts: Vec<Vec<u8>> = (start..end)
+                        .step_by(per_task)
+                        .collect::<Vec<_>>()
+                        .into_par_iter()
+                        .map(|s| {
+                            let mut buf = Vec::with_capacity(per_task * row_bytes);
+                            self.fill_rows(t, s..(s + per_task).min(end), &mut buf);
+                            buf
+                        })
+                        .collect();
+                    for p in &parts {
+                        out.write_all(p)?;
+                        progress(p.len() as u64);
+                    }
+                    start = end;
+                }
+                Ok(())
+            },
+        )
+    }
+
     pub fn fill_rows(&self, t: usize, rows: std::ops::Range<usize>, out: &mut Vec<u8>) {
         let (_, cols) = self.geometry[t];
         let ty = QuantType::from_ggml_id(self.tensors[t].ggml_type).expect("our own types");

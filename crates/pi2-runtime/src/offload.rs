@@ -59,6 +59,16 @@ pub fn check_floor(model: &Model, engine: &EngineConfig, budget: u64) -> Result<
     Ok(())
 }
 
+/// Bytes a plain model needs to run whole in memory: its file, this process's own memory, and
+/// the KV cache and buffers of its full context (batches of `n_batch`). A budget at least this
+/// large needs no conversion; a smaller one (even 100% of the file) runs offloaded.
+pub fn whole_model_bytes(model: &Model, engine: &EngineConfig, n_batch: usize) -> u64 {
+    model.file.file_size()
+        + process_bytes(model)
+        + pi2_engine::kv_bytes_full(model, engine, n_batch) as u64
+        + pi2_engine::scratch_bytes(model, engine, n_batch) as u64
+}
+
 /// A budget below the least: what it needs, what its parts are, and the budget to pass. The
 /// KV cache counts only its first batch here: later positions take room from the neuron
 /// memory as the context grows (`pi2_engine::Offload`), so no `-c` is needed to fit.

@@ -18,6 +18,8 @@
 mod coact;
 mod hitrate;
 mod placement;
+#[cfg(feature = "plots")]
+pub mod plots;
 mod predictor;
 mod profile;
 mod sensitivity;
@@ -36,6 +38,8 @@ pub use trace::{Trace, TRACE_MAGIC, TRACE_VERSION};
 /// Sparsity errors: files that are not what they claim, and requests outside their range.
 #[derive(Debug, thiserror::Error)]
 pub enum SparseError {
+    #[error("cannot draw the picture: {0}")]
+    Picture(String),
     #[error("{path}: {source}")]
     Io {
         path: String,

@@ -159,16 +159,17 @@ pub fn session_model(
     }
     let file = model.file.file_size();
     let bytes = pi2_runtime::options::parse_size("--mem-budget", &budget, file)?;
-    if bytes >= file {
+    let engine = opts.engine.config()?;
+    let whole = pi2_runtime::offload::whole_model_bytes(&model, &engine, 512);
+    if bytes >= whole {
         eprintln!(
-            "pi2: the whole model ({}) fits in --mem-budget {budget} ({}): it runs in memory, no budget applies",
-            crate::rss::human(file),
+            "pi2: the whole model ({} with this process and its KV cache) fits in --mem-budget {budget} ({}): it runs in memory, no budget applies",
+            crate::rss::human(whole),
             crate::rss::human(bytes)
         );
         opts.mem_budget = None;
         return Ok((path, opts));
     }
-    let engine = opts.engine.config()?;
     pi2_runtime::offload::check_floor(&model, &engine, bytes)?;
     drop(model);
     // Converted in a child process: what the conversion allocated never counts against the

@@ -8,7 +8,6 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pi2_model::Model;
 use pi2_sparse::Profile;
-use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
@@ -108,8 +107,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     }
     profile.save(&a.output)?;
     trace.write(&trace_path)?;
-    plot_hotness(&profile, &hot_svg)?;
-    plot_hit_rate(&profile, &hit_svg)?;
+    pi2_sparse::plots::hotness_svg(&profile, &hot_svg)?;
+    pi2_sparse::plots::hit_rate_svg(&profile, &hit_svg)?;
     print_summary(&profile);
     for p in [&a.output, &trace_path, &hot_svg, &hit_svg] {
         eprintln!("profile: wrote {}", p.display());
@@ -224,28 +223,7 @@ fn profile_experts(
     })?;
     pb.finish_and_clear();
     print_expert_counts(model, &counts);
-    let units: Vec<serde_json::Value> = (0..counts.fired.len())
-        .map(|u| {
-            let routed = counts.routed[u].max(1) as f32;
-            serde_json::json!({
-                "layer": u / counts.experts,
-                "expert": u % counts.experts,
-                "routed_tokens": counts.routed[u],
-                "active_rate": counts.active_rate(u),
-                "frequency_when_routed": counts.fired[u].iter().map(|&n| n as f32 / routed).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    let json = serde_json::json!({
-        "model": model.name,
-        "n_layer": c.n_layer,
-        "n_expert": c.n_expert,
-        "n_expert_used": c.n_expert_used,
-        "n_ff": c.n_ff,
-        "activation": c.ffn_act.name(),
-        "tokens": counts.tokens,
-        "units": units,
-    });
+    let json = counts.to_json(model);
     std::fs::write(&a.output, serde_json::to_vec(&json)?)
         .with_context(|| format!("cannot write {}", a.output.display()))?;
     eprintln!("profile: wrote {}", a.output.display());
@@ -364,113 +342,4 @@ fn print_summary(p: &Profile) {
             )),
         );
     }
-}
-
-/// Activation frequency of each layer's neurons, sorted hottest first: one line per layer.
-fn plot_hotness(p: &Profile, path: &Path) -> Result<()> {
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
-    let n = p.model.n_ff;
-    let mut chart = frame(
-        &root,
-        format!(
-            "Neuron hotness per layer ({}; active = top {:.0}% of scores)",
-            p.model.file_name,
-            (1.0 - p.reference_sparsity) * 100.0
-        ),
-        "neurons, hottest first (% of the layer)",
-        "fraction of tokens active",
-    )?;
-    let layers = p.layers.len().max(2);
-    for (li, l) in p.layers.iter().enumerate() {
-        let mut f = l.frequency.clone();
-        f.sort_by(|a, b| b.total_cmp(a));
-        let color = HSLColor(0.7 * li as f64 / (layers - 1) as f64, 0.8, 0.45);
-        chart
-            .draw_series(LineSeries::new(
-                f.iter()
-                    .enumerate()
-                    .map(|(i, &v)| (i as f32 * 100.0 / n as f32, v)),
-                color,
-            ))
-            .map_err(plot_err)?
-            .label(format!("layer {li}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
-    }
-    root.present().map_err(plot_err)?;
-    Ok(())
-}
-
-/// Mean hit rate over layers against cache size, for the three cache layouts.
-fn plot_hit_rate(p: &Profile, path: &Path) -> Result<()> {
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
-    let curve = p.mean_hit_rate();
-    let mut chart = frame(
-        &root,
-        format!(
-            "Neuron cache hit rate vs size ({}, {} calibration tokens)",
-            p.model.file_name, p.calibration.tokens
-        ),
-        "cache size (% of each layer's neurons)",
-        "hit rate (mean over layers)",
-    )?;
-    type Pick = fn(&pi2_sparse::HitPoint) -> f32;
-    let series: [(&str, RGBColor, Pick); 3] = [
-        ("LRU", RED, |h| h.lru),
-        ("pinned hottest", BLUE, |h| h.pinned),
-        ("pinned + LRU (best split)", GREEN, |h| h.best),
-    ];
-    for (name, color, pick) in series {
-        chart
-            .draw_series(LineSeries::new(
-                curve.iter().map(|h| (h.cache_fraction * 100.0, pick(h))),
-                color.stroke_width(2),
-            ))
-            .map_err(plot_err)?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(plot_err)?;
-    root.present().map_err(plot_err)?;
-    Ok(())
-}
-
-type Chart<'a, 'b> = ChartContext<
-    'a,
-    SVGBackend<'b>,
-    Cartesian2d<plotters::coord::types::RangedCoordf32, plotters::coord::types::RangedCoordf32>,
->;
-
-/// A percent-by-fraction chart (x 0..100, y 0..1) with a caption and axis names.
-fn frame<'a, 'b>(
-    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
-    caption: String,
-    x_desc: &str,
-    y_desc: &str,
-) -> Result<Chart<'a, 'b>> {
-    let mut chart = ChartBuilder::on(root)
-        .caption(caption, ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f32..100f32, 0f32..1f32)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .draw()
-        .map_err(plot_err)?;
-    Ok(chart)
-}
-
-fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
-    anyhow::anyhow!("cannot draw the picture: {e:?}")
 }

@@ -7,7 +7,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pi2_model::stand_in::{Shape, StandIn, StandInSpec, SHAPES};
 use pi2_model::{FfnAct, GgufFile};
 use pi2_runtime::options::parse_type;
-use rayon::prelude::*;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -114,41 +113,7 @@ fn write(model: &StandIn, out: &mut BufWriter<File>, total: u64) -> std::io::Res
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}, eta {eta}")
             .expect("valid template"),
     );
-    // Rows in batches generated in parallel, written in order.
-    const BATCH_BYTES: usize = 64 << 20;
-    pi2_model::writer::write_streamed(
-        out,
-        *b"GGUF",
-        &model.metadata,
-        32,
-        &model.tensors,
-        |t, out| {
-            let (rows, _) = model.geometry(t);
-            let row_bytes = (model.tensors[t].bytes as usize / rows).max(1);
-            let per_batch = (BATCH_BYTES / row_bytes).max(1);
-            let per_task = per_batch.div_ceil(rayon::current_num_threads() * 4).max(1);
-            let mut start = 0;
-            while start < rows {
-                let end = (start + per_batch).min(rows);
-                let parts: Vec<Vec<u8>> = (start..end)
-                    .step_by(per_task)
-                    .collect::<Vec<_>>()
-                    .into_par_iter()
-                    .map(|s| {
-                        let mut buf = Vec::with_capacity(per_task * row_bytes);
-                        model.fill_rows(t, s..(s + per_task).min(end), &mut buf);
-                        buf
-                    })
-                    .collect();
-                for p in &parts {
-                    out.write_all(p)?;
-                    pb.inc(p.len() as u64);
-                }
-                start = end;
-            }
-            Ok(())
-        },
-    )?;
+    model.write(out, &mut |n| pb.inc(n))?;
     pb.finish_and_clear();
     Ok(())
 }

@@ -37,7 +37,19 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
         + head
         + threads * n * c.n_embd
         + 2 * c.n_ff * 3)
-        + 4 * cfg.context(model) * rayon::current_num_threads().max(threads)
+        // Not rayon::current_num_threads(): asking starts rayon's global pool, and sizing must
+        // not start threads (a caller may fork after it, and a child's pool would be dead).
+        + 4 * cfg.context(model) * attention_threads().max(threads)
+}
+
+/// Threads rayon's global pool has or will have (`RAYON_NUM_THREADS`, else the CPUs), without
+/// starting it.
+fn attention_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 impl Engine<'_> {
