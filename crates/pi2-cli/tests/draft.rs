@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{fails_with, m, ok, root};
+use common::{fails_with, m, ok};
 use serde_json::Value;
 
 /// A prompt whose continuation repeats it: a list the model is asked to copy.
@@ -41,54 +41,21 @@ fn lookup_drafts_give_the_same_greedy_text_in_fewer_passes() {
     let d = &drafted["draft"];
     assert!(d["accepted"].as_u64().unwrap() > 10, "{d}");
     assert!(d["tokens_per_pass"].as_f64().unwrap() > 1.5, "{d}");
-    fails_with(
-        &[
-            "run",
-            "-m",
-            &m(),
-            "-p",
-            "x",
-            "--draft",
-            "lookup",
-            "--draft-max",
-            "0",
-        ],
-        "--draft-max",
-    );
-    fails_with(
-        &[
-            "run",
-            "-m",
-            &m(),
-            "-p",
-            "x",
-            "--draft",
-            "lookup",
-            "--draft-min",
-            "9",
-            "--draft-max",
-            "4",
-        ],
-        "--draft-min",
-    );
+    for (lengths, option) in [
+        (&["--draft-max", "0"][..], "--draft-max"),
+        (&["--draft-min", "9", "--draft-max", "4"][..], "--draft-min"),
+    ] {
+        let model = m();
+        let mut args = vec!["run", "-m", &model, "-p", "x", "--draft", "lookup"];
+        args.extend_from_slice(lengths);
+        fails_with(&args, option);
+    }
 }
 
 #[test]
 fn under_a_memory_budget_drafts_compute_as_in_memory_and_read_less_per_token() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
-    let corpus = corpus.display().to_string();
-    let prof = dir.path().join("p.json").display().to_string();
-    let conv = dir.path().join("c.gguf").display().to_string();
-    let small = ["--tokens", "64", "--chunk", "32"];
-    let model = m();
-    let mut profile = vec!["profile", "-m", &model, "-f", &corpus, "-o", &prof];
-    profile.extend_from_slice(&small);
-    ok(&profile);
-    let mut convert = vec!["convert", "-m", &model, "--profile", &prof, "-f", &corpus];
-    convert.extend_from_slice(&small);
-    convert.extend_from_slice(&["--sparsity", "0.3", "--predictor", "none", "-o", &conv]);
-    ok(&convert);
+    let conv = common::small_conversion(dir.path());
     let budget = ["--mem-budget", "60%", "-c", "1024"];
     let plain = run(&conv, "none", &budget);
     let drafted = run(&conv, "lookup", &budget);

@@ -367,19 +367,7 @@ fn serve_refuses_unusable_options_in_one_line() {
 #[test]
 fn under_a_memory_budget_the_server_answers_as_run_does() {
     let dir = tempfile::tempdir().unwrap();
-    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
-    let corpus = corpus.display().to_string();
-    let prof = dir.path().join("p.json").display().to_string();
-    let conv = dir.path().join("c.gguf").display().to_string();
-    let small = ["--tokens", "64", "--chunk", "32"];
-    let model = m();
-    let mut profile = vec!["profile", "-m", &model, "-f", &corpus, "-o", &prof];
-    profile.extend_from_slice(&small);
-    common::ok(&profile);
-    let mut convert = vec!["convert", "-m", &model, "--profile", &prof, "-f", &corpus];
-    convert.extend_from_slice(&small);
-    convert.extend_from_slice(&["--sparsity", "0.3", "--predictor", "none", "-o", &conv]);
-    common::ok(&convert);
+    let conv = common::small_conversion(dir.path());
 
     // The whole file's size: the budget also holds this process's own memory (about 40 MiB
     // here) and the server's 512-token batch buffers, so the FFN is still offloaded.

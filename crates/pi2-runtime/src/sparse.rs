@@ -5,25 +5,11 @@ use crate::error::{Result, RuntimeError};
 use crate::options::{parse_type, SparseOptions};
 use pi2_engine::SparseFfn;
 use pi2_model::Model;
-use pi2_sparse::{ModelInfo, Profile};
+use pi2_sparse::Profile;
 use std::path::Path;
 
-/// What a profile must match: the model's shape and file.
-pub fn model_info(model: &Model, path: &Path) -> ModelInfo {
-    let c = &model.config;
-    ModelInfo {
-        architecture: c.arch.name().to_string(),
-        n_layer: c.n_layer,
-        n_embd: c.n_embd,
-        n_ff: c.n_ff,
-        activation: pi2_engine::profile_activation(c.ffn_act),
-        file_name: path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        file_bytes: model.file.file_size(),
-    }
-}
+/// What a profile must match: the model's shape and file (the description profiles record).
+pub use pi2_convert::pipeline::model_info;
 
 /// Checks a sparsity target.
 pub fn check_sparsity(s: f32) -> Result<f32> {

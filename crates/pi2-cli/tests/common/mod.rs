@@ -76,3 +76,22 @@ pub fn pi2_with_stdin(args: &[&str], input: &[u8]) -> Output {
     child.stdin.take().unwrap().write_all(input).unwrap();
     child.wait_with_output().unwrap()
 }
+
+/// SmolLM2 profiled and converted on 64 KJV tokens at sparsity 0.3, no predictor, into `dir`
+/// (small and quick: for tests of the offloaded paths); returns the converted file's path.
+pub fn small_conversion(dir: &std::path::Path) -> String {
+    let corpus = root().join("testdata/corpus/kjv_calibration.txt");
+    let corpus = corpus.display().to_string();
+    let prof = dir.join("p.json").display().to_string();
+    let conv = dir.join("c.gguf").display().to_string();
+    let small = ["--tokens", "64", "--chunk", "32"];
+    let model = m();
+    let mut profile = vec!["profile", "-m", &model, "-f", &corpus, "-o", &prof];
+    profile.extend_from_slice(&small);
+    ok(&profile);
+    let mut convert = vec!["convert", "-m", &model, "--profile", &prof, "-f", &corpus];
+    convert.extend_from_slice(&small);
+    convert.extend_from_slice(&["--sparsity", "0.3", "--predictor", "none", "-o", &conv]);
+    ok(&convert);
+    conv
+}
