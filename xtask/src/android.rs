@@ -20,7 +20,7 @@ const MODEL_COMMANDS: &[&str] = &["run", "chat", "tokenize", "perplexity", "info
 /// Printed by the remote shell after pi2 exits; `adb shell` of old devices drops exit codes.
 const EXIT_MARKER: &[u8] = b"\n__PI2_EXIT__=";
 
-fn ensure_rust_target(target: &str) -> Result<()> {
+pub fn ensure_rust_target(target: &str) -> Result<()> {
     let out = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn find_qemu() -> Result<PathBuf> {
+pub fn find_qemu() -> Result<PathBuf> {
     ["qemu-aarch64-static", "qemu-aarch64"]
         .iter()
         .flat_map(|name| {

@@ -9,8 +9,11 @@
 //! - `qemu-run [--cpu NAME] -- <pi2 args>`: the aarch64 build under qemu-user, the phone's
 //!   stand-in on any Linux box.
 //! - `cross-check`: greedy generation on the real model, aarch64 under qemu vs this machine.
+//! - `c-example [--aarch64]`: the C API's example built with the system's C compiler and
+//!   checked against `pi2 run` (see [`c_example`]).
 
 mod android;
+mod c_example;
 mod cross;
 mod vocab;
 
@@ -30,7 +33,10 @@ tasks:
                                 it there, stream its output, pull result files back
   qemu-run [--cpu NAME] -- <pi2 args>
                                 run the aarch64 build under qemu-aarch64-static
-  cross-check                   greedy generation on the test model: aarch64 (qemu) vs host";
+  cross-check                   greedy generation on the test model: aarch64 (qemu) vs host
+  c-example [--aarch64]         build examples/c/generate.c against the C API and check it
+                                prints what `pi2 run --temp 0` generates (and on aarch64
+                                under qemu)";
 
 pub type Result<T> = std::result::Result<T, String>;
 
@@ -111,6 +117,7 @@ fn main() {
         Some("android-run") => android::run_cmd(rest),
         Some("qemu-run") => cross::qemu_run_cmd(rest),
         Some("cross-check") => cross::check_cmd(rest).map(|_| 0),
+        Some("c-example") => c_example::cmd(rest).map(|_| 0),
         _ => {
             eprintln!("{USAGE}");
             exit(2);

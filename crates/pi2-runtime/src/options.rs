@@ -57,6 +57,16 @@ pub const MAX_THREADS: usize = 1024;
 impl EngineOptions {
     /// The engine configuration, every option checked.
     pub fn config(&self) -> Result<EngineConfig> {
+        if self.n_ctx > pi2_engine::MAX_CTX {
+            return Err(RuntimeError::option(
+                "--ctx-size",
+                format!(
+                    "a context of {} tokens is outside 1..{} (0: the model's training context)",
+                    self.n_ctx,
+                    pi2_engine::MAX_CTX
+                ),
+            ));
+        }
         let tier = match &self.tier {
             None => None,
             Some(name) => {

@@ -107,3 +107,12 @@ pub fn engine_json(e: &Engine<'_>, tokens: usize, decode_secs: f64) -> Value {
         "bytes_read_per_token": bytes_read_json(e, tokens),
     })
 }
+
+/// This process's peak resident set size (`VmHWM` in /proc/self/status) in bytes; `None` where
+/// procfs is unavailable.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

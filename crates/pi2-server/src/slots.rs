@@ -5,9 +5,9 @@
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
 use crate::sched::Scheduler;
-use pi2_engine::{generate_drafted, Engine, GenerateConfig, Sampler, SamplerConfig, StopReason};
+use pi2_engine::{Engine, SamplerConfig};
 use pi2_model::TokenId;
-use pi2_runtime::text::{StopStrings, Utf8Stream};
+use pi2_runtime::handle::{generate_text, Finish as RunFinish, TextRequest};
 use pi2_runtime::Prepared;
 use std::sync::Arc;
 use std::time::Instant;
@@ -154,73 +154,52 @@ impl Slot<'_> {
     /// Generates for `job`, sending its text; returns the final event (none if the client
     /// left).
     fn run(&mut self, job: &Job) -> Option<Event> {
-        let model = self.engine.model();
-        let tok = &model.tokenizer;
-        let mut sampler = Sampler::new(job.sampler.clone());
-        let mut utf8 = Utf8Stream::default();
-        let mut stops = StopStrings::new(job.stops.iter().cloned());
-        // A checked draft and its token fit the engine's batch buffers.
-        let draft_max = job.draft_max.min(self.n_batch.saturating_sub(1));
-        let cfg = GenerateConfig {
-            max_tokens: job.max_tokens,
-            ignore_eos: job.ignore_eos,
-            n_batch: self.n_batch,
-            draft: pi2_engine::DraftConfig {
-                max: draft_max.max(1),
-                min: 1,
-            },
-        };
-        let mut lookup = pi2_engine::Lookup::default();
-        let drafter = (draft_max > 0).then_some(&mut lookup as &mut dyn pi2_engine::Drafter);
         let events = &job.events;
-        let mut gone = false;
         let mut held = String::new();
         let started = Instant::now();
-        let result = generate_drafted(
+        let req = TextRequest {
+            sampler: job.sampler.clone(),
+            max_tokens: job.max_tokens,
+            stops: job.stops.clone(),
+            ignore_eos: job.ignore_eos,
+            draft_max: job.draft_max,
+        };
+        let result = generate_text(
             &mut self.engine,
-            &mut sampler,
             &mut self.cached,
+            self.n_batch,
             &job.prompt,
-            &cfg,
-            drafter,
-            |id| {
-                let text = stops.push(&utf8.push(&tok.token_bytes(id, false)));
+            &req,
+            &mut |text| {
                 let sent = match job.stream {
-                    true => text.is_empty() || events.blocking_send(Event::Text(text)).is_ok(),
+                    true => events.blocking_send(Event::Text(text.to_string())).is_ok(),
                     false => {
-                        held.push_str(&text);
+                        held.push_str(text);
                         true
                     }
                 };
-                if !sent || events.is_closed() {
-                    gone = true;
-                    return false;
-                }
-                !stops.stopped()
+                sent && !events.is_closed()
             },
         );
-        let g = match result {
-            Ok(g) => g,
+        let out = match result {
+            Ok(out) => out,
             Err(e) => {
-                // The cache may hold half a batch: start the next request afresh.
-                self.engine.truncate(0);
-                self.cached.clear();
                 self.metrics.failed();
                 return Some(Event::Failed(e.to_string()));
             }
         };
-        if gone {
-            self.metrics.cancelled();
-            return None;
-        }
-        let tail = held + &stops.push(&utf8.finish()) + &stops.finish();
-        if !tail.is_empty() {
-            let _ = events.blocking_send(Event::Text(tail));
-        }
-        let finish = match g.stop {
-            StopReason::Limit | StopReason::ContextFull => Finish::Length,
-            StopReason::EndOfGeneration | StopReason::Callback => Finish::Stop,
+        let finish = match out.finish {
+            RunFinish::Cancelled => {
+                self.metrics.cancelled();
+                return None;
+            }
+            RunFinish::Length => Finish::Length,
+            RunFinish::Stop => Finish::Stop,
         };
+        if !held.is_empty() {
+            let _ = events.blocking_send(Event::Text(held));
+        }
+        let g = out.generation;
         let summary = Summary {
             finish,
             prompt_tokens: job.prompt.len(),

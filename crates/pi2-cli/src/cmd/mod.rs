@@ -140,70 +140,38 @@ pub fn model_path(a: &ModelArgs) -> Result<PathBuf> {
     fetch::resolve(a.model.as_deref())
 }
 
-/// The model file a session runs, and its options: `-m` resolved; under a memory budget a plain
-/// GGUF runs from its cached conversion (made now, once, with a notice and progress bars, if
-/// there is none), and a budget the whole plain model fits in is dropped with a note.
+/// The model file a session runs, and its options (see [`pi2_runtime::open::model_file`]),
+/// with its notices and the conversion's progress bars on stderr.
 pub fn session_model(
     a: &ModelArgs,
     session: &sparse_args::SessionArgs,
     command: &str,
 ) -> Result<(PathBuf, pi2_runtime::SessionOptions)> {
     let path = model_path(a)?;
-    let mut opts = session_options(a, session, command)?;
-    let Some(budget) = opts.mem_budget.clone() else {
-        return Ok((path, opts));
-    };
-    let model = pi2_runtime::load_model(&path)?;
-    if pi2_runtime::convert_cache::is_converted(&model) {
-        return Ok((path, opts));
-    }
-    let file = model.file.file_size();
-    let bytes = pi2_runtime::options::parse_size("--mem-budget", &budget, file)?;
-    let engine = opts.engine.config()?;
-    let whole = pi2_runtime::offload::whole_model_bytes(&model, &engine, 512);
-    if bytes >= whole {
-        eprintln!(
-            "pi2: the whole model ({} with this process and its KV cache) fits in --mem-budget {budget} ({}): it runs in memory, no budget applies",
-            crate::rss::human(whole),
-            crate::rss::human(bytes)
-        );
-        opts.mem_budget = None;
-        return Ok((path, opts));
-    }
-    pi2_runtime::offload::check_floor(&model, &engine, bytes)?;
-    drop(model);
-    // Converted in a child process: what the conversion allocated never counts against the
-    // budget this process then runs under.
-    in_child(|| {
-        let mut bars = profile::Bars::default();
-        let t0 = std::time::Instant::now();
-        let conv = pi2_runtime::convert_cache::converted(
-            &path,
-            &engine,
-            |to| {
-                eprintln!(
-                    "pi2: converting {} for --mem-budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
-                    path.display(),
-                    to.display()
-                )
-            },
-            &mut |w, d, t| bars.show(w, d, t),
-        )?;
-        if conv.made {
-            eprintln!(
-                "pi2: converted in {:.0} s ({}); later runs reuse it",
-                t0.elapsed().as_secs_f64(),
+    let opts = session_options(a, session, command)?;
+    let mut bars = profile::Bars::default();
+    let budget = opts.mem_budget.clone().unwrap_or_default();
+    Ok(pi2_runtime::open::model_file(&path, &opts, &mut |n| {
+        use pi2_runtime::open::Notice;
+        match n {
+            Notice::FitsInMemory { whole, budget: b } => eprintln!(
+                "pi2: the whole model ({} with this process and its KV cache) fits in --mem-budget {budget} ({}): it runs in memory, no budget applies",
+                crate::rss::human(whole),
+                crate::rss::human(b)
+            ),
+            Notice::Converting { from, to } => eprintln!(
+                "pi2: converting {} for --mem-budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
+                from.display(),
+                to.display()
+            ),
+            Notice::Progress { phase, done, total } => bars.show(phase, done, total),
+            Notice::Converted { seconds } => eprintln!(
+                "pi2: converted in {seconds:.0} s ({}); later runs reuse it",
                 bars.summary()
-            );
+            ),
+            Notice::Catalog(_) => {}
         }
-        Ok(())
-    })?;
-    let conv = pi2_runtime::convert_cache::converted(&path, &engine, |_| {}, &mut |_, _, _| {})?;
-    // A share of the file is a share of the model the user named, not of the conversion.
-    if budget.trim_end().ends_with('%') {
-        opts.mem_budget = Some(bytes.to_string());
-    }
-    Ok((conv.path, opts))
+    })?)
 }
 
 pub fn load_model(a: &ModelArgs) -> Result<Model> {
@@ -242,80 +210,6 @@ impl ModelArgs {
             ..Default::default()
         })
     }
-}
-
-/// Runs `f` in a child process (Unix: fork, before this process starts any thread) and waits
-/// for it; elsewhere in this process. The child's error comes back through a pipe, so the
-/// user sees it once, as this process's own.
-fn in_child(f: impl FnOnce() -> Result<()>) -> Result<()> {
-    #[cfg(unix)]
-    {
-        use std::io::{Read, Write};
-        use std::os::fd::FromRawFd;
-        let mut fds = [0; 2];
-        // SAFETY: `fds` is a valid array of two descriptors for pipe to fill.
-        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-            bail!(
-                "cannot start the conversion: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        // SAFETY: both descriptors were just opened by pipe and are owned here alone.
-        let (mut rx, mut tx) = unsafe {
-            (
-                std::fs::File::from_raw_fd(fds[0]),
-                std::fs::File::from_raw_fd(fds[1]),
-            )
-        };
-        // SAFETY: called before the process starts any thread (no engine exists yet), so the
-        // child is a whole copy of a single-threaded process.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            drop(rx);
-            let code = match f() {
-                Ok(()) => 0,
-                Err(e) => {
-                    let _ = tx.write_all(crate::errors::one_line(&e).as_bytes());
-                    1
-                }
-            };
-            drop(tx);
-            // SAFETY: ends the child without running the parent's exit handlers twice.
-            unsafe { libc::_exit(code) };
-        }
-        drop(tx);
-        if pid < 0 {
-            bail!(
-                "cannot start the conversion: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let mut why = String::new();
-        let _ = rx.read_to_string(&mut why);
-        let mut status = 0;
-        // SAFETY: waits for the child just forked; `status` is a valid place to write.
-        if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-            bail!(
-                "the conversion's process was lost: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-            return Ok(());
-        }
-        if !why.is_empty() {
-            bail!("{why}");
-        }
-        if libc::WIFSIGNALED(status) {
-            bail!(
-                "the conversion was killed by signal {} (out of memory?); nothing was cached",
-                libc::WTERMSIG(status)
-            );
-        }
-        bail!("the conversion did not complete; nothing was cached");
-    }
-    #[cfg(not(unix))]
-    f()
 }
 
 /// The runtime's session options from a command's arguments (`command` names it in errors).

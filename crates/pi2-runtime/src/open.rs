@@ -1,0 +1,176 @@
+//! From what a user names to the file a session runs: a path or a catalogue name (fetched and
+//! verified on first use), and under a memory budget a plain GGUF's cached conversion (made
+//! once, in a child process, if there is none). The CLI, the C API and the Python package all
+//! open models here.
+
+use crate::error::{Result, RuntimeError};
+use crate::options::parse_size;
+use crate::SessionOptions;
+use std::path::{Path, PathBuf};
+
+/// What [`model_file`] tells the user about while it works.
+#[derive(Debug)]
+pub enum Notice<'a> {
+    /// The catalogue fetched or verified a file.
+    Catalog(pi2_catalog::Event<'a>),
+    /// The whole model (`whole` bytes with the process and its KV cache) fits in the budget
+    /// (`budget` bytes): it runs in memory and the budget is dropped.
+    FitsInMemory { whole: u64, budget: u64 },
+    /// A conversion from `from` into `to` starts (once; later runs reuse it).
+    Converting { from: &'a Path, to: &'a Path },
+    /// A phase of the conversion: `done` of `total`.
+    Progress {
+        phase: &'a str,
+        done: usize,
+        total: usize,
+    },
+    /// The conversion finished after `seconds`.
+    Converted { seconds: f64 },
+}
+
+/// The model file `spec` names: an existing path, or a catalogue name fetched into the models
+/// folder on first use and verified (the default model when `None`).
+pub fn resolve(spec: Option<&Path>, notice: &mut dyn FnMut(Notice)) -> Result<PathBuf> {
+    let stamps = crate::convert_cache::stamps_path();
+    Ok(pi2_catalog::resolve(spec, &stamps, &mut |e| {
+        notice(Notice::Catalog(e))
+    })?)
+}
+
+/// The model file a session on `path` runs, and its options: under a memory budget a plain
+/// GGUF runs from its cached conversion (made now if there is none), and a budget the whole
+/// plain model fits in is dropped. A budget given as a share of the file stays a share of the
+/// file the user named.
+pub fn model_file(
+    path: &Path,
+    opts: &SessionOptions,
+    notice: &mut dyn FnMut(Notice),
+) -> Result<(PathBuf, SessionOptions)> {
+    let mut opts = opts.clone();
+    let Some(budget) = opts.mem_budget.clone() else {
+        return Ok((path.to_path_buf(), opts));
+    };
+    let model = crate::load_model(path)?;
+    if crate::convert_cache::is_converted(&model) {
+        return Ok((path.to_path_buf(), opts));
+    }
+    let bytes = parse_size("--mem-budget", &budget, model.file.file_size())?;
+    let engine = opts.engine.config()?;
+    let whole = crate::offload::whole_model_bytes(&model, &engine, 512);
+    if bytes >= whole {
+        notice(Notice::FitsInMemory {
+            whole,
+            budget: bytes,
+        });
+        opts.mem_budget = None;
+        return Ok((path.to_path_buf(), opts));
+    }
+    crate::offload::check_floor(&model, &engine, bytes)?;
+    drop(model);
+    // Converted in a child process: what the conversion allocated never counts against the
+    // budget this process then runs under.
+    in_child(|| {
+        let t0 = std::time::Instant::now();
+        // The notice before the conversion and its progress share one callback.
+        let shared = std::cell::RefCell::new(&mut *notice);
+        let conv = crate::convert_cache::converted(
+            path,
+            &engine,
+            |to| {
+                (shared.borrow_mut())(Notice::Converting { from: path, to });
+            },
+            &mut |phase, done, total| {
+                (shared.borrow_mut())(Notice::Progress { phase, done, total })
+            },
+        );
+        if conv.as_ref().is_ok_and(|c| c.made) {
+            (shared.borrow_mut())(Notice::Converted {
+                seconds: t0.elapsed().as_secs_f64(),
+            });
+        }
+        conv.map(|_| ())
+    })?;
+    let conv = crate::convert_cache::converted(path, &engine, |_| {}, &mut |_, _, _| {})?;
+    if budget.trim_end().ends_with('%') {
+        opts.mem_budget = Some(bytes.to_string());
+    }
+    Ok((conv.path, opts))
+}
+
+/// Threads of this process (Linux; `None` where unknown).
+fn threads_now() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+}
+
+/// Runs `f` in a child process (Unix: fork, when this process runs a single thread, so the
+/// child is a whole copy of it) and waits for it; in this process otherwise (a host program
+/// with threads of its own: Python, an app), where the conversion's memory then counts against
+/// this process's peak. The child's error comes back through a pipe, as this process's own.
+fn in_child(f: impl FnOnce() -> Result<()>) -> Result<()> {
+    #[cfg(unix)]
+    if threads_now() == Some(1) {
+        return fork_and_wait(f);
+    }
+    f()
+}
+
+#[cfg(unix)]
+fn fork_and_wait(f: impl FnOnce() -> Result<()>) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    let lost = |what: &str| {
+        RuntimeError::Unsupported(format!("{what}: {}", std::io::Error::last_os_error()))
+    };
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for pipe to fill.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(lost("cannot start the conversion"));
+    }
+    // SAFETY: both descriptors were just opened by pipe and are owned here alone.
+    let (mut rx, mut tx) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    // SAFETY: the caller checked that this process runs one thread, so the child is a whole
+    // copy of it.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(rx);
+        let code = match f() {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = tx.write_all(e.to_string().as_bytes());
+                1
+            }
+        };
+        drop(tx);
+        // SAFETY: ends the child without running the parent's exit handlers twice.
+        unsafe { libc::_exit(code) };
+    }
+    drop(tx);
+    if pid < 0 {
+        return Err(lost("cannot start the conversion"));
+    }
+    let mut why = String::new();
+    let _ = rx.read_to_string(&mut why);
+    let mut status = 0;
+    // SAFETY: waits for the child just forked; `status` is a valid place to write.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return Err(lost("the conversion's process was lost"));
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        return Ok(());
+    }
+    Err(RuntimeError::Unsupported(if !why.is_empty() {
+        why
+    } else if libc::WIFSIGNALED(status) {
+        format!(
+            "the conversion was killed by signal {} (out of memory?); nothing was cached",
+            libc::WTERMSIG(status)
+        )
+    } else {
+        "the conversion did not complete; nothing was cached".into()
+    }))
+}

@@ -1,0 +1,499 @@
+//! `pi2._native`: the Rust side of the `pi2` Python package. A thin layer over
+//! [`pi2_runtime::handle`] (models, sessions, streamed text): the GIL is released while a model
+//! opens and while text is generated, and Ctrl-C stops a generation cleanly. The Pythonic API
+//! (`pi2.Model`, OpenAI-shaped results) is `pi2/__init__.py`.
+
+use pi2_engine::SamplerConfig;
+use pi2_model::{Message, TokenId};
+use pi2_runtime::handle::{Finish, LoadedModel, Session, Stats, TextRequest};
+use pi2_runtime::{EngineOptions, RuntimeError, SessionOptions};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+create_exception!(
+    _native,
+    Pi2Error,
+    PyRuntimeError,
+    "pi2 could not do what was asked: the message says why and what to do."
+);
+
+/// A runtime error as Python sees it: a bad option is a `ValueError`, anything else a
+/// `Pi2Error`.
+fn py_err(e: RuntimeError) -> PyErr {
+    match e {
+        RuntimeError::Option { .. } => PyValueError::new_err(e.to_string()),
+        other => Pi2Error::new_err(other.to_string()),
+    }
+}
+
+/// How often a generation looks for Ctrl-C.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+#[pyclass(module = "pi2._native", name = "NativeModel")]
+struct NativeModel {
+    model: Option<Arc<LoadedModel>>,
+    session: Option<Arc<Mutex<Session>>>,
+    /// The cancel flag of the last stream started: a new generation on the model supersedes
+    /// a stream still running (one conversation, one KV cache), even one its reader abandoned
+    /// without closing it (a Ctrl-C between two pieces).
+    stream: Mutex<Option<Arc<AtomicBool>>>,
+}
+
+impl NativeModel {
+    /// Stops the last stream (at its next token), if it is still running.
+    fn supersede_stream(&self) {
+        if let Some(flag) = self.stream.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn loaded(&self) -> PyResult<&Arc<LoadedModel>> {
+        self.model
+            .as_ref()
+            .ok_or_else(|| Pi2Error::new_err("the model is closed"))
+    }
+
+    fn session(&self) -> PyResult<Arc<Mutex<Session>>> {
+        self.session
+            .clone()
+            .ok_or_else(|| Pi2Error::new_err("the model is closed"))
+    }
+}
+
+fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    // A generation that failed left the session usable (its cache cleared).
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a generation samples and stops, checked once (`pi2.Model` makes it from keyword
+/// arguments).
+#[pyclass(module = "pi2._native", frozen)]
+struct Request(TextRequest);
+
+#[pymethods]
+impl Request {
+    #[new]
+    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        max_tokens: i64,
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        min_p: f32,
+        repeat_penalty: f32,
+        seed: Option<u64>,
+        stop: Vec<String>,
+        ignore_eos: bool,
+        draft_max: usize,
+    ) -> PyResult<Self> {
+        if max_tokens < -1 {
+            return Err(PyValueError::new_err(format!(
+                "max_tokens={max_tokens}: pass a number of tokens, or -1 for until end of generation"
+            )));
+        }
+        let sampler = SamplerConfig {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            seed: seed.unwrap_or_else(pi2_runtime::options::clock_seed),
+            ..SamplerConfig::default()
+        };
+        if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&sampler) {
+            return Err(PyValueError::new_err(format!("{name}={v} must be {want}")));
+        }
+        Ok(Self(TextRequest {
+            sampler,
+            max_tokens: usize::try_from(max_tokens).ok(),
+            stops: stop,
+            ignore_eos,
+            draft_max,
+        }))
+    }
+}
+
+fn finish_name(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+        Finish::Cancelled => "cancelled",
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, st: &Stats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("prompt_tokens", st.prompt_tokens)?;
+    d.set_item("prompt_ms", st.prompt_ms)?;
+    d.set_item("generated_tokens", st.generated_tokens)?;
+    d.set_item("generated_ms", st.generated_ms)?;
+    d.set_item("tokens_per_second", st.tokens_per_second)?;
+    d.set_item("bytes_read_per_token", st.bytes_read_per_token)?;
+    d.set_item("peak_rss_bytes", st.peak_rss_bytes)?;
+    d.set_item("drafted", st.drafted)?;
+    d.set_item("accepted", st.accepted)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl NativeModel {
+    #[new]
+    #[pyo3(signature = (model=None, mem_budget=None, plan=None, threads=None, cores=None, n_ctx=4096, verbose=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model: Option<String>,
+        mem_budget: Option<String>,
+        plan: Option<String>,
+        threads: Option<usize>,
+        cores: Option<String>,
+        n_ctx: usize,
+        verbose: bool,
+    ) -> PyResult<Self> {
+        if threads == Some(0) {
+            return Err(PyValueError::new_err(
+                "threads=0: pass at least 1, or None for every core",
+            ));
+        }
+        let opts = SessionOptions {
+            engine: EngineOptions {
+                threads,
+                n_ctx,
+                cores,
+                ..EngineOptions::default()
+            },
+            mem_budget,
+            plan,
+            ..SessionOptions::default()
+        };
+        let (lm, session) = py
+            .detach(|| {
+                let lm = LoadedModel::open(model.as_deref().map(Path::new), &opts, &mut |n| {
+                    if verbose {
+                        eprintln!("pi2: {n:?}");
+                    }
+                })?;
+                let s = Session::new(lm.clone())?;
+                Ok::<_, RuntimeError>((lm, s))
+            })
+            .map_err(py_err)?;
+        Ok(Self {
+            model: Some(lm),
+            session: Some(Arc::new(Mutex::new(session))),
+            stream: Mutex::new(None),
+        })
+    }
+
+    /// Closes the model (a running stream finishes first); later calls raise `Pi2Error`.
+    fn close(&mut self) {
+        self.supersede_stream();
+        self.session = None;
+        self.model = None;
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.model.is_none()
+    }
+
+    #[getter]
+    fn n_ctx(&self) -> PyResult<usize> {
+        let s = self.session()?;
+        let n = lock(&s).n_ctx();
+        Ok(n)
+    }
+
+    #[getter]
+    fn n_vocab(&self) -> PyResult<usize> {
+        Ok(self.loaded()?.model().tokenizer.vocab_size())
+    }
+
+    #[getter]
+    fn path(&self) -> PyResult<String> {
+        Ok(self.loaded()?.prepared().path.display().to_string())
+    }
+
+    /// Whether the model runs under a memory budget (reading neurons from flash).
+    #[getter]
+    fn offloaded(&self) -> PyResult<bool> {
+        Ok(self.loaded()?.prepared().offloads())
+    }
+
+    #[pyo3(signature = (text, add_special=true, parse_special=false))]
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> PyResult<Vec<TokenId>> {
+        Ok(self
+            .loaded()?
+            .model()
+            .tokenizer
+            .encode(text, add_special, parse_special))
+    }
+
+    fn detokenize(&self, tokens: Vec<i64>) -> PyResult<String> {
+        let m = self.loaded()?.model();
+        let vocab = m.tokenizer.vocab_size();
+        let ids = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                u32::try_from(t)
+                    .ok()
+                    .filter(|&t| (t as usize) < vocab)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "tokens[{i}] = {t} is outside the vocabulary of {vocab}"
+                        ))
+                    })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(String::from_utf8_lossy(&m.tokenizer.decode(&ids, false)).into_owned())
+    }
+
+    /// The chat template applied to `(role, content)` pairs.
+    #[pyo3(signature = (messages, add_generation_prompt=true))]
+    fn apply_chat_template(
+        &self,
+        messages: Vec<(String, String)>,
+        add_generation_prompt: bool,
+    ) -> PyResult<String> {
+        let msgs = checked_messages(&messages)?;
+        let t = self
+            .loaded()?
+            .model()
+            .chat_template()
+            .map_err(|e| Pi2Error::new_err(e.to_string()))?;
+        t.render(&msgs, add_generation_prompt)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The tokens of a chat prompt: message text never becomes control tokens.
+    fn chat_tokens(&self, messages: Vec<(String, String)>) -> PyResult<Vec<TokenId>> {
+        let msgs = checked_messages(&messages)?;
+        let m = self.loaded()?.model();
+        let t = m
+            .chat_template()
+            .map_err(|e| Pi2Error::new_err(e.to_string()))?;
+        t.encode(&m.tokenizer, &msgs, true)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Generates from `tokens`; returns `(text, finish_reason, stats)`. The GIL is released;
+    /// Ctrl-C stops the generation and raises `KeyboardInterrupt`.
+    fn generate_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: Vec<TokenId>,
+        request: PyRef<'_, Request>,
+    ) -> PyResult<(String, &'static str, Bound<'py, PyDict>)> {
+        let req = request.0.clone();
+        let session = self.session()?;
+        self.supersede_stream();
+        let mut text = String::new();
+        let mut interrupted: Option<PyErr> = None;
+        let out = py.detach(|| {
+            let mut last_check = Instant::now();
+            let mut s = lock(&session);
+            let out = s.generate(&tokens, &req, &mut |t| {
+                text.push_str(t);
+                if last_check.elapsed() >= SIGNAL_CHECK {
+                    last_check = Instant::now();
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        interrupted = Some(e);
+                        return false;
+                    }
+                }
+                true
+            });
+            out.map(|o| (o.finish, s.stats().unwrap_or_default()))
+        });
+        if let Some(e) = interrupted {
+            return Err(e);
+        }
+        let (finish, st) = out.map_err(py_err)?;
+        Ok((text, finish_name(finish), stats_dict(py, &st)?))
+    }
+
+    /// Starts a generation from `tokens` on a worker thread; returns an iterator of text
+    /// pieces.
+    fn stream_tokens(
+        &self,
+        tokens: Vec<TokenId>,
+        request: PyRef<'_, Request>,
+    ) -> PyResult<TextStream> {
+        let req = request.0.clone();
+        let session = self.session()?;
+        self.supersede_stream();
+        let (tx, rx) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        *self.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(cancel.clone());
+        let stop_flag = cancel.clone();
+        std::thread::Builder::new()
+            .name("pi2-stream".into())
+            .spawn(move || {
+                let mut s = lock(&session);
+                let out = s.generate(&tokens, &req, &mut |t| {
+                    !stop_flag.load(Ordering::Relaxed)
+                        && tx.send(Piece::Text(t.to_string())).is_ok()
+                });
+                let done = out
+                    .map(|o| (o.finish, s.stats().unwrap_or_default()))
+                    .map_err(|e| e.to_string());
+                let _ = tx.send(Piece::Done(done));
+            })
+            .map_err(|e| Pi2Error::new_err(format!("cannot start a generation thread: {e}")))?;
+        Ok(TextStream {
+            rx: Mutex::new(Some(rx)),
+            cancel,
+            result: Mutex::new(None),
+        })
+    }
+
+    /// The last generation's counts (`None` before the first).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let s = self.session()?;
+        let st = lock(&s).stats();
+        st.map(|s| stats_dict(py, &s)).transpose()
+    }
+
+    /// Forgets the conversation held in the KV cache.
+    fn reset(&self) -> PyResult<()> {
+        let s = self.session()?;
+        self.supersede_stream();
+        lock(&s).reset();
+        Ok(())
+    }
+}
+
+fn checked_messages(messages: &[(String, String)]) -> PyResult<Vec<Message>> {
+    if messages.is_empty() {
+        return Err(PyValueError::new_err("there are no messages"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, (role, content))| {
+            if !["system", "user", "assistant", "tool"].contains(&role.as_str()) {
+                return Err(PyValueError::new_err(format!(
+                    "messages[{i}]['role'] is {role:?}: use system, user, assistant or tool"
+                )));
+            }
+            Ok(Message::new(role, content))
+        })
+        .collect()
+}
+
+enum Piece {
+    Text(String),
+    Done(Result<(Finish, Stats), String>),
+}
+
+/// Text pieces of a running generation. Closing it (or dropping it, or Ctrl-C while waiting)
+/// stops the generation at its next token.
+#[pyclass(module = "pi2._native")]
+struct TextStream {
+    rx: Mutex<Option<mpsc::Receiver<Piece>>>,
+    cancel: Arc<AtomicBool>,
+    result: Mutex<Option<(Finish, Stats)>>,
+}
+
+#[pymethods]
+impl TextStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let mut guard = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let Some(rx) = guard.take() else {
+                return Ok(None);
+            };
+            let (got, rx) = py.detach(move || (rx.recv_timeout(SIGNAL_CHECK), rx));
+            *guard = Some(rx);
+            match got {
+                Ok(Piece::Text(t)) => return Ok(Some(t)),
+                Ok(Piece::Done(done)) => {
+                    *guard = None;
+                    let (finish, st) = done.map_err(Pi2Error::new_err)?;
+                    *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some((finish, st));
+                    return Ok(None);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(e) = py.check_signals() {
+                        self.cancel.store(true, Ordering::Relaxed);
+                        *guard = None;
+                        return Err(e);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    *guard = None;
+                    return Err(Pi2Error::new_err(
+                        "the generation thread ended without an answer",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Stops the generation (at its next token).
+    fn close(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        *self.rx.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// "stop", "length" or "cancelled" once the stream has ended; `None` before.
+    #[getter]
+    fn finish_reason(&self) -> Option<&'static str> {
+        self.result
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(f, _)| finish_name(*f))
+    }
+
+    /// The generation's counts once the stream has ended; `None` before.
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let r = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        r.as_ref().map(|(_, s)| stats_dict(py, s)).transpose()
+    }
+}
+
+impl Drop for TextStream {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The catalogue: `(name, file, size in bytes, licence)` of each model `pi2.Model` can fetch by
+/// name.
+#[pyfunction]
+fn catalogue() -> Vec<(&'static str, &'static str, u64, &'static str)> {
+    pi2_catalog::MODELS
+        .iter()
+        .map(|m| (m.name, m.file, m.size, m.licence))
+        .collect()
+}
+
+#[pymodule(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeModel>()?;
+    m.add_class::<TextStream>()?;
+    m.add_class::<Request>()?;
+    m.add_function(wrap_pyfunction!(catalogue, m)?)?;
+    m.add("Pi2Error", m.py().get_type::<Pi2Error>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
