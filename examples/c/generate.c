@@ -1,7 +1,8 @@
 /* generate MODEL PROMPT N: streams the greedy continuation of PROMPT (N tokens) to standard
  * output, as `pi2 run -m MODEL -p PROMPT -n N --temp 0` generates it (the continuation only).
  * MODEL is a GGUF path or a catalogue name. Set PI2_MEM_BUDGET (e.g. 50%) to run under a
- * memory budget. Statistics go to standard error.
+ * memory budget, PI2_IGNORE_EOS=1 to generate past end-of-generation tokens (as --ignore-eos).
+ * Statistics go to standard error.
  *
  * Build (from the repository, after `cargo build --release -p pi2-capi`):
  *   cc examples/c/generate.c -Icrates/pi2-capi/include target/release/libpi2_capi.a \
@@ -50,6 +51,8 @@ int main(int argc, char **argv) {
     pi2_generate_options go = pi2_generate_options_default();
     go.max_tokens = (int32_t)n;
     go.temperature = 0.0f;
+    const char *ignore_eos = getenv("PI2_IGNORE_EOS");
+    go.ignore_eos = ignore_eos != NULL && ignore_eos[0] == '1';
     st = pi2_generate(session, argv[2], &go, print_piece, NULL);
     printf("\n");
     if (st != PI2_OK) return fail("generation failed", st);

@@ -65,7 +65,8 @@ class Model:
     ``model`` is a GGUF path or a catalogue name (fetched and verified on first use; see
     ``pi2.catalogue()``), or None for the default model. ``mem_budget`` caps the memory the
     model uses: bytes with a unit ("300M") or a share of the file ("50%"); a plain GGUF under
-    a budget is converted once (a few minutes) and the conversion cached.
+    a budget is converted once (a few minutes) and the conversion cached. ``n_batch`` is the
+    prompt batch (default 512 in memory, 64 under a budget, whose room the batch buffers share).
     """
 
     def __init__(
@@ -77,12 +78,13 @@ class Model:
         threads: Optional[int] = None,
         cores: Optional[str] = None,
         n_ctx: int = 4096,
+        n_batch: Optional[int] = None,
         verbose: bool = False,
     ) -> None:
         if mem_budget is not None and not isinstance(mem_budget, str):
             raise TypeError("mem_budget must be a string such as '50%' or '300M'")
         self.name = model or "pi2"
-        self._native = NativeModel(model, mem_budget, plan, threads, cores, n_ctx, verbose)
+        self._native = NativeModel(model, mem_budget, plan, threads, cores, n_ctx, n_batch, verbose)
 
     # -- tokens -------------------------------------------------------------------------
     def tokenize(self, text: Union[str, bytes], add_bos: bool = True, special: bool = False) -> List[int]:

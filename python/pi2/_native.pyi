@@ -45,6 +45,7 @@ class NativeModel:
         threads: Optional[int] = None,
         cores: Optional[str] = None,
         n_ctx: int = 4096,
+        n_batch: Optional[int] = None,
         verbose: bool = False,
     ) -> None: ...
     def close(self) -> None: ...
@@ -64,77 +65,5 @@ class NativeModel:
     def chat_tokens(self, messages: Sequence[Tuple[str, str]]) -> List[int]: ...
     def generate_tokens(self, tokens: Sequence[int], request: Request) -> Tuple[str, str, Dict[str, float]]: ...
     def stream_tokens(self, tokens: Sequence[int], request: Request) -> TextStream: ...
-    def stats(self) -> Optional[Dict[str, float]]: ...
-
-class Request:
-    """How a generation samples and stops (checked when made)."""
-    def __init__(
-        self,
-        max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        draft_max: int = 0,
-    ) -> None: ...
-
-class NativeModel:
-    def __init__(
-        self,
-        model: Optional[str] = None,
-        mem_budget: Optional[str] = None,
-        plan: Optional[str] = None,
-        threads: Optional[int] = None,
-        cores: Optional[str] = None,
-        n_ctx: int = 4096,
-        verbose: bool = False,
-    ) -> None: ...
-    def close(self) -> None: ...
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def n_ctx(self) -> int: ...
-    @property
-    def n_vocab(self) -> int: ...
-    @property
-    def path(self) -> str: ...
-    @property
-    def offloaded(self) -> bool: ...
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> List[int]: ...
-    def detokenize(self, tokens: Sequence[int]) -> str: ...
-    def apply_chat_template(self, messages: Sequence[Tuple[str, str]], add_generation_prompt: bool = True) -> str: ...
-    def chat_tokens(self, messages: Sequence[Tuple[str, str]]) -> List[int]: ...
-    def generate_tokens(
-        self,
-        tokens: Sequence[int],
-        max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        draft_max: int = 0,
-    ) -> Tuple[str, str, Dict[str, float]]: ...
-    def stream_tokens(
-        self,
-        tokens: Sequence[int],
-        max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: Optional[int] = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        draft_max: int = 0,
-    ) -> TextStream: ...
     def stats(self) -> Optional[Dict[str, float]]: ...
     def reset(self) -> None: ...

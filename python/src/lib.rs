@@ -146,7 +146,7 @@ fn stats_dict<'py>(py: Python<'py>, st: &Stats) -> PyResult<Bound<'py, PyDict>> 
 #[pymethods]
 impl NativeModel {
     #[new]
-    #[pyo3(signature = (model=None, mem_budget=None, plan=None, threads=None, cores=None, n_ctx=4096, verbose=false))]
+    #[pyo3(signature = (model=None, mem_budget=None, plan=None, threads=None, cores=None, n_ctx=4096, n_batch=None, verbose=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -156,6 +156,7 @@ impl NativeModel {
         threads: Option<usize>,
         cores: Option<String>,
         n_ctx: usize,
+        n_batch: Option<usize>,
         verbose: bool,
     ) -> PyResult<Self> {
         if threads == Some(0) {
@@ -181,7 +182,10 @@ impl NativeModel {
                         eprintln!("pi2: {n:?}");
                     }
                 })?;
-                let s = Session::new(lm.clone())?;
+                let s = match n_batch {
+                    Some(b) => Session::with_batch(lm.clone(), b)?,
+                    None => Session::new(lm.clone())?,
+                };
                 Ok::<_, RuntimeError>((lm, s))
             })
             .map_err(py_err)?;

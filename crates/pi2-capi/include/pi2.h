@@ -65,6 +65,9 @@ typedef struct {
   const char *cores;
   // Context size in tokens; 0 for 4096.
   uint32_t n_ctx;
+  // Prompt batch of sessions in tokens; 0 for 512 in memory, 64 under a budget (whose room
+  // the batch buffers share).
+  uint32_t n_batch;
   // Print fetch and conversion notices on stderr.
   bool verbose;
 } pi2_model_options;

@@ -29,6 +29,9 @@ pub struct pi2_model_options {
     pub cores: *const c_char,
     /// Context size in tokens; 0 for 4096.
     pub n_ctx: u32,
+    /// Prompt batch of sessions in tokens; 0 for 512 in memory, 64 under a budget (whose room
+    /// the batch buffers share).
+    pub n_batch: u32,
     /// Print fetch and conversion notices on stderr.
     pub verbose: bool,
 }
@@ -41,10 +44,16 @@ pub struct pi2_message {
     pub content: *const c_char,
 }
 
-pub(crate) static MODELS: Handles<Arc<LoadedModel>> = Handles::new();
+/// An open model and the prompt batch of its sessions (0: the default).
+pub(crate) struct ModelHandle {
+    pub(crate) loaded: Arc<LoadedModel>,
+    pub(crate) n_batch: usize,
+}
+
+pub(crate) static MODELS: Handles<ModelHandle> = Handles::new();
 
 pub(crate) fn model(m: *const pi2_model) -> Result<Arc<LoadedModel>> {
-    Ok((*MODELS.get(m as u64, "model")?).clone())
+    Ok(MODELS.get(m as u64, "model")?.loaded.clone())
 }
 
 /// The default options: no budget, no plan, every core, a context of 4096. Thread-safe.
@@ -56,6 +65,7 @@ pub extern "C" fn pi2_model_options_default() -> pi2_model_options {
         threads: 0,
         cores: std::ptr::null(),
         n_ctx: 0,
+        n_batch: 0,
         verbose: false,
     }
 }
@@ -120,7 +130,10 @@ pub unsafe extern "C" fn pi2_model_open(
                 eprintln!("pi2: {n:?}");
             }
         })?;
-        *slot = MODELS.insert(lm) as *mut pi2_model;
+        *slot = MODELS.insert(ModelHandle {
+            loaded: lm,
+            n_batch: o.n_batch as usize,
+        }) as *mut pi2_model;
         Ok(())
     })
 }

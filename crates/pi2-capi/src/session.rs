@@ -1,6 +1,6 @@
 //! Sessions: generation with a streaming callback, statistics, reset.
 
-use crate::model::{messages, model, pi2_message, pi2_model};
+use crate::model::{messages, pi2_message, pi2_model};
 use crate::{call, out, pi2_status, text, CapiError, Handles, Result};
 use ::pi2_model::TokenId;
 use pi2_engine::SamplerConfig;
@@ -169,8 +169,11 @@ pub unsafe extern "C" fn pi2_session_new(
         // SAFETY: the caller's contract.
         let slot = unsafe { out(out_session, "out_session") }?;
         *slot = std::ptr::null_mut();
-        let lm = self::model(model)?;
-        let session = Session::new(lm)?;
+        let m = crate::model::MODELS.get(model as u64, "model")?;
+        let session = match m.n_batch {
+            0 => Session::new(m.loaded.clone())?,
+            b => Session::with_batch(m.loaded.clone(), b)?,
+        };
         *slot = SESSIONS.insert(SessionHandle {
             session: Mutex::new(session),
             finish: Mutex::new(pi2_finish::PI2_FINISH_NONE),

@@ -90,13 +90,33 @@ pub struct Session {
     cell: SessionCell,
 }
 
-/// Prompt batch sessions are made for (fewer where a budget cannot hold its buffers).
+/// Prompt batch of sessions in memory.
 pub const SESSION_BATCH: usize = 512;
+/// Prompt batch of sessions under a memory budget: buffers for 512-token batches would take
+/// the neuron cache's room on every decode step (see docs/measurements/embedding-apis-*).
+pub const SESSION_BATCH_BUDGET: usize = 64;
 
 impl Session {
-    /// A new session on `model`. Under a memory budget a model holds one session (a second
-    /// engine would need its own neuron cache inside the same budget).
+    /// A new session on `model` with the default prompt batch ([`SESSION_BATCH`], or
+    /// [`SESSION_BATCH_BUDGET`] under a memory budget).
     pub fn new(model: Arc<LoadedModel>) -> Result<Self> {
+        let n_batch = match model.prepared().offloads() {
+            true => SESSION_BATCH_BUDGET,
+            false => SESSION_BATCH,
+        };
+        Self::with_batch(model, n_batch)
+    }
+
+    /// A new session on `model` whose prompt is evaluated in batches of up to `n_batch` tokens
+    /// (fewer where a budget cannot hold their buffers). Under a memory budget a model holds
+    /// one session (a second engine would need its own neuron cache inside the same budget).
+    pub fn with_batch(model: Arc<LoadedModel>, n_batch: usize) -> Result<Self> {
+        if !(1..=pi2_engine::MAX_CTX).contains(&n_batch) {
+            return Err(RuntimeError::option(
+                "--batch-size",
+                format!("{n_batch} is outside 1..{}", pi2_engine::MAX_CTX),
+            ));
+        }
         let offloads = model.prepared().offloads();
         let before = model.sessions.fetch_add(1, Ordering::AcqRel);
         if offloads && before > 0 {
@@ -107,7 +127,7 @@ impl Session {
             ));
         }
         let cell = SessionCell::try_new(model.clone(), |m| {
-            let (engine, n_batch) = m.prepared().engine_within_budget(SESSION_BATCH)?;
+            let (engine, n_batch) = m.prepared().engine_within_budget(n_batch)?;
             Ok::<_, RuntimeError>(SessionState {
                 engine,
                 cached: Vec::new(),
