@@ -64,8 +64,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// One request body for both endpoints: chat sends `messages`, completions `prompt`. Unknown
-/// fields are ignored (clients send many); known ones of the wrong type are refused.
+/// One request body for both endpoints: chat sends `messages`, completions `prompt`. Fields
+/// pi2 does not serve are refused by name unless they ask for nothing ([`crate::fields`]);
+/// known ones of the wrong type are refused.
 #[derive(Debug, Default, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
@@ -140,9 +141,10 @@ impl CompletionRequest {
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))?;
-        if !value.is_object() {
+        let Some(fields) = value.as_object() else {
             return Err(ApiError::bad("the body must be a JSON object"));
-        }
+        };
+        crate::fields::check(fields)?;
         serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             ApiError::bad(format!("`{path}`: {}", e.into_inner())).param(path)
@@ -436,7 +438,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wrong_types_name_their_field_and_unknown_fields_pass() {
+    fn wrong_types_and_unserved_fields_are_named() {
         let e = CompletionRequest::parse(br#"{"prompt":"x","temperature":"hot"}"#).unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.param.as_deref(), Some("temperature"), "{}", e.message);
@@ -448,6 +450,8 @@ mod tests {
         assert!(e.message.contains("JSON object"), "{}", e.message);
         let r = CompletionRequest::parse(br#"{"prompt":"x","logit_bias":{},"user":"u"}"#).unwrap();
         assert_eq!(r.prompt_text().unwrap(), "x");
+        let e = CompletionRequest::parse(br#"{"prompt":"x","logprobs":true}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"), "{}", e.message);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod conn;
+pub mod fields;
 pub mod guard;
 pub mod metrics;
 pub mod routes;
