@@ -470,3 +470,52 @@ fn requests_may_decode_with_prompt_lookup_drafts() {
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert_eq!(bad.json()["error"]["param"], "draft");
 }
+
+#[test]
+fn token_routes_and_props_answer_as_llama_server_does() {
+    let s = Server::start(&["--parallel", "2", "-c", "512"]);
+    let text = "Hello, world <|im_start|>";
+    let v = post(&s.addr, "/tokenize", &json!({ "content": text })).json();
+    let ids: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    // The same tokens as `pi2 tokenize`-style encoding through the library.
+    let model = pi2_model::Model::load(m()).unwrap();
+    let want = model.tokenizer.encode(text, false, true);
+    assert_eq!(ids, want.iter().map(|&t| t as u64).collect::<Vec<_>>());
+    let v = post(
+        &s.addr,
+        "/tokenize",
+        &json!({"content": "Hi", "add_special": true, "with_pieces": true}),
+    )
+    .json();
+    let pieces: String = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["piece"].as_str())
+        .collect();
+    assert!(pieces.ends_with("Hi"), "{v}");
+    let back = post(&s.addr, "/detokenize", &json!({ "tokens": ids })).json();
+    assert_eq!(back["content"], "Hello, world ");
+    // Bad input is named.
+    let r = post(&s.addr, "/detokenize", &json!({"tokens": [1, -5]}));
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("tokens[1]"), "{}", r.body);
+    let r = post(
+        &s.addr,
+        "/tokenize",
+        &json!({"content": "x", "lowercase": true}),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("lowercase"), "{}", r.body);
+    let r = post(&s.addr, "/tokenize", &json!({"text": "x"}));
+    assert_eq!(r.status, 400);
+    let p = http(&s.addr, "GET", "/props", &[], b"").json();
+    assert_eq!(p["total_slots"], 2);
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 512);
+    assert!(p["chat_template"].as_str().unwrap().contains("im_start"));
+}

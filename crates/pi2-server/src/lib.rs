@@ -2,7 +2,8 @@
 //!
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: whole answers or server-sent events
 //!   ending `data: [DONE]`, with `usage` and llama-server style `timings`;
-//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and a chat page at `/`.
+//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and a chat page at `/`;
+//! - llama-server's `POST /tokenize`, `POST /detokenize` and `GET /props`.
 //!
 //! Requests go through one bounded queue to `parallel` slots, each an engine on its own thread
 //! that keeps its conversation's KV cache; a full queue answers 503 at once, and a client that
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod routes;
 pub mod sched;
 pub mod slots;
+pub mod tokens;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -207,6 +209,7 @@ pub fn serve(
     state.max_body = cfg.max_body;
     state.draft = cfg.draft;
     state.draft_max = cfg.draft_max;
+    state.slots = cfg.parallel;
     state.body_timeout = cfg.body_timeout;
     let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
     let mut app = routes::router(Arc::new(state))

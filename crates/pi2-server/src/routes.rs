@@ -38,6 +38,8 @@ pub struct AppState {
     pub max_body: usize,
     pub body_timeout: std::time::Duration,
     pub created: u64,
+    /// Slots serving requests (`--parallel`).
+    pub slots: usize,
     next_id: AtomicU64,
 }
 
@@ -63,6 +65,7 @@ impl AppState {
             max_body: 2 << 20,
             body_timeout: std::time::Duration::from_secs(30),
             created: unix_now(),
+            slots: 1,
             next_id: AtomicU64::new(1),
         }
     }
@@ -87,6 +90,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/completions", post(completion))
+        .route("/tokenize", post(crate::tokens::tokenize))
+        .route("/detokenize", post(crate::tokens::detokenize))
+        .route("/props", get(crate::tokens::props))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -263,7 +269,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
 
 /// The whole body, within the size cap and the body timeout (a client that sends half a body
 /// and waits gets 408, not a connection held open for ever).
-async fn read_body(s: &AppState, body: Body) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(s: &AppState, body: Body) -> Result<Bytes, ApiError> {
     match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body)).await {
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
