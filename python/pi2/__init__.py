@@ -139,6 +139,8 @@ class Model:
     # -- generation ---------------------------------------------------------------------
     def _run(self, tokens: List[int], stream: bool, **kw: Any):
         kw["stop"] = _stops(kw.get("stop"))
+        bias = kw.pop("logit_bias", None) or {}
+        kw["logit_bias"] = [(int(t), float(b)) for t, b in bias.items()]
         request = Request(**kw)
         if stream:
             return self._native.stream_tokens(tokens, request)
@@ -161,17 +163,22 @@ class Model:
         stream: bool = False,
         ignore_eos: bool = False,
         draft_max: int = 0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Optional[Dict[int, float]] = None,
     ) -> Union[str, TextStream]:
         """The continuation of ``prompt`` (control-token text in it is parsed, as
         ``pi2 run -p`` does): a string, or with ``stream=True`` an iterator of text pieces.
-        ``max_tokens=-1`` generates until end of generation; ``draft_max`` > 0 decodes
+        ``max_tokens=-1`` generates until end of generation; ``presence_penalty``,
+        ``frequency_penalty`` and ``logit_bias`` ({token id: bias}) are OpenAI's; ``draft_max`` > 0 decodes
         speculatively with drafts from the context (the same output, often faster)."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt is {type(prompt).__name__}, not str")
         tokens = self._native.tokenize(prompt, True, True)
         return self._run(tokens, stream, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
-                         ignore_eos=ignore_eos, draft_max=draft_max)
+                         ignore_eos=ignore_eos, draft_max=draft_max, presence_penalty=presence_penalty,
+                         frequency_penalty=frequency_penalty, logit_bias=logit_bias)
 
     def chat(self, messages: Sequence[Message], *, stream: bool = False, **kw: Any) -> Union[str, TextStream]:
         """The assistant's reply to OpenAI-style ``messages`` through the model's chat

@@ -34,6 +34,9 @@ class Request:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         draft_max: int = 0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Sequence[Tuple[int, float]] = (),
     ) -> None: ...
 
 class NativeModel:

@@ -80,7 +80,7 @@ struct Request(TextRequest);
 #[pymethods]
 impl Request {
     #[new]
-    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0))]
+    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_tokens: i64,
@@ -93,6 +93,9 @@ impl Request {
         stop: Vec<String>,
         ignore_eos: bool,
         draft_max: usize,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        logit_bias: Vec<(TokenId, f32)>,
     ) -> PyResult<Self> {
         if max_tokens < -1 {
             return Err(PyValueError::new_err(format!(
@@ -105,6 +108,9 @@ impl Request {
             top_p,
             min_p,
             repeat_penalty,
+            presence_penalty,
+            frequency_penalty,
+            logit_bias,
             seed: seed.unwrap_or_else(pi2_runtime::options::clock_seed),
             ..SamplerConfig::default()
         };

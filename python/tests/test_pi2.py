@@ -92,6 +92,20 @@ def test_chat_and_openai_shapes(model):
     assert sum(t in specials for t in evil) == sum(t in specials for t in plain)
 
 
+def test_logit_bias_and_penalties(model):
+    first = model.generate(PROMPT, max_tokens=1, temperature=0)
+    first_id = model.tokenize(first, add_bos=False)[0]
+    assert model.generate(PROMPT, max_tokens=1, temperature=0, logit_bias={first_id: -100}) != first
+    with pytest.raises(ValueError, match="logit_bias"):
+        model.generate(PROMPT, logit_bias={10 ** 8: 1.0})
+    with pytest.raises(ValueError, match="presence_penalty"):
+        model.generate(PROMPT, presence_penalty=3)
+    # A strong frequency penalty stops a greedy loop from repeating itself word for word.
+    plain = model.generate(PROMPT, max_tokens=48, temperature=0, ignore_eos=True)
+    varied = model.generate(PROMPT, max_tokens=48, temperature=0, ignore_eos=True, frequency_penalty=2.0)
+    assert varied != plain
+
+
 def test_tokens_round_trip(model):
     ids = model.tokenize("Hello, world", add_bos=False)
     assert model.detokenize(ids) == "Hello, world"

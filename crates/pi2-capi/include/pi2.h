@@ -92,7 +92,16 @@ typedef struct {
   float min_p;
   // 1 for off.
   float repeat_penalty;
+  // How many recent tokens the penalties look at.
   uint32_t repeat_last_n;
+  // OpenAI's presence and frequency penalties over the recent tokens, in [-2, 2]; 0 for off.
+  float presence_penalty;
+  float frequency_penalty;
+  // `n_logit_bias` pairs of token ids and biases added to their logits (in [-100, 100]);
+  // NULL if none.
+  const uint32_t *logit_bias_tokens;
+  const float *logit_bias_values;
+  size_t n_logit_bias;
   uint64_t seed;
   // `n_stops` strings that end the generation (not included in its text); NULL if none.
   const char *const *stops;

@@ -36,7 +36,16 @@ pub struct pi2_generate_options {
     pub min_p: f32,
     /// 1 for off.
     pub repeat_penalty: f32,
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: u32,
+    /// OpenAI's presence and frequency penalties over the recent tokens, in [-2, 2]; 0 for off.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// `n_logit_bias` pairs of token ids and biases added to their logits (in [-100, 100]);
+    /// NULL if none.
+    pub logit_bias_tokens: *const u32,
+    pub logit_bias_values: *const f32,
+    pub n_logit_bias: usize,
     pub seed: u64,
     /// `n_stops` strings that end the generation (not included in its text); NULL if none.
     pub stops: *const *const c_char,
@@ -105,6 +114,11 @@ pub extern "C" fn pi2_generate_options_default() -> pi2_generate_options {
         min_p: s.min_p,
         repeat_penalty: s.repeat_penalty,
         repeat_last_n: s.repeat_last_n as u32,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        logit_bias_tokens: std::ptr::null(),
+        logit_bias_values: std::ptr::null(),
+        n_logit_bias: 0,
         seed: s.seed,
         stops: std::ptr::null(),
         n_stops: 0,
@@ -116,7 +130,8 @@ pub extern "C" fn pi2_generate_options_default() -> pi2_generate_options {
 
 impl pi2_generate_options {
     /// # Safety
-    /// `stops` is NULL or holds `n_stops` NUL-terminated strings.
+    /// `stops` is NULL or holds `n_stops` NUL-terminated strings; the logit bias arrays are
+    /// NULL or hold `n_logit_bias` values each.
     unsafe fn request(&self) -> Result<TextRequest> {
         if self.max_tokens < -1 {
             return Err(CapiError::arg(format!(
@@ -137,6 +152,22 @@ impl pi2_generate_options {
                 .map(|(i, &p)| unsafe { text(p, &format!("stops[{i}]")) }.map(str::to_string))
                 .collect::<Result<_>>()?
         };
+        let logit_bias = if self.n_logit_bias == 0 {
+            Vec::new()
+        } else if self.logit_bias_tokens.is_null() || self.logit_bias_values.is_null() {
+            return Err(CapiError::arg(
+                "logit_bias_tokens or logit_bias_values is NULL but n_logit_bias is not 0",
+            ));
+        } else {
+            // SAFETY: both hold `n_logit_bias` values, by the caller's contract.
+            let (ids, values) = unsafe {
+                (
+                    std::slice::from_raw_parts(self.logit_bias_tokens, self.n_logit_bias),
+                    std::slice::from_raw_parts(self.logit_bias_values, self.n_logit_bias),
+                )
+            };
+            ids.iter().copied().zip(values.iter().copied()).collect()
+        };
         Ok(TextRequest {
             sampler: SamplerConfig {
                 temperature: self.temperature,
@@ -145,6 +176,9 @@ impl pi2_generate_options {
                 min_p: self.min_p,
                 repeat_penalty: self.repeat_penalty,
                 repeat_last_n: self.repeat_last_n as usize,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                logit_bias,
                 seed: self.seed,
             },
             max_tokens: usize::try_from(self.max_tokens).ok(),

@@ -48,12 +48,43 @@ pub struct SampleArgs {
     /// Repetition penalty (1.0 = off)
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// Tokens the repetition penalty looks back over
+    /// Tokens the penalties look back over
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
+    /// Presence penalty: subtracted once from each recent token's logit (0 = off)
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+    /// Frequency penalty: subtracted per occurrence among the recent tokens (0 = off)
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+    /// Bias a token's logit: TOKEN_ID+BIAS or TOKEN_ID-BIAS (repeatable; -100 bans a token)
+    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// RNG seed (default: random)
     #[arg(short = 's', long = "seed")]
     pub seed: Option<u64>,
+}
+
+/// `TOKEN_ID+BIAS` or `TOKEN_ID-BIAS`, as llama.cpp's `--logit-bias`.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let at = s
+        .find(['+', '-'])
+        .ok_or_else(|| format!("`{s}`: write TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1.5"))?;
+    let id = s[..at]
+        .parse()
+        .map_err(|_| format!("`{s}`: `{}` is not a token id", &s[..at]))?;
+    let bias: f32 = s[at..]
+        .parse()
+        .map_err(|_| format!("`{s}`: `{}` is not a number", &s[at..]))?;
+    Ok((id, bias))
 }
 
 /// Where speculative decoding's drafts come from.

@@ -1,5 +1,5 @@
-//! Sampling: repetition penalty, top-k, top-p, min-p, temperature, then a seeded draw (llama.cpp
-//! order).
+//! Sampling: logit biases, repetition, presence and frequency penalties, top-k, top-p, min-p,
+//! temperature, then a seeded draw (llama.cpp order).
 //! Temperature <= 0 is greedy (argmax, lowest id on ties).
 
 use pi2_model::TokenId;
@@ -17,8 +17,17 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// 1.0 = off.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every token among the recent ones (OpenAI's
+    /// `presence_penalty`; 0 = off).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it occurs among the recent ones (OpenAI's
+    /// `frequency_penalty`; 0 = off).
+    pub frequency_penalty: f32,
+    /// Added to the logits of the given tokens before anything else (OpenAI's `logit_bias`:
+    /// -100 bans a token, +100 all but forces it). Also in greedy decoding.
+    pub logit_bias: Vec<(TokenId, f32)>,
     pub seed: u64,
 }
 
@@ -31,6 +40,9 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0x5eed,
         }
     }
@@ -125,9 +137,25 @@ impl Sampler {
         }
     }
 
-    /// Penalties, then (unless greedy: `None`) top-k, top-p, min-p and temperature into
+    /// Biases and penalties, then (unless greedy: `None`) top-k, top-p, min-p and temperature into
     /// `candidates` and their unnormalized `probs`; returns the probabilities' sum.
     fn truncate(&mut self, logits: &mut [f32]) -> Option<f64> {
+        for &(t, b) in &self.cfg.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        let (presence, frequency) = (self.cfg.presence_penalty, self.cfg.frequency_penalty);
+        if presence != 0.0 || frequency != 0.0 {
+            // Each distinct recent token once: its count, then presence and frequency.
+            let mut seen: Vec<TokenId> = self.recent.iter().copied().collect();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(l) = logits.get_mut(run[0] as usize) {
+                    *l -= presence + frequency * run.len() as f32;
+                }
+            }
+        }
         if self.cfg.repeat_penalty != 1.0 {
             for &t in &self.recent {
                 let l = &mut logits[t as usize];
@@ -204,6 +232,30 @@ mod tests {
     fn greedy_is_argmax_lowest_id_on_ties() {
         let mut s = Sampler::new(SamplerConfig::greedy());
         assert_eq!(s.sample(&mut [0.0, 3.0, 3.0, 1.0]), 1);
+    }
+
+    #[test]
+    fn biases_and_penalties_move_the_logits_as_openai_says() {
+        // logit_bias bans the argmax and forces another, also greedy.
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias: vec![(1, -100.0), (3, 2.5), (99, 5.0)],
+            ..SamplerConfig::greedy()
+        });
+        let mut l = [0.0, 3.0, 2.0, 1.0];
+        assert_eq!(s.sample(&mut l), 3);
+        assert_eq!(l, [0.0, -97.0, 2.0, 3.5]);
+        // Presence once per distinct recent token, frequency once per occurrence.
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..SamplerConfig::greedy()
+        });
+        for t in [2, 2, 2, 0] {
+            s.accept(t);
+        }
+        let mut l = [1.0, 1.0, 3.0, 0.0];
+        s.sample(&mut l);
+        assert_eq!(l, [1.0 - 0.75, 1.0, 3.0 - 0.5 - 0.75, 0.0]);
     }
 
     #[test]

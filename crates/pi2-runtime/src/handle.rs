@@ -275,6 +275,17 @@ pub fn generate_text(
             format!("token {t} at position {i} is outside the vocabulary of {vocab}"),
         ));
     }
+    if let Some((t, _)) = req
+        .sampler
+        .logit_bias
+        .iter()
+        .find(|b| b.0 as usize >= vocab)
+    {
+        return Err(RuntimeError::option(
+            "logit_bias",
+            format!("token {t} is outside the vocabulary of {vocab}"),
+        ));
+    }
     if let Some((name, v, want)) = crate::options::sampling_problem(&req.sampler) {
         return Err(RuntimeError::Option {
             option: name,

@@ -345,6 +345,28 @@ pub fn sampling_problem(c: &SamplerConfig) -> Option<(&'static str, f32, &'stati
             c.repeat_penalty.is_finite() && c.repeat_penalty > 0.0,
             "a number > 0",
         ),
+        (
+            "presence_penalty",
+            c.presence_penalty,
+            (-2.0..=2.0).contains(&c.presence_penalty),
+            "in [-2, 2]",
+        ),
+        (
+            "frequency_penalty",
+            c.frequency_penalty,
+            (-2.0..=2.0).contains(&c.frequency_penalty),
+            "in [-2, 2]",
+        ),
+        (
+            "logit_bias",
+            c.logit_bias
+                .iter()
+                .map(|b| b.1)
+                .find(|b| !(-100.0..=100.0).contains(b))
+                .unwrap_or(0.0),
+            c.logit_bias.iter().all(|b| (-100.0..=100.0).contains(&b.1)),
+            "in [-100, 100]",
+        ),
     ];
     checks
         .into_iter()

@@ -79,6 +79,10 @@ pub struct CompletionRequest {
     pub top_k: Option<u64>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Token ids (as strings, as OpenAI sends them) to biases added to their logits.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     pub stream: Option<bool>,
@@ -226,8 +230,23 @@ impl CompletionRequest {
     }
 
     /// Sampling settings (pi2's defaults for what is absent), range-checked.
-    pub fn sampler(&self) -> Result<SamplerConfig, ApiError> {
+    /// The sampling settings, checked (token ids of `logit_bias` against `n_vocab`).
+    pub fn sampler(&self, n_vocab: usize) -> Result<SamplerConfig, ApiError> {
         let d = SamplerConfig::default();
+        let mut logit_bias = Vec::new();
+        for (k, &b) in self.logit_bias.iter().flatten() {
+            let id = k
+                .parse::<u32>()
+                .ok()
+                .filter(|&t| (t as usize) < n_vocab)
+                .ok_or_else(|| {
+                    ApiError::bad(format!(
+                        "`logit_bias`: `{k}` is not a token id of this model (0..{n_vocab})"
+                    ))
+                    .param("logit_bias")
+                })?;
+            logit_bias.push((id, b));
+        }
         let top_k = self.top_k.unwrap_or(d.top_k as u64);
         let cfg = SamplerConfig {
             temperature: self.temperature.unwrap_or(d.temperature),
@@ -235,6 +254,9 @@ impl CompletionRequest {
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            logit_bias,
             seed: self.seed.unwrap_or_else(pi2_runtime::options::clock_seed),
             ..d
         };
@@ -457,12 +479,27 @@ mod tests {
     #[test]
     fn settings_are_range_checked() {
         let r = |s: &str| CompletionRequest::parse(s.as_bytes()).unwrap();
-        assert!(r(r#"{"temperature":-1}"#).sampler().is_err());
-        assert!(r(r#"{"top_p":0}"#).sampler().is_err());
-        assert!(r(r#"{"min_p":2}"#).sampler().is_err());
-        assert!(r(r#"{"n":2}"#).sampler().is_err());
+        assert!(r(r#"{"temperature":-1}"#).sampler(1000).is_err());
+        assert!(r(r#"{"top_p":0}"#).sampler(1000).is_err());
+        assert!(r(r#"{"min_p":2}"#).sampler(1000).is_err());
+        assert!(r(r#"{"n":2}"#).sampler(1000).is_err());
+        assert!(r(r#"{"presence_penalty":3}"#).sampler(1000).is_err());
+        assert!(r(r#"{"logit_bias":{"5":101}}"#).sampler(1000).is_err());
+        let e = r(r#"{"logit_bias":{"1000":1}}"#).sampler(1000).unwrap_err();
+        assert!(
+            e.message.contains("`1000` is not a token id"),
+            "{}",
+            e.message
+        );
+        let b = r(r#"{"logit_bias":{"7":-100},"frequency_penalty":0.5}"#)
+            .sampler(1000)
+            .unwrap();
         assert_eq!(
-            r(r#"{"temperature":0}"#).sampler().unwrap().temperature,
+            (b.logit_bias, b.frequency_penalty),
+            (vec![(7, -100.0)], 0.5)
+        );
+        assert_eq!(
+            r(r#"{"temperature":0}"#).sampler(1000).unwrap().temperature,
             0.0
         );
         assert!(r(r#"{"max_tokens":5000}"#).max_tokens(4096).is_err());

@@ -19,6 +19,9 @@ const SERVED: &[&str] = &[
     "top_k",
     "min_p",
     "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
     "seed",
     "stop",
     "stream",
@@ -45,9 +48,9 @@ fn asks_nothing(name: &str, v: &Value) -> Option<bool> {
         || v.as_array().is_some_and(Vec::is_empty) || v.as_object().is_some_and(Map::is_empty);
     let text_format = || v.get("type").and_then(Value::as_str) == Some("text");
     Some(match name {
-        "frequency_penalty" | "presence_penalty" | "top_logprobs" | "n_probs" => zero(),
+        "top_logprobs" | "n_probs" => zero(),
         "logprobs" | "echo" => v == &Value::Bool(false) || zero(),
-        "logit_bias" | "tools" | "functions" => empty(),
+        "tools" | "functions" => empty(),
         "tool_choice" | "function_call" => v.as_str() == Some("none"),
         "response_format" => text_format(),
         "grammar" | "json_schema" | "suffix" => v.as_str() == Some("") || empty(),
@@ -97,9 +100,6 @@ mod tests {
         for (field, value) in [
             ("logprobs", json!(true)),
             ("top_logprobs", json!(3)),
-            ("presence_penalty", json!(0.5)),
-            ("frequency_penalty", json!(-1)),
-            ("logit_bias", json!({"15": 100})),
             ("echo", json!(true)),
             ("tools", json!([{"type": "function"}])),
             ("tool_choice", json!("required")),
@@ -119,7 +119,7 @@ mod tests {
     fn defaults_nulls_notes_and_served_fields_pass() {
         checked(json!({
             "model": "x", "messages": [], "temperature": 0, "logprobs": false, "top_logprobs": 0,
-            "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "echo": false,
+            "presence_penalty": 0.5, "frequency_penalty": 0.0, "logit_bias": {"5": 1}, "echo": false,
             "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "n": 1,
             "best_of": 1, "user": "u1", "metadata": {"a": "b"}, "store": false, "seed": null,
             "grammar": null, "suffix": "", "modalities": ["text"],

@@ -234,7 +234,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
     let (tx, rx) = mpsc::channel(64);
     let job = Job {
         prompt,
-        sampler: req.sampler()?,
+        sampler: req.sampler(s.model.tokenizer.vocab_size())?,
         max_tokens: req.max_tokens(s.n_ctx)?,
         stops: req.stops()?,
         ignore_eos: req.ignore_eos.unwrap_or(false),

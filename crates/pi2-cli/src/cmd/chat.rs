@@ -34,7 +34,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens (fewer where a memory
     // budget cannot hold the buffers of such batches): buffers for those.
     let (mut engine, n_batch) = prepared.engine_within_budget(GenerateConfig::default().n_batch)?;
-    let mut sampler = sampler(&a.sample)?;
+    let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
     let tok = &model.tokenizer;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {

@@ -241,7 +241,11 @@ pub fn engine<'m>(model: &'m Model, a: &ModelArgs) -> Result<Engine<'m>> {
     Ok(Engine::new(model, &engine_config(a)?)?)
 }
 
-pub fn sampler(a: &SampleArgs) -> anyhow::Result<Sampler> {
+/// The sampler of `a` for a model of `n_vocab` tokens.
+pub fn sampler(a: &SampleArgs, n_vocab: usize) -> anyhow::Result<Sampler> {
+    if let Some((t, _)) = a.logit_bias.iter().find(|b| b.0 as usize >= n_vocab) {
+        anyhow::bail!("--logit-bias: token {t} is outside the vocabulary of {n_vocab}");
+    }
     let cfg = SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
@@ -249,6 +253,9 @@ pub fn sampler(a: &SampleArgs) -> anyhow::Result<Sampler> {
         min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
         repeat_last_n: a.repeat_last_n,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        logit_bias: a.logit_bias.clone(),
         seed: a.seed.unwrap_or_else(pi2_runtime::options::clock_seed),
     };
     if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&cfg) {
@@ -256,6 +263,9 @@ pub fn sampler(a: &SampleArgs) -> anyhow::Result<Sampler> {
             "temperature" => "--temp",
             "top_p" => "--top-p",
             "min_p" => "--min-p",
+            "presence_penalty" => "--presence-penalty",
+            "frequency_penalty" => "--frequency-penalty",
+            "logit_bias" => "--logit-bias",
             _ => "--repeat-penalty",
         };
         anyhow::bail!("{flag} {v} must be {want}");

@@ -123,7 +123,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             engine.n_ctx()
         );
     }
-    let mut sampler = sampler(&a.sample)?;
+    let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
     let mut stream = Utf8Stream::default();
     let mut stdout = std::io::stdout().lock();
     if !a.json {

@@ -2,8 +2,10 @@
 chat, one streamed chat; greedy text must equal `pi2 run` on the same prompt (PI2_EXPECTED,
 PI2_EXPECTED_COMPLETION). Run by crates/pi2-cli/tests/serve.rs."""
 
+import json
 import os
 import sys
+import urllib.request
 
 import openai
 
@@ -45,7 +47,7 @@ except openai.NotFoundError as e:
 # defaults pass.
 for extra, field in [({"logprobs": True, "top_logprobs": 2}, "logprobs"),
                      ({"response_format": {"type": "json_object"}}, "response_format"),
-                     ({"presence_penalty": 0.5}, "presence_penalty"),
+                     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
                      ({"extra_body": {"mirostat": 2}}, "mirostat")]:
     try:
         client.chat.completions.create(model=model, messages=messages, max_tokens=2, **extra)
@@ -54,5 +56,14 @@ for extra, field in [({"logprobs": True, "top_logprobs": 2}, "logprobs"),
         assert f"`{field}`" in str(e), e
 client.chat.completions.create(model=model, messages=messages, max_tokens=2, presence_penalty=0,
                                logprobs=False, user="someone")
+# logit_bias is served: banning the greedy first token changes the answer's first token.
+first = client.completions.create(model=model, prompt="The capital of France is", max_tokens=1, temperature=0)
+ask = urllib.request.Request(url + "/tokenize",
+                             data=json.dumps({"content": first.choices[0].text}).encode(),
+                             headers={"Content-Type": "application/json"})
+first_id = json.load(urllib.request.urlopen(ask))["tokens"][0]
+banned = client.completions.create(model=model, prompt="The capital of France is", max_tokens=1, temperature=0,
+                                   logit_bias={str(first_id): -100})
+assert banned.choices[0].text != first.choices[0].text, (banned.choices[0].text, first.choices[0].text)
 
 print("openai client: completion, chat and streamed chat equal `pi2 run`; unserved fields refused")
