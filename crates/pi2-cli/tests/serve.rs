@@ -519,3 +519,39 @@ fn token_routes_and_props_answer_as_llama_server_does() {
     assert_eq!(p["default_generation_settings"]["n_ctx"], 512);
     assert!(p["chat_template"].as_str().unwrap().contains("im_start"));
 }
+
+#[test]
+fn echo_starts_a_completion_with_its_prompt() {
+    let s = Server::start(&[]);
+    let ask = |echo: bool, stream: bool| {
+        let body = json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0,
+                          "echo": echo, "stream": stream});
+        let r = post(&s.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        if !stream {
+            return r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+        }
+        sse_data(&r.body)
+            .iter()
+            .filter(|d| *d != "[DONE]")
+            .map(|d| {
+                let v: Value = serde_json::from_str(d).unwrap();
+                v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+            })
+            .collect()
+    };
+    let plain = ask(false, false);
+    assert_eq!(ask(true, false), format!("The capital of France is{plain}"));
+    assert_eq!(ask(true, true), format!("The capital of France is{plain}"));
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}),
+    );
+    assert_eq!(r.status, 400);
+    assert!(
+        r.body.contains("`echo` is for /v1/completions"),
+        "{}",
+        r.body
+    );
+}

@@ -90,6 +90,8 @@ pub struct CompletionRequest {
     pub n: Option<u64>,
     /// llama-server's: keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// Completions: the answer's text starts with the prompt's.
+    pub echo: Option<bool>,
     /// Speculative decoding for this request: `lookup` (prompt lookup) or `none`; unset: the
     /// server's `--draft`.
     pub draft: Option<String>,

@@ -28,6 +28,7 @@ const SERVED: &[&str] = &[
     "stream_options",
     "n",
     "ignore_eos",
+    "echo",
     "draft",
 ];
 
@@ -49,7 +50,7 @@ fn asks_nothing(name: &str, v: &Value) -> Option<bool> {
     let text_format = || v.get("type").and_then(Value::as_str) == Some("text");
     Some(match name {
         "top_logprobs" | "n_probs" => zero(),
-        "logprobs" | "echo" => v == &Value::Bool(false) || zero(),
+        "logprobs" => v == &Value::Bool(false) || zero(),
         "tools" | "functions" => empty(),
         "tool_choice" | "function_call" => v.as_str() == Some("none"),
         "response_format" => text_format(),
@@ -100,7 +101,6 @@ mod tests {
         for (field, value) in [
             ("logprobs", json!(true)),
             ("top_logprobs", json!(3)),
-            ("echo", json!(true)),
             ("tools", json!([{"type": "function"}])),
             ("tool_choice", json!("required")),
             ("response_format", json!({"type": "json_object"})),

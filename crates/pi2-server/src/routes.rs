@@ -232,6 +232,13 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         )));
     }
     let (tx, rx) = mpsc::channel(64);
+    if req.echo == Some(true) {
+        if kind == Kind::Chat {
+            return Err(ApiError::bad("`echo` is for /v1/completions").param("echo"));
+        }
+        // The prompt's text, as the answer's first text (the channel is new: there is room).
+        let _ = tx.try_send(Event::Text(req.prompt_text()?.to_string()));
+    }
     let job = Job {
         prompt,
         sampler: req.sampler(s.model.tokenizer.vocab_size())?,
