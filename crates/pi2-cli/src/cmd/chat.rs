@@ -1,14 +1,19 @@
 //! `pi2 chat`: interactive chat. Each turn re-renders the whole conversation with the model's
 //! template and evaluates only the tokens that differ from what the KV cache already holds.
+//! On a terminal, lines are edited with rustyline (arrows, history); Ctrl-C stops a reply and
+//! keeps the conversation; commands start with `/` (`/help`).
 
 use super::sampler;
 use crate::args::{ModelArgs, SampleArgs};
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::{generate, GenerateConfig, StopReason};
 use pi2_model::Message;
 use pi2_runtime::text::Utf8Stream;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -26,6 +31,176 @@ pub struct ChatArgs {
     pub session: super::sparse_args::SessionArgs,
 }
 
+const HELP: &str = "commands:
+  /help            this list
+  /system [TEXT]   set the system prompt (without TEXT: remove it); the conversation stays
+  /reset           clear the conversation (the system prompt stays)
+  /save FILE       write the conversation as JSON (an existing file is never replaced)
+  /load FILE       replace the conversation with one /save wrote
+  /exit, /quit     leave (or Ctrl-D)
+  //text           send a message that starts with /text
+Ctrl-C stops a reply and keeps the conversation; Up and Down recall earlier lines.";
+
+/// Where lines come from: a line editor on a terminal, plain lines from a pipe.
+enum Input {
+    Editor(Box<rustyline::DefaultEditor>),
+    Lines(std::io::StdinLock<'static>),
+}
+
+impl Input {
+    fn open() -> Result<Self> {
+        if std::io::stdin().is_terminal() {
+            let ed = rustyline::DefaultEditor::new().context("cannot start the line editor")?;
+            return Ok(Input::Editor(Box::new(ed)));
+        }
+        Ok(Input::Lines(std::io::stdin().lock()))
+    }
+
+    /// The next line (`None` at the end of input).
+    fn line(&mut self) -> Result<Option<String>> {
+        match self {
+            Input::Editor(ed) => loop {
+                match ed.readline("> ") {
+                    Ok(l) => {
+                        if !l.trim().is_empty() {
+                            let _ = ed.add_history_entry(l.as_str());
+                        }
+                        return Ok(Some(l));
+                    }
+                    Err(rustyline::error::ReadlineError::Interrupted) => {
+                        eprintln!("(Ctrl-D or /exit leaves)");
+                    }
+                    Err(rustyline::error::ReadlineError::Eof) => return Ok(None),
+                    Err(e) => bail!("cannot read the terminal: {e}"),
+                }
+            },
+            Input::Lines(stdin) => loop {
+                eprint!("> ");
+                let mut bytes = Vec::new();
+                if stdin.read_until(b'\n', &mut bytes)? == 0 {
+                    eprintln!();
+                    return Ok(None);
+                }
+                match String::from_utf8(bytes) {
+                    Ok(l) => return Ok(Some(l.trim_end_matches(['\n', '\r']).to_string())),
+                    Err(_) => eprintln!("(that line of input is not UTF-8 text, so it was not sent; set the terminal or the piped file to UTF-8)"),
+                }
+            },
+        }
+    }
+}
+
+/// The conversation: the system prompt and the turns.
+struct Conversation {
+    system: Option<String>,
+    turns: Vec<Message>,
+}
+
+impl Conversation {
+    fn messages(&self) -> Vec<Message> {
+        let system = self.system.iter().map(|s| Message::new("system", s));
+        system.chain(self.turns.iter().cloned()).collect()
+    }
+
+    fn save(&self, path: &Path) -> Result<()> {
+        let msgs: Vec<serde_json::Value> = self
+            .messages()
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "messages": msgs }))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| {
+                format!(
+                    "cannot create {} (an existing file is never replaced)",
+                    path.display()
+                )
+            })?;
+        f.write_all(text.as_bytes())?;
+        Ok(())
+    }
+
+    fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let list = v["messages"].as_array().with_context(|| {
+            format!(
+                "{} has no \"messages\" list (write one with /save)",
+                path.display()
+            )
+        })?;
+        let mut c = Conversation {
+            system: None,
+            turns: Vec::new(),
+        };
+        for (i, m) in list.iter().enumerate() {
+            let (Some(role), Some(content)) = (m["role"].as_str(), m["content"].as_str()) else {
+                bail!(
+                    "messages[{i}] in {} needs a role and a content string",
+                    path.display()
+                );
+            };
+            match role {
+                "system" if i == 0 => c.system = Some(content.to_string()),
+                "user" | "assistant" => c.turns.push(Message::new(role, content)),
+                other => bail!("messages[{i}] in {} has the role `{other}`", path.display()),
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// What a line asks for.
+enum Action {
+    Send(String),
+    Done,
+    Nothing,
+}
+
+/// Runs a command line (starting with `/`) on the conversation.
+fn command(line: &str, conv: &mut Conversation) -> Action {
+    let (cmd, arg) = line
+        .split_once(' ')
+        .map_or((line, ""), |(c, a)| (c, a.trim()));
+    let result: Result<&str> = match cmd {
+        "/exit" | "/quit" => return Action::Done,
+        "/help" => {
+            eprintln!("{HELP}");
+            return Action::Nothing;
+        }
+        "/reset" => {
+            conv.turns.clear();
+            Ok("conversation cleared")
+        }
+        "/system" => {
+            conv.system = (!arg.is_empty()).then(|| arg.to_string());
+            Ok(if arg.is_empty() {
+                "system prompt removed"
+            } else {
+                "system prompt set"
+            })
+        }
+        "/save" if !arg.is_empty() => conv.save(Path::new(arg)).map(|_| "saved"),
+        "/load" if !arg.is_empty() => Conversation::load(Path::new(arg)).map(|c| {
+            *conv = c;
+            "loaded"
+        }),
+        "/save" | "/load" => Err(anyhow::anyhow!("{cmd} needs a file name")),
+        _ if line.starts_with("//") => return Action::Send(line[1..].to_string()),
+        _ => Err(anyhow::anyhow!("unknown command `{cmd}`: /help lists them")),
+    };
+    match result {
+        Ok(done) => eprintln!("({done})"),
+        Err(e) => eprintln!("({})", crate::errors::one_line(&e)),
+    }
+    Action::Nothing
+}
+
 pub fn run(a: ChatArgs) -> Result<()> {
     let (path, opts) = super::session_model(&a.model, &a.session, "chat")?;
     let model = pi2_runtime::load_model(&path)?;
@@ -36,46 +211,43 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let (mut engine, n_batch) = prepared.engine_within_budget(GenerateConfig::default().n_batch)?;
     let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
     let tok = &model.tokenizer;
-    let mut messages = Vec::new();
-    if let Some(s) = &a.system {
-        messages.push(Message::new("system", s));
-    }
+    let mut conv = Conversation {
+        system: a.system.clone(),
+        turns: Vec::new(),
+    };
     let cfg = GenerateConfig {
         max_tokens: Some(a.n_predict),
         ignore_eos: false,
         n_batch,
         ..Default::default()
     };
+    // Ctrl-C stops the reply being written; a second one while nothing stops it ends pi2.
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register_conditional_shutdown(
+        signal_hook::consts::SIGINT,
+        130,
+        stop.clone(),
+    )?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
     let mut cached = Vec::new();
-    eprintln!("pi2 chat: type a message and press Enter; /reset clears the conversation, /exit or Ctrl-D quits.");
-    let stdin = std::io::stdin();
+    let mut input = Input::open()?;
+    eprintln!("pi2 chat: type a message and press Enter; /help lists commands, Ctrl-C stops a reply, /exit or Ctrl-D quits.");
     let mut out = std::io::stdout();
-    loop {
-        eprint!("> ");
-        let mut bytes = Vec::new();
-        if stdin.lock().read_until(b'\n', &mut bytes)? == 0 {
-            eprintln!();
-            return Ok(());
-        }
-        let Ok(line) = String::from_utf8(bytes) else {
-            eprintln!("(that line of input is not UTF-8 text, so it was not sent; set the terminal or the piped file to UTF-8)");
-            continue;
-        };
-        let line = line.trim_end_matches(['\n', '\r']);
-        match line.trim() {
+    while let Some(line) = input.line()? {
+        stop.store(false, Ordering::Relaxed);
+        let text = match line.trim() {
             "" => continue,
-            "/exit" | "/quit" => return Ok(()),
-            "/reset" => {
-                messages.truncate(a.system.is_some() as usize);
-                eprintln!("(conversation cleared)");
-                continue;
-            }
-            _ => {}
-        }
-        messages.push(Message::new("user", line));
-        let prompt = template.encode(tok, &messages, true)?;
+            t if t.starts_with('/') => match command(t, &mut conv) {
+                Action::Send(s) => s,
+                Action::Done => return Ok(()),
+                Action::Nothing => continue,
+            },
+            _ => line,
+        };
+        conv.turns.push(Message::new("user", &text));
+        let prompt = template.encode(tok, &conv.messages(), true)?;
         if prompt.len() + 1 >= engine.n_ctx() {
-            messages.pop();
+            conv.turns.pop();
             eprintln!(
                 "(the conversation no longer fits the context of {} tokens; /reset to start over)",
                 engine.n_ctx()
@@ -92,14 +264,18 @@ pub fn run(a: ChatArgs) -> Result<()> {
             |id| {
                 let _ = write!(out, "{}", stream.push(&tok.token_bytes(id, false)));
                 let _ = out.flush();
-                true
+                !stop.load(Ordering::Relaxed)
             },
         )?;
         writeln!(out, "{}", stream.finish())?;
+        if stop.swap(false, Ordering::Relaxed) {
+            eprintln!("(stopped)");
+        }
         if g.stop == StopReason::ContextFull {
             eprintln!("(context full)");
         }
         let reply = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
-        messages.push(Message::new("assistant", &reply));
+        conv.turns.push(Message::new("assistant", &reply));
     }
+    Ok(())
 }
