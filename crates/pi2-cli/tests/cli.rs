@@ -177,6 +177,27 @@ fn chat_answers_and_exits() {
     );
 }
 
+#[test]
+fn run_chat_prints_the_reply_alone() {
+    // A plain prompt is continued (printed first); a chat prompt is answered (not printed).
+    let q = "What is the capital of France?";
+    let plain = ok(&["run", "-m", &m(), "-p", q, "-n", "4", "--temp", "0"]);
+    assert!(plain.starts_with(q), "{plain:?}");
+    let chat = ok(&[
+        "run",
+        "-m",
+        &m(),
+        "--chat",
+        "-p",
+        q,
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]);
+    assert!(!chat.contains(q) && !chat.trim().is_empty(), "{chat:?}");
+}
+
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();

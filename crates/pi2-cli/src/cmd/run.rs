@@ -126,7 +126,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
     let mut stream = Utf8Stream::default();
     let mut stdout = std::io::stdout().lock();
-    if !a.json {
+    // A plain prompt is continued, so it is printed first (as llama.cpp does); with --chat
+    // the reply is an answer of its own, printed alone.
+    if !a.json && !a.chat {
         write!(stdout, "{user_text}")?;
         stdout.flush()?;
     }
