@@ -178,6 +178,37 @@ fn chat_answers_and_exits() {
 }
 
 #[test]
+fn chat_context_shift_drops_the_oldest_turns() {
+    let turns = b"Tell me about Paris in detail.\nAnd about Rome?\nAnd about Madrid?\nAnd about Berlin?\n/exit\n";
+    let args = [
+        "chat",
+        "-m",
+        &m(),
+        "--temp",
+        "0",
+        "-n",
+        "40",
+        "-c",
+        "160",
+        "--system",
+        "Be brief.",
+    ];
+    let mut shifted = args.to_vec();
+    shifted.push("--context-shift");
+    let out = pi2_with_stdin(&shifted, turns);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("(context shift: dropped the 2 oldest turns)"),
+        "{err}"
+    );
+    // Every message was answered: none refused, a prompt for each line read.
+    assert!(!err.contains("no longer fits"), "{err}");
+    assert_eq!(err.matches("> ").count(), 5, "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+}
+
+#[test]
 fn run_chat_prints_the_reply_alone() {
     // A plain prompt is continued (printed first); a chat prompt is answered (not printed).
     let q = "What is the capital of France?";

@@ -27,6 +27,10 @@ pub struct ChatArgs {
     /// Most tokens per reply
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     pub n_predict: usize,
+    /// When the conversation outgrows the context, drop its oldest turns (the system prompt
+    /// stays), as llama.cpp does; without it such a message is refused
+    #[arg(long)]
+    pub context_shift: bool,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
@@ -245,12 +249,28 @@ pub fn run(a: ChatArgs) -> Result<()> {
             _ => line,
         };
         conv.turns.push(Message::new("user", &text));
-        let prompt = template.encode(tok, &conv.messages(), true)?;
+        // Room for the prompt and at least a short reply.
+        let room = engine
+            .n_ctx()
+            .saturating_sub(a.n_predict.min(engine.n_ctx() / 4) + 1);
+        let mut prompt = template.encode(tok, &conv.messages(), true)?;
+        let mut dropped = 0;
+        while a.context_shift && prompt.len() > room && conv.turns.len() > 1 {
+            // The oldest exchange goes (a user turn and the reply after it).
+            let n = if conv.turns.len() > 2 { 2 } else { 1 };
+            conv.turns.drain(..n);
+            dropped += n;
+            prompt = template.encode(tok, &conv.messages(), true)?;
+        }
+        if dropped > 0 {
+            eprintln!("(context shift: dropped the {dropped} oldest turns)");
+        }
         if prompt.len() + 1 >= engine.n_ctx() {
             conv.turns.pop();
             eprintln!(
-                "(the conversation no longer fits the context of {} tokens; /reset to start over)",
-                engine.n_ctx()
+                "(the conversation no longer fits the context of {} tokens; /reset to start over{})",
+                engine.n_ctx(),
+                if a.context_shift { ", or shorten the message" } else { ", or pass --context-shift" }
             );
             continue;
         }
