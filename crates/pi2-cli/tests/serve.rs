@@ -555,3 +555,23 @@ fn echo_starts_a_completion_with_its_prompt() {
         r.body
     );
 }
+
+#[test]
+fn context_shift_drops_the_oldest_messages_of_a_long_chat() {
+    let mut history = vec![json!({"role": "system", "content": "You are brief."})];
+    for i in 0..8 {
+        history.push(json!({"role": "user", "content": format!("Tell me fact number {i} about the sea, in a long sentence.")}));
+        history.push(json!({"role": "assistant", "content": "The sea is wide and deep and full of fish and salt and waves."}));
+    }
+    history.push(json!({"role": "user", "content": "Thanks!"}));
+    let body = json!({"messages": history, "max_tokens": 4, "temperature": 0});
+    let plain = Server::start(&["-c", "128"]);
+    let r = post(&plain.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("--context-shift"), "{}", r.body);
+    let shifting = Server::start(&["-c", "128", "--context-shift"]);
+    let r = post(&shifting.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt < 128, "{prompt}");
+}

@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub draft: bool,
     /// The longest draft a request checks (the engines' logit rows must hold it and one more).
     pub draft_max: usize,
+    /// A chat longer than the context drops its oldest messages (else: 400).
+    pub context_shift: bool,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +75,7 @@ impl Default for ServerConfig {
             cors_origin: None,
             draft: false,
             draft_max: 16,
+            context_shift: false,
         }
     }
 }
@@ -210,6 +213,7 @@ pub fn serve(
     state.draft = cfg.draft;
     state.draft_max = cfg.draft_max;
     state.slots = cfg.parallel;
+    state.context_shift = cfg.context_shift;
     state.body_timeout = cfg.body_timeout;
     let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
     let mut app = routes::router(Arc::new(state))

@@ -40,6 +40,8 @@ pub struct AppState {
     pub created: u64,
     /// Slots serving requests (`--parallel`).
     pub slots: usize,
+    /// A chat longer than the context drops its oldest messages (`--context-shift`).
+    pub context_shift: bool,
     next_id: AtomicU64,
 }
 
@@ -66,6 +68,7 @@ impl AppState {
             body_timeout: std::time::Duration::from_secs(30),
             created: unix_now(),
             slots: 1,
+            context_shift: false,
             next_id: AtomicU64::new(1),
         }
     }
@@ -210,12 +213,21 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
                 ))
             })?;
             // Message text stays text: only the template's markup becomes control tokens.
-            template
-                .encode(tok, &req.chat_messages()?, true)
-                .map_err(|e| {
+            let mut msgs = req.chat_messages()?;
+            let encode = |m: &[pi2_model::Message]| {
+                template.encode(tok, m, true).map_err(|e| {
                     ApiError::bad(format!("the chat template refused the messages: {e}"))
                         .param("messages")
-                })?
+                })
+            };
+            let mut prompt = encode(&msgs)?;
+            // Context shift: the oldest messages after the system prompt go, the last stays.
+            let first = usize::from(msgs.first().is_some_and(|m| m.role == "system"));
+            while s.context_shift && prompt.len() >= s.n_ctx && msgs.len() > first + 1 {
+                msgs.remove(first);
+                prompt = encode(&msgs)?;
+            }
+            prompt
         }
         // A completion prompt is the model's whole input, control tokens and all (as
         // llama-server takes it).
@@ -226,7 +238,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
     }
     if prompt.len() >= s.n_ctx {
         return Err(ApiError::bad(format!(
-            "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c, or shorten the prompt)",
+            "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
             prompt.len(),
             s.n_ctx
         )));

@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// without it no CORS headers are sent and browsers keep other sites out
     #[arg(long = "cors-origin")]
     pub cors_origin: Option<String>,
+    /// A chat longer than the context drops its oldest messages (the system prompt and the
+    /// last message stay), as llama-server does; without it such a request gets a 400
+    #[arg(long)]
+    pub context_shift: bool,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
@@ -90,6 +94,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         cors_origin: a.cors_origin.clone(),
         draft: a.draft.draft == DraftSource::Lookup,
         draft_max: a.draft.draft_max,
+        context_shift: a.context_shift,
     };
     let id = cfg.model_names[0].clone();
     pi2_server::serve(prepared, &cfg, |addr| {
