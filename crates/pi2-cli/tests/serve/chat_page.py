@@ -1,5 +1,7 @@
 """The built-in chat page in headless Chromium (Debian `chromium` and `chromium-driver`):
-type a message, press Enter, see the answer stream in, greedy, equal to `pi2 run`'s. Run by crates/pi2-cli/tests/serve.rs
+type a message, press Enter, see the answer stream in, greedy, equal to `pi2 run`'s; Markdown
+rendered from DOM nodes only (a `<script>` in a reply is shown, never run); the Stop button; the
+system prompt sent; the conversation kept across a reload. Run by crates/pi2-cli/tests/serve.rs
 against a running `pi2 serve` (PI2_URL)."""
 
 import os
@@ -57,9 +59,53 @@ try:
     stats = driver.find_element(By.ID, "stats").text
     assert "tokens" in stats, f"no end of the answer within the deadline (stats: {stats!r})"
     shown = driver.execute_script(
-        "const a = document.querySelectorAll('.msg.assistant'); return a[a.length - 1].textContent;"
+        "const a = document.querySelectorAll('.msg.assistant'); return a[a.length - 1].dataset.raw;"
     )
     assert shown == os.environ["PI2_EXPECTED"], (shown, os.environ["PI2_EXPECTED"])
-    print(f"chat page: answer streamed in {len(seen)} steps: {final[:60]!r}; {stats}")
+
+    # Markdown from DOM nodes: code blocks in <pre><code>, no HTML from model text.
+    got = driver.execute_script(
+        r"""const d = document.createElement('div');
+        render(d, "<script>window.pwned = 1<\/script> **bold** `x<y`\n```js\nif (a < b) { go(); }\n```\nafter");
+        document.body.appendChild(d);
+        return [d.querySelectorAll('script').length, d.querySelector('pre code').textContent,
+                d.querySelector('strong').textContent, d.querySelector(':not(pre) > code').textContent,
+                d.textContent.includes('<script>'), window.pwned === undefined,
+                getComputedStyle(d.querySelector('pre code')).fontFamily];"""
+    )
+    assert got[:6] == [0, "if (a < b) { go(); }", "bold", "x<y", True, True], got
+    assert "mono" in got[6].lower() or "menlo" in got[6].lower() or "consolas" in got[6].lower(), got[6]
+
+    # The system prompt goes with the next request; Stop ends a long answer, keeping its text.
+    driver.execute_script(
+        """window.bodies = [];
+        const f = window.fetch;
+        window.fetch = (u, o) => { if (o && o.body) window.bodies.push(JSON.parse(o.body)); return f(u, o); };"""
+    )
+    system = driver.find_element(By.ID, "system")
+    system.send_keys("You are a pirate.")
+    mt = driver.find_element(By.ID, "max-tokens")
+    mt.clear()
+    mt.send_keys("400")
+    box.send_keys("Tell me a very long story about the sea.")
+    box.send_keys(Keys.ENTER)
+    time.sleep(1.5)
+    driver.find_element(By.ID, "stop").click()
+    deadline = time.time() + 10
+    while time.time() < deadline and not driver.find_element(By.ID, "send").is_enabled():
+        time.sleep(0.05)
+    assert driver.find_element(By.ID, "send").is_enabled(), "Stop did not end the answer"
+    assert not driver.find_elements(By.CSS_SELECTOR, ".msg.error"), "Stop showed an error"
+    sent = driver.execute_script("return window.bodies")[-1]["messages"]
+    assert sent[0] == {"role": "system", "content": "You are a pirate."}, sent
+    stopped = driver.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1].text
+    assert stopped.strip(), "the stopped answer lost its text"
+
+    # A reload keeps the conversation (two questions, two answers) and the system prompt.
+    driver.refresh()
+    assert len(driver.find_elements(By.CSS_SELECTOR, ".msg.user")) == 2
+    assert len(driver.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2
+    assert driver.find_element(By.ID, "system").get_attribute("value") == "You are a pirate."
+    print(f"chat page: answer streamed in {len(seen)} steps: {final[:60]!r}; {stats}; Markdown, Stop, system prompt, kept")
 finally:
     driver.quit()
