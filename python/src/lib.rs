@@ -254,20 +254,11 @@ impl NativeModel {
     fn detokenize(&self, tokens: Vec<i64>) -> PyResult<String> {
         let m = self.loaded()?.model();
         let vocab = m.tokenizer.vocab_size();
-        let ids = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                u32::try_from(t)
-                    .ok()
-                    .filter(|&t| (t as usize) < vocab)
-                    .ok_or_else(|| {
-                        PyValueError::new_err(format!(
-                            "tokens[{i}] = {t} is outside the vocabulary of {vocab}"
-                        ))
-                    })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let ids = m.tokenizer.checked_ids(tokens).map_err(|(i, t)| {
+            PyValueError::new_err(format!(
+                "tokens[{i}] = {t} is outside the vocabulary of {vocab}"
+            ))
+        })?;
         Ok(String::from_utf8_lossy(&m.tokenizer.decode(&ids, false)).into_owned())
     }
 

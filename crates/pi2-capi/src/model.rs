@@ -240,6 +240,12 @@ pub unsafe extern "C" fn pi2_detokenize(
     })
 }
 
+/// The model's chat template (`PI2_ERR_MODEL` if it has none that works).
+pub(crate) fn chat_template(m: &::pi2_model::Model) -> Result<::pi2_model::ChatTemplate> {
+    m.chat_template()
+        .map_err(|e| CapiError::new(pi2_status::PI2_ERR_MODEL, e.to_string()))
+}
+
 /// The checked messages at `messages` (`n` of them).
 ///
 /// # Safety
@@ -296,10 +302,7 @@ pub unsafe extern "C" fn pi2_chat_apply(
         let lm = self::model(model)?;
         // SAFETY: the caller's contract.
         let msgs = unsafe { self::messages(messages, n) }?;
-        let template = lm
-            .model()
-            .chat_template()
-            .map_err(|e| CapiError::new(pi2_status::PI2_ERR_MODEL, e.to_string()))?;
+        let template = chat_template(lm.model())?;
         let s = template
             .render(&msgs, add_assistant)
             .map_err(|e| CapiError::arg(e.to_string()))?;

@@ -320,9 +320,7 @@ pub unsafe extern "C" fn pi2_chat_generate(
             .unwrap_or_else(|| pi2_generate_options_default());
         with_session(session, |s, h| {
             let m = s.model().model();
-            let template = m
-                .chat_template()
-                .map_err(|e| CapiError::new(pi2_status::PI2_ERR_MODEL, e.to_string()))?;
+            let template = crate::model::chat_template(m)?;
             let ids = template
                 .encode(&m.tokenizer, &msgs, true)
                 .map_err(|e| CapiError::arg(e.to_string()))?;

@@ -318,6 +318,23 @@ impl Tokenizer {
         self.vocab.len()
     }
 
+    /// Token ids as a caller gave them (any integers), checked against the vocabulary: the ids,
+    /// or the position and value of the first one outside it.
+    pub fn checked_ids(
+        &self,
+        ids: impl IntoIterator<Item = i64>,
+    ) -> std::result::Result<Vec<TokenId>, (usize, i64)> {
+        ids.into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                u32::try_from(t)
+                    .ok()
+                    .filter(|&t| (t as usize) < self.vocab.len())
+                    .ok_or((i, t))
+            })
+            .collect()
+    }
+
     /// A token's text as stored in the vocabulary.
     pub fn token_text(&self, id: TokenId) -> Option<&str> {
         self.vocab.get(id)

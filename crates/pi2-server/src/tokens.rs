@@ -76,20 +76,12 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Body) -> Response 
         let r: DetokenizeRequest = parse(&read_body(&s, body).await?)?;
         let tok = &s.model.tokenizer;
         let vocab = tok.vocab_size();
-        let ids = r
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| {
-                u32::try_from(t)
-                    .ok()
-                    .filter(|&t| (t as usize) < vocab)
-                    .ok_or_else(|| {
-                        ApiError::bad(format!("{t} is outside the vocabulary of {vocab}"))
-                            .param(format!("tokens[{i}]"))
-                    })
-            })
-            .collect::<Result<Vec<u32>, _>>()?;
+        let ids = tok
+            .checked_ids(r.tokens.iter().copied())
+            .map_err(|(i, t)| {
+                ApiError::bad(format!("{t} is outside the vocabulary of {vocab}"))
+                    .param(format!("tokens[{i}]"))
+            })?;
         let content = String::from_utf8_lossy(&tok.decode(&ids, false)).into_owned();
         Ok::<_, ApiError>(Json(json!({ "content": content })))
     };
