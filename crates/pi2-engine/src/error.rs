@@ -43,6 +43,8 @@ pub enum EngineError {
     Head(String),
     #[error("speculative decoding: {0}")]
     Drafts(String),
+    #[error("constrained decoding: {0}")]
+    Constraint(String),
     #[error(transparent)]
     Budget(#[from] pi2_cache::CacheError),
     #[error(transparent)]

@@ -4,6 +4,7 @@
 
 use crate::draft::{DraftConfig, DraftLength, Drafter};
 use crate::engine::{Engine, Logits};
+use crate::guide::TokenLogprob;
 use crate::sampler::Sampler;
 use crate::EngineError;
 use pi2_model::TokenId;
@@ -91,8 +92,26 @@ pub fn generate_drafted(
     cached: &mut Vec<TokenId>,
     prompt: &[TokenId],
     cfg: &GenerateConfig,
-    mut drafter: Option<&mut dyn Drafter>,
+    drafter: Option<&mut dyn Drafter>,
     mut on_token: impl FnMut(TokenId) -> bool,
+) -> Result<Generation, EngineError> {
+    generate_scored(engine, sampler, cached, prompt, cfg, drafter, |t, _| {
+        on_token(t)
+    })
+}
+
+/// [`generate_drafted`] whose `on_token` also sees each token's log probability (when the
+/// sampler records them: [`Sampler::with_logprobs`]). A sampler's constraint ends the
+/// generation when it is complete ([`StopReason::EndOfGeneration`]) and fails it with
+/// [`EngineError::Constraint`] when it breaks.
+pub fn generate_scored(
+    engine: &mut Engine<'_>,
+    sampler: &mut Sampler,
+    cached: &mut Vec<TokenId>,
+    prompt: &[TokenId],
+    cfg: &GenerateConfig,
+    mut drafter: Option<&mut dyn Drafter>,
+    mut on_token: impl FnMut(TokenId, Option<&TokenLogprob>) -> bool,
 ) -> Result<Generation, EngineError> {
     if drafter.is_some() && !engine.checks_batches_as_decode() {
         return Err(EngineError::Drafts(
@@ -132,6 +151,7 @@ pub fn generate_drafted(
         drafted: 0,
         accepted: 0,
         passes: 0,
+        failed: None,
     };
     let mut length = DraftLength::new(cfg.draft);
     let n_vocab = engine.model().config.n_vocab;
@@ -140,7 +160,7 @@ pub fn generate_drafted(
     let stop = loop {
         let next = match pending.take() {
             Some(t) => t,
-            None => sampler.sample(&mut logits),
+            None => draw(sampler, &mut logits)?,
         };
         if let Some(stop) = run.take(
             next,
@@ -183,7 +203,7 @@ pub fn generate_drafted(
         let mut stopped = None;
         for (i, &guess) in draft.iter().enumerate() {
             logits.copy_from_slice(&checked[i * n_vocab..(i + 1) * n_vocab]);
-            let t = sampler.sample(&mut logits);
+            let t = draw(sampler, &mut logits)?;
             if t != guess {
                 pending = Some(t);
                 break;
@@ -210,6 +230,9 @@ pub fn generate_drafted(
             break stop;
         }
     };
+    if let Some(e) = run.failed {
+        return Err(EngineError::Constraint(e));
+    }
     Ok(Generation {
         tokens: run.out,
         stop,
@@ -222,6 +245,15 @@ pub fn generate_drafted(
     })
 }
 
+/// The sampler's draw from `logits`, or why its constraint failed.
+fn draw(sampler: &mut Sampler, logits: &mut [f32]) -> Result<TokenId, EngineError> {
+    let t = sampler.sample(logits);
+    match sampler.take_failure() {
+        Some(e) => Err(EngineError::Constraint(e)),
+        None => Ok(t),
+    }
+}
+
 /// The generated tokens and the rules every new one passes.
 struct Run<'c> {
     eog: Vec<TokenId>,
@@ -230,6 +262,8 @@ struct Run<'c> {
     drafted: usize,
     accepted: usize,
     passes: usize,
+    /// The constraint refused a taken token.
+    failed: Option<String>,
 }
 
 impl Run<'_> {
@@ -248,7 +282,7 @@ impl Run<'_> {
         sampler: &mut Sampler,
         past: usize,
         n_ctx: usize,
-        on_token: &mut impl FnMut(TokenId) -> bool,
+        on_token: &mut impl FnMut(TokenId, Option<&TokenLogprob>) -> bool,
     ) -> Option<StopReason> {
         if self.left() == 0 {
             return Some(StopReason::Limit);
@@ -256,10 +290,17 @@ impl Run<'_> {
         if !self.cfg.ignore_eos && self.eog.contains(&t) {
             return Some(StopReason::EndOfGeneration);
         }
-        sampler.accept(t);
-        self.out.push(t);
-        if !on_token(t) {
+        sampler.commit(t);
+        if let Some(e) = sampler.take_failure() {
+            self.failed = Some(e);
             return Some(StopReason::Callback);
+        }
+        self.out.push(t);
+        if !on_token(t, sampler.last_logprob()) {
+            return Some(StopReason::Callback);
+        }
+        if sampler.finished() {
+            return Some(StopReason::EndOfGeneration);
         }
         if self.left() == 0 {
             return Some(StopReason::Limit);

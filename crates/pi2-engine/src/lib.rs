@@ -11,6 +11,7 @@ mod engine;
 mod error;
 mod ffn;
 mod generate;
+mod guide;
 mod head;
 mod kv;
 mod moe;
@@ -32,7 +33,10 @@ pub use engine::{
 };
 pub use error::EngineError;
 pub use ffn::fires;
-pub use generate::{generate, generate_drafted, GenerateConfig, Generation, StopReason};
+pub use generate::{
+    generate, generate_drafted, generate_scored, GenerateConfig, Generation, StopReason,
+};
+pub use guide::{TokenConstraint, TokenLogprob};
 pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};

@@ -2,6 +2,7 @@
 //! temperature, then a seeded draw (llama.cpp order).
 //! Temperature <= 0 is greedy (argmax, lowest id on ties).
 
+use crate::guide::{top_logprobs, TokenConstraint, TokenLogprob};
 use pi2_model::TokenId;
 use std::collections::VecDeque;
 
@@ -57,7 +58,8 @@ impl SamplerConfig {
     }
 }
 
-/// A seeded sampler with the recent-token history the penalty needs.
+/// A seeded sampler with the recent-token history the penalty needs; optionally held to a
+/// [`TokenConstraint`] and reporting each draw's [`TokenLogprob`].
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: u64,
@@ -65,6 +67,12 @@ pub struct Sampler {
     /// Reused per call: no allocation per token.
     candidates: Vec<(TokenId, f32)>,
     probs: Vec<f64>,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// Why the constraint failed (the generation ends with it).
+    failure: Option<String>,
+    /// Alternatives to report with each draw's log probability (`None`: no log probabilities).
+    top_logprobs: Option<usize>,
+    last_logprob: Option<TokenLogprob>,
 }
 
 impl Sampler {
@@ -75,6 +83,65 @@ impl Sampler {
             cfg,
             candidates: Vec::new(),
             probs: Vec::new(),
+            constraint: None,
+            failure: None,
+            top_logprobs: None,
+            last_logprob: None,
+        }
+    }
+
+    /// Draws only what `constraint` allows, and tells it each generated token.
+    pub fn with_constraint(mut self, constraint: Box<dyn TokenConstraint>) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Records each draw's log probability and the `top` most likely alternatives
+    /// ([`Sampler::last_logprob`]).
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.top_logprobs = Some(top);
+        self
+    }
+
+    /// The last draw's log probability, when asked for with [`Sampler::with_logprobs`].
+    pub fn last_logprob(&self) -> Option<&TokenLogprob> {
+        self.last_logprob.as_ref()
+    }
+
+    /// Takes `t` as a generated token: the penalties' history and the constraint.
+    pub fn commit(&mut self, t: TokenId) {
+        self.accept(t);
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.commit(t) {
+                self.failure.get_or_insert(e);
+            }
+        }
+    }
+
+    /// The constraint allows nothing more: the generation is complete.
+    pub fn finished(&self) -> bool {
+        self.constraint.as_ref().is_some_and(|c| c.finished())
+    }
+
+    /// Why the constraint failed, once (the draws since are not to be used).
+    pub fn take_failure(&mut self) -> Option<String> {
+        self.failure.take()
+    }
+
+    /// Applies the constraint's mask to `logits`; a failure is kept for
+    /// [`Sampler::take_failure`].
+    fn mask(&mut self, logits: &mut [f32]) {
+        let Some(c) = &mut self.constraint else {
+            return;
+        };
+        let r = c
+            .mask(logits)
+            .and_then(|()| match logits.iter().any(|l| l.is_finite()) {
+                true => Ok(()),
+                false => Err("the grammar allows no token here".to_string()),
+            });
+        if let Err(e) = r {
+            self.failure.get_or_insert(e);
         }
     }
 
@@ -104,8 +171,26 @@ impl Sampler {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// Pick the next token from `logits` (penalties are applied in place).
+    /// Pick the next token from `logits` (biases, penalties and the constraint's mask are
+    /// applied in place).
     pub fn sample(&mut self, logits: &mut [f32]) -> TokenId {
+        let scored = self.top_logprobs.map(|n| {
+            let (lse, top) = top_logprobs(logits, n);
+            (lse, top, logits.to_vec())
+        });
+        let t = self.draw(logits);
+        if let Some((lse, top, raw)) = scored {
+            self.last_logprob = Some(TokenLogprob {
+                token: t,
+                logprob: raw[t as usize] - lse,
+                top,
+            });
+        }
+        t
+    }
+
+    fn draw(&mut self, logits: &mut [f32]) -> TokenId {
+        self.mask(logits);
         let Some(total) = self.truncate(logits) else {
             return argmax(logits);
         };
@@ -126,6 +211,7 @@ impl Sampler {
     /// argmax with probability 1. Draws nothing.
     pub fn distribution(&mut self, logits: &mut [f32], out: &mut Vec<(TokenId, f64)>) {
         out.clear();
+        self.mask(logits);
         match self.truncate(logits) {
             None => out.push((argmax(logits), 1.0)),
             Some(total) => out.extend(

@@ -335,6 +335,11 @@ impl Tokenizer {
             .collect()
     }
 
+    /// A token's kind (normal text, control, byte, ...), `None` outside the vocabulary.
+    pub fn token_type(&self, id: TokenId) -> Option<TokenType> {
+        self.types.get(id as usize).copied()
+    }
+
     /// A token's text as stored in the vocabulary.
     pub fn token_text(&self, id: TokenId) -> Option<&str> {
         self.vocab.get(id)
