@@ -406,11 +406,16 @@ fn under_a_memory_budget_the_server_answers_as_run_does() {
 /// Runs a Python script from tests/serve/ against a running server, with the interpreter CI
 /// set up (`PI2_TEST_PYTHON`: a Python with `openai` and `selenium`); says so when skipped.
 fn python_script(script: &str, env: &[(&str, &str)]) {
+    python_script_on(&m(), script, env)
+}
+
+/// [`python_script`] against a server of `model`.
+fn python_script_on(model: &str, script: &str, env: &[(&str, &str)]) {
     let Ok(python) = std::env::var("PI2_TEST_PYTHON") else {
         eprintln!("SKIPPED {script}: set PI2_TEST_PYTHON to a Python with openai and selenium (.ci/run does)");
         return;
     };
-    let s = Server::start(&[]);
+    let s = Server::start_model(model, &[]);
     let path = root().join("crates/pi2-cli/tests/serve").join(script);
     let want = run_text(&["--chat", "-p", QUESTION, "-n", "24"]);
     let out = Command::new(python)
@@ -437,6 +442,15 @@ fn the_openai_python_client_works() {
         "openai_client.py",
         &[("PI2_EXPECTED_COMPLETION", &want_completion)],
     );
+}
+
+/// json_schema on 20 prompts, json_object, GBNF, a weather-tool round trip (whole, streamed,
+/// `tool` message back, a named function) and log probabilities, on Qwen2.5-Coder-0.5B (whose
+/// template shows tools).
+#[test]
+fn structured_output_tool_calls_and_logprobs_through_the_openai_client() {
+    let qwen = root().join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
+    python_script_on(qwen.to_str().unwrap(), "structured.py", &[]);
 }
 
 #[test]

@@ -9,11 +9,35 @@ use serde::Serialize;
 /// writes and no trim removes (U+2063, invisible separator).
 const MARK: &str = "\u{2063}pi2";
 
-/// One chat message.
+/// One chat message: its role and text, and for tool use the calls an assistant turn made
+/// or the call a `tool` turn answers (as OpenAI and transformers' templates name them).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` turn answers for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A function call an assistant turn made.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// The function's name and its arguments (a JSON object, as templates expect them).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
 }
 
 impl Message {
@@ -21,6 +45,9 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -53,6 +80,8 @@ pub struct ChatTemplate {
     eos: String,
     /// Drop a leading `bos_token` from the output (see [`ChatTemplate::strip_leading_bos`]).
     strip_bos: bool,
+    /// The template reads a `tools` variable (it can show the model functions to call).
+    reads_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -72,6 +101,7 @@ impl ChatTemplate {
         // `tools|length` without passing tools.
         env.add_filter("length", length);
         env.add_filter("count", length);
+        env.add_filter("tojson", crate::pyjson::tojson);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, Error> {
@@ -95,7 +125,13 @@ impl ChatTemplate {
             bos: bos.into(),
             eos: eos.into(),
             strip_bos: false,
+            reads_tools: source.contains("tools"),
         })
+    }
+
+    /// Whether the template shows the model the functions it may call (reads `tools`).
+    pub fn reads_tools(&self) -> bool {
+        self.reads_tools
     }
 
     /// Render without the template's leading `bos_token`, for a tokenizer that adds BOS itself
@@ -115,16 +151,31 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<TokenId>> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.encode_with_tools(tok, messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::encode`] with the functions the model may call (OpenAI's `tools`,
+    /// given to the template as its `tools` variable).
+    pub fn encode_with_tools(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<TokenId>> {
+        let text = self.render_with_tools(messages, tools, add_generation_prompt)?;
         if !messages.iter().any(|m| tok.has_control_text(&m.content)) {
             return Ok(tok.encode(&text, true, true));
         }
         // Render again with a mark for each message's text: what lies between the marks is
         // markup, which the real text must repeat around each message's text.
         let marked: Vec<Message> = (0..messages.len())
-            .map(|i| Message::new(&messages[i].role, &format!("{MARK}{i}{MARK}")))
+            .map(|i| Message {
+                content: format!("{MARK}{i}{MARK}"),
+                ..messages[i].clone()
+            })
             .collect();
-        let skeleton = self.render(&marked, add_generation_prompt)?;
+        let skeleton = self.render_with_tools(&marked, tools, add_generation_prompt)?;
         let changed = || {
             ModelError::Template(
                 "the chat template changes message text, so control-token text inside a message cannot be kept as text; remove it from the message".into(),
@@ -166,22 +217,37 @@ impl ChatTemplate {
     /// ([`TEMPLATE_DEADLINE`]): a template that would exhaust memory or time ends in an error
     /// naming it, never in this process running out of either.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the template's `tools` variable set.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         #[cfg(any(target_os = "linux", target_os = "android"))]
         {
-            self.render_isolated(messages, add_generation_prompt)
+            self.render_isolated(messages, tools, add_generation_prompt)
         }
         #[cfg(not(any(target_os = "linux", target_os = "android")))]
         {
-            self.render_here(messages, add_generation_prompt)
+            self.render_here(messages, tools, add_generation_prompt)
         }
     }
 
     #[cfg(any(target_os = "linux", target_os = "android"))]
-    fn render_isolated(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    fn render_isolated(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         use crate::isolate::{run, Failure};
-        let input = input_bytes(messages);
+        let input = input_bytes(messages, tools);
         // A tag byte, then the text or the error's own words.
-        let work = || match self.render_here(messages, add_generation_prompt) {
+        let work = || match self.render_here(messages, tools, add_generation_prompt) {
             Ok(text) => [&[0u8][..], text.as_bytes()].concat(),
             Err(ModelError::Template(why)) => [&[1u8][..], why.as_bytes()].concat(),
             Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
@@ -210,12 +276,17 @@ impl ChatTemplate {
     }
 
     /// Render in this process (bounded in steps and output, not in memory).
-    fn render_here(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    fn render_here(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ModelError::Template(e.to_string()))?;
-        let input = input_bytes(messages);
+        let input = input_bytes(messages, tools);
         let mut out = Capped {
             bytes: Vec::new(),
             limit: render_limit(input),
@@ -225,6 +296,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
+            tools => tools.map_or(minijinja::Value::UNDEFINED, minijinja::Value::from_serialize),
         };
         match tmpl.render_captured_to(ctx, &mut out) {
             Ok(_) => {
@@ -275,11 +347,19 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
-fn input_bytes(messages: &[Message]) -> usize {
+fn input_bytes(messages: &[Message], tools: Option<&serde_json::Value>) -> usize {
+    let calls = |m: &Message| -> usize {
+        m.tool_calls
+            .iter()
+            .map(|c| c.function.name.len() + c.function.arguments.to_string().len() + 32)
+            .sum()
+    };
+    let tools = tools.map_or(0, |t| t.to_string().len());
     messages
         .iter()
-        .map(|m| m.role.len() + m.content.len())
-        .sum()
+        .map(|m| m.role.len() + m.content.len() + calls(m))
+        .sum::<usize>()
+        + tools
 }
 
 /// Rendered bytes allowed for `input` bytes of messages.

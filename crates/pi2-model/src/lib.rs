@@ -17,6 +17,7 @@ pub mod error;
 pub mod gguf;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 mod isolate;
+mod pyjson;
 mod rng;
 mod specials;
 pub mod stand_in;
@@ -32,7 +33,7 @@ pub use arch::{
     Arch, FfnAct, LayerWeights, ModelConfig, RopeKind, SlidingWindow, TensorView, Weights,
     KEY_FFN_ACTIVATION,
 };
-pub use chat::{ChatTemplate, Message};
+pub use chat::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use error::{ModelError, Result};
 pub use gguf::{GgufFile, Strings, TensorInfo, Value};
 pub use tokenizer::{TokenId, Tokenizer};

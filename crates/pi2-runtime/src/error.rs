@@ -18,6 +18,8 @@ pub enum RuntimeError {
     Plan(#[from] pi2_planner::PlanError),
     #[error(transparent)]
     Sparse(#[from] pi2_sparse::SparseError),
+    #[error(transparent)]
+    Grammar(#[from] pi2_grammar::GrammarError),
     #[error("converting the model: {0}")]
     Convert(#[from] pi2_convert::ConvertError),
     #[error("{path}: {msg}")]

@@ -7,13 +7,14 @@ use crate::error::{Result, RuntimeError};
 use crate::text::{StopStrings, Utf8Stream};
 use crate::{Prepared, SessionOptions};
 use pi2_engine::{
-    generate_drafted, DraftConfig, Engine, GenerateConfig, Generation, Lookup, Sampler,
-    SamplerConfig, StopReason,
+    generate_scored, DraftConfig, Engine, GenerateConfig, Generation, Lookup, Sampler,
+    SamplerConfig, StopReason, TokenLogprob,
 };
+use pi2_grammar::{Grammar, GrammarSpec, Vocabulary};
 use pi2_model::{Model, TokenId};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 self_cell::self_cell!(
     struct ModelCell {
@@ -29,6 +30,8 @@ self_cell::self_cell!(
 pub struct LoadedModel {
     cell: ModelCell,
     sessions: AtomicUsize,
+    /// The vocabulary grammars compile against, built on first use.
+    vocabulary: OnceLock<Arc<Vocabulary>>,
 }
 
 impl LoadedModel {
@@ -49,7 +52,20 @@ impl LoadedModel {
         Ok(Arc::new(Self {
             cell,
             sessions: AtomicUsize::new(0),
+            vocabulary: OnceLock::new(),
         }))
+    }
+
+    /// Compiles `spec` against this model's vocabulary (built once, on first use).
+    pub fn grammar(&self, spec: &GrammarSpec) -> Result<Arc<Grammar>> {
+        let vocab = match self.vocabulary.get() {
+            Some(v) => v,
+            None => {
+                let v = Vocabulary::new(&self.model().tokenizer)?;
+                self.vocabulary.get_or_init(|| v)
+            }
+        };
+        Ok(Arc::new(vocab.compile(spec)?))
     }
 
     pub fn model(&self) -> &Model {
@@ -205,6 +221,10 @@ pub struct TextRequest {
     pub ignore_eos: bool,
     /// Prompt-lookup drafts of up to this many tokens (0: plain decode).
     pub draft_max: usize,
+    /// The output follows this grammar (see [`LoadedModel::grammar`]).
+    pub grammar: Option<Arc<Grammar>>,
+    /// Report each token's log probability with this many alternatives ([`Piece::logprobs`]).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for TextRequest {
@@ -215,8 +235,20 @@ impl Default for TextRequest {
             stops: Vec::new(),
             ignore_eos: false,
             draft_max: 0,
+            grammar: None,
+            logprobs: None,
         }
     }
+}
+
+/// What [`generate_pieces`] passes on: released text, and the log probabilities of the tokens
+/// generated since the last piece (when asked for: [`TextRequest::logprobs`]). A token whose
+/// text is not released yet (half a character, a possible stop string) comes with a later
+/// piece; the last piece carries what is left, even with no text.
+#[derive(Debug)]
+pub struct Piece<'a> {
+    pub text: &'a str,
+    pub logprobs: &'a [TokenLogprob],
 }
 
 /// How a generation ended.
@@ -247,6 +279,20 @@ pub fn generate_text(
     prompt: &[TokenId],
     req: &TextRequest,
     on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<TextOutcome> {
+    generate_pieces(engine, cached, n_batch, prompt, req, &mut |p| {
+        p.text.is_empty() || on_text(p.text)
+    })
+}
+
+/// [`generate_text`] passing [`Piece`]s: the text with the log probabilities of its tokens.
+pub fn generate_pieces(
+    engine: &mut Engine<'_>,
+    cached: &mut Vec<TokenId>,
+    n_batch: usize,
+    prompt: &[TokenId],
+    req: &TextRequest,
+    on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
 ) -> Result<TextOutcome> {
     if prompt.is_empty() {
         return Err(RuntimeError::option(
@@ -295,6 +341,14 @@ pub fn generate_text(
     let model = engine.model();
     let tok = &model.tokenizer;
     let mut sampler = Sampler::new(req.sampler.clone());
+    if let Some(g) = &req.grammar {
+        sampler = sampler.with_constraint(Box::new(g.start()));
+    }
+    if let Some(n) = req.logprobs {
+        sampler = sampler.with_logprobs(n);
+    }
+    // Log probabilities of tokens whose text is not released yet.
+    let mut scored: Vec<TokenLogprob> = Vec::new();
     let mut utf8 = Utf8Stream::default();
     let mut stops = StopStrings::new(req.stops.iter().cloned());
     // A checked draft and its token fit the engine's batch buffers.
@@ -311,14 +365,30 @@ pub fn generate_text(
     let mut lookup = Lookup::default();
     let drafter = (draft_max > 0).then_some(&mut lookup as &mut dyn pi2_engine::Drafter);
     let mut cancelled = false;
-    let generation = generate_drafted(engine, &mut sampler, cached, prompt, &cfg, drafter, |id| {
-        let text = stops.push(&utf8.push(&tok.token_bytes(id, false)));
-        if !text.is_empty() && !on_text(&text) {
-            cancelled = true;
-            return false;
-        }
-        !stops.stopped()
-    });
+    let generation = generate_scored(
+        engine,
+        &mut sampler,
+        cached,
+        prompt,
+        &cfg,
+        drafter,
+        |id, lp| {
+            scored.extend(lp.cloned());
+            let text = stops.push(&utf8.push(&tok.token_bytes(id, false)));
+            if !text.is_empty() {
+                let go = on_piece(Piece {
+                    text: &text,
+                    logprobs: &scored,
+                });
+                scored.clear();
+                if !go {
+                    cancelled = true;
+                    return false;
+                }
+            }
+            !stops.stopped()
+        },
+    );
     let generation = match generation {
         Ok(g) => g,
         Err(e) => {
@@ -329,7 +399,11 @@ pub fn generate_text(
         }
     };
     let tail = stops.push(&utf8.finish()) + &stops.finish();
-    if !cancelled && !tail.is_empty() && !on_text(&tail) {
+    let piece = Piece {
+        text: &tail,
+        logprobs: &scored,
+    };
+    if !cancelled && !(tail.is_empty() && scored.is_empty()) && !on_piece(piece) {
         cancelled = true;
     }
     let finish = match generation.stop {

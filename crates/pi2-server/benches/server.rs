@@ -42,7 +42,7 @@ fn per_request_and_token(c: &mut Criterion) {
         b.iter(|| {
             i += 1;
             let text = stops.push(pieces[i % pieces.len()]);
-            env.chunk(Some(&text), false, None).to_string().len()
+            env.chunk(Some(&text), false, None, None).to_string().len()
         })
     });
 }

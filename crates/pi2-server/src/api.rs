@@ -95,12 +95,28 @@ pub struct CompletionRequest {
     /// Speculative decoding for this request: `lookup` (prompt lookup) or `none`; unset: the
     /// server's `--draft`.
     pub draft: Option<String>,
+    /// The output's shape ([`crate::guided`]).
+    pub response_format: Option<crate::guided::ResponseFormat>,
+    /// llama-server's: a GBNF grammar the output follows.
+    pub grammar: Option<String>,
+    /// llama-server's: a JSON schema the output follows.
+    pub json_schema: Option<Value>,
+    pub logprobs: Option<crate::guided::Logprobs>,
+    pub top_logprobs: Option<u64>,
+    /// Functions the model may call ([`crate::tools`]).
+    pub tools: Option<Vec<crate::tools::Tool>>,
+    pub tool_choice: Option<crate::tools::ToolChoice>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant turn's calls, sent back with the conversation.
+    pub tool_calls: Option<Vec<crate::tools::InToolCall>>,
+    /// A `tool` turn: the call it answers, and the function's name.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,8 +154,8 @@ pub struct StreamOptions {
 
 /// Most stop strings, and longest, accepted (OpenAI allows 4).
 const MAX_STOPS: usize = 16;
-/// Roles a message may have (tool calls are not served, so no `tool` turns).
-const ROLES: [&str; 3] = ["system", "user", "assistant"];
+/// Roles a message may have.
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 const MAX_STOP_LEN: usize = 256;
 
 impl CompletionRequest {
@@ -177,7 +193,9 @@ impl CompletionRequest {
                     ))
                     .param(format!("messages[{i}].role")));
                 }
+                let calls = m.tool_calls.as_deref().unwrap_or(&[]);
                 let content = match &m.content {
+                    None if !calls.is_empty() => String::new(),
                     None => {
                         return Err(ApiError::bad(
                             "`content` is required (a string or a list of text parts)",
@@ -201,7 +219,27 @@ impl CompletionRequest {
                         text
                     }
                 };
-                Ok(pi2_model::Message::new(&m.role, &content))
+                let mut msg = pi2_model::Message::new(&m.role, &content);
+                msg.tool_call_id = m.tool_call_id.clone();
+                msg.name = m.name.clone();
+                msg.tool_calls = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| pi2_model::ToolCall {
+                        id: c.id.clone().unwrap_or_else(|| format!("call_{i}_{k}")),
+                        kind: "function".into(),
+                        function: pi2_model::FunctionCall {
+                            name: c.function.name.clone(),
+                            // Templates take the arguments as an object: OpenAI sends JSON text.
+                            arguments: match &c.function.arguments {
+                                Value::String(t) => serde_json::from_str(t)
+                                    .unwrap_or_else(|_| Value::String(t.clone())),
+                                v => v.clone(),
+                            },
+                        },
+                    })
+                    .collect();
+                Ok(msg)
             })
             .collect()
     }
@@ -310,6 +348,8 @@ impl CompletionRequest {
 pub enum Finish {
     Stop,
     Length,
+    /// The answer is function calls.
+    ToolCalls,
 }
 
 impl Finish {
@@ -317,6 +357,7 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
@@ -393,20 +434,20 @@ impl Envelope {
         }
     }
 
-    /// The whole answer.
-    pub fn answer(&self, text: &str, s: &Summary) -> Value {
+    /// The whole answer (`logprobs`: its tokens' scores, when asked for).
+    pub fn answer(&self, text: &str, s: &Summary, logprobs: Option<Value>) -> Value {
         let choice = match self.kind {
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": s.finish.as_str(),
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
             Kind::Completion => json!({
                 "index": 0,
                 "text": text,
                 "finish_reason": s.finish.as_str(),
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
         };
         json!({
@@ -420,9 +461,15 @@ impl Envelope {
         })
     }
 
-    /// A stream chunk: text (`role` on the first chat chunk), or the end (`finish` with
-    /// usage and timings).
-    pub fn chunk(&self, text: Option<&str>, first: bool, end: Option<&Summary>) -> Value {
+    /// A stream chunk: text (`role` on the first chat chunk) with its tokens' scores when
+    /// asked for, or the end (`finish` with usage and timings).
+    pub fn chunk(
+        &self,
+        text: Option<&str>,
+        first: bool,
+        end: Option<&Summary>,
+        logprobs: Option<Value>,
+    ) -> Value {
         let finish = end.map(|s| s.finish.as_str());
         let choice = match self.kind {
             Kind::Chat => {
@@ -433,13 +480,13 @@ impl Envelope {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
             }
             Kind::Completion => json!({
                 "index": 0,
                 "text": text.unwrap_or(""),
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
         };
         let mut v = json!({
@@ -474,8 +521,8 @@ mod tests {
         assert!(e.message.contains("JSON object"), "{}", e.message);
         let r = CompletionRequest::parse(br#"{"prompt":"x","logit_bias":{},"user":"u"}"#).unwrap();
         assert_eq!(r.prompt_text().unwrap(), "x");
-        let e = CompletionRequest::parse(br#"{"prompt":"x","logprobs":true}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("logprobs"), "{}", e.message);
+        let e = CompletionRequest::parse(br#"{"prompt":"x","n_probs":3}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n_probs"), "{}", e.message);
     }
 
     #[test]

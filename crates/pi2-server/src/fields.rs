@@ -30,6 +30,13 @@ const SERVED: &[&str] = &[
     "ignore_eos",
     "echo",
     "draft",
+    "response_format",
+    "grammar",
+    "json_schema",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
 ];
 
 /// Fields that never change what is generated: bookkeeping for the client's own side.
@@ -47,14 +54,11 @@ fn asks_nothing(name: &str, v: &Value) -> Option<bool> {
     let zero = || v.as_f64() == Some(0.0);
     let empty =
         || v.as_array().is_some_and(Vec::is_empty) || v.as_object().is_some_and(Map::is_empty);
-    let text_format = || v.get("type").and_then(Value::as_str) == Some("text");
     Some(match name {
-        "top_logprobs" | "n_probs" => zero(),
-        "logprobs" => v == &Value::Bool(false) || zero(),
-        "tools" | "functions" => empty(),
-        "tool_choice" | "function_call" => v.as_str() == Some("none"),
-        "response_format" => text_format(),
-        "grammar" | "json_schema" | "suffix" => v.as_str() == Some("") || empty(),
+        "n_probs" => zero(),
+        "functions" => empty(),
+        "function_call" => v.as_str() == Some("none"),
+        "suffix" => v.as_str() == Some("") || empty(),
         "best_of" => v.as_f64() == Some(1.0),
         "modalities" => v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
         "audio" | "prediction" | "reasoning_effort" | "web_search_options" => false,
@@ -99,12 +103,10 @@ mod tests {
     #[test]
     fn fields_that_ask_for_something_pi2_lacks_are_refused_by_name() {
         for (field, value) in [
-            ("logprobs", json!(true)),
-            ("top_logprobs", json!(3)),
-            ("tools", json!([{"type": "function"}])),
-            ("tool_choice", json!("required")),
-            ("response_format", json!({"type": "json_object"})),
-            ("grammar", json!("root ::= \"a\"")),
+            ("n_probs", json!(3)),
+            ("functions", json!([{"name": "f"}])),
+            ("function_call", json!("auto")),
+            ("suffix", json!("}")),
             ("best_of", json!(2)),
             ("audio", json!({"voice": "x"})),
         ] {

@@ -13,11 +13,13 @@ pub mod api;
 pub mod conn;
 pub mod fields;
 pub mod guard;
+pub mod guided;
 pub mod metrics;
 pub mod routes;
 pub mod sched;
 pub mod slots;
 pub mod tokens;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

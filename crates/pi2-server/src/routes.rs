@@ -2,6 +2,7 @@
 //! as server-sent events.
 
 use crate::api::{ApiError, CompletionRequest, Envelope, Kind};
+use crate::guided::logprobs_value;
 use crate::metrics::Metrics;
 use crate::slots::{Event, Job, Queue, QueueError};
 use axum::body::{Body, Bytes};
@@ -13,11 +14,13 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
+use pi2_grammar::{Grammar, GrammarError, GrammarSpec, Vocabulary};
+use pi2_model::tokenizer::Tokenizer;
 use pi2_model::{ChatTemplate, Model};
 use serde_json::json;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
 /// What every handler shares.
@@ -42,6 +45,8 @@ pub struct AppState {
     pub slots: usize,
     /// A chat longer than the context drops its oldest messages (`--context-shift`).
     pub context_shift: bool,
+    /// The vocabulary grammars compile against, built by the first request with one.
+    vocabulary: OnceLock<Arc<Vocabulary>>,
     next_id: AtomicU64,
 }
 
@@ -69,7 +74,25 @@ impl AppState {
             created: unix_now(),
             slots: 1,
             context_shift: false,
+            vocabulary: OnceLock::new(),
             next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Compiles a request's grammar; a bad one is the client's error.
+    fn grammar(&self, spec: &GrammarSpec, field: &str) -> Result<Arc<Grammar>, ApiError> {
+        let server =
+            |e: GrammarError| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+        let vocab = match self.vocabulary.get() {
+            Some(v) => v,
+            None => {
+                let v = Vocabulary::new(&self.model.tokenizer).map_err(server)?;
+                self.vocabulary.get_or_init(|| v)
+            }
+        };
+        match vocab.compile(spec) {
+            Ok(g) => Ok(Arc::new(g)),
+            Err(e) => Err(ApiError::bad(format!("`{field}`: {e}")).param(field)),
         }
     }
 }
@@ -205,6 +228,13 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         }
     }
     let tok = &s.model.tokenizer;
+    let plan = match kind {
+        Kind::Chat => req.tool_plan()?,
+        Kind::Completion if req.tools.as_ref().is_some_and(|t| !t.is_empty()) => {
+            return Err(ApiError::bad("`tools` are for /v1/chat/completions").param("tools"))
+        }
+        Kind::Completion => None,
+    };
     let prompt = match kind {
         Kind::Chat => {
             let template = s.template.as_ref().map_err(|e| {
@@ -214,11 +244,23 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
             })?;
             // Message text stays text: only the template's markup becomes control tokens.
             let mut msgs = req.chat_messages()?;
+            let tools = plan.as_ref().map(|p| &p.tools);
+            if let Some(t) = tools.filter(|_| !template.reads_tools()) {
+                // A template that cannot show tools: they go in the system message.
+                let prompt = crate::tools::tools_prompt(t);
+                match msgs.first_mut().filter(|m| m.role == "system") {
+                    Some(m) => m.content = format!("{}\n\n{prompt}", m.content),
+                    None => msgs.insert(0, pi2_model::Message::new("system", &prompt)),
+                }
+            }
+            let tools = tools.filter(|_| template.reads_tools());
             let encode = |m: &[pi2_model::Message]| {
-                template.encode(tok, m, true).map_err(|e| {
-                    ApiError::bad(format!("the chat template refused the messages: {e}"))
-                        .param("messages")
-                })
+                template
+                    .encode_with_tools(tok, m, tools, true)
+                    .map_err(|e| {
+                        ApiError::bad(format!("the chat template refused the messages: {e}"))
+                            .param("messages")
+                    })
             };
             let mut prompt = encode(&msgs)?;
             // Context shift: the oldest messages after the system prompt go, the last stays.
@@ -249,8 +291,30 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
             return Err(ApiError::bad("`echo` is for /v1/completions").param("echo"));
         }
         // The prompt's text, as the answer's first text (the channel is new: there is room).
-        let _ = tx.try_send(Event::Text(req.prompt_text()?.to_string()));
+        let _ = tx.try_send(Event::Text(req.prompt_text()?.to_string(), Vec::new()));
     }
+    let logprobs = req.top_logprobs(kind)?;
+    let asked = req.grammar_spec()?;
+    if asked.is_some() && plan.as_ref().is_some_and(|p| p.grammar.is_some()) {
+        return Err(ApiError::bad(
+            "`tool_choice` asks for a call, which has its own format: drop `response_format`/`grammar`/`json_schema`",
+        )
+        .param("tool_choice"));
+    }
+    let grammar = match asked {
+        None => match plan.as_ref().and_then(|p| p.grammar.as_ref()) {
+            Some(spec) => Some(s.grammar(spec, "tools")?),
+            None => None,
+        },
+        Some(spec) => {
+            let field = match (&req.grammar, &req.json_schema) {
+                (Some(_), _) => "grammar",
+                (_, Some(_)) => "json_schema",
+                _ => "response_format",
+            };
+            Some(s.grammar(&spec, field)?)
+        }
+    };
     let job = Job {
         prompt,
         sampler: req.sampler(s.model.tokenizer.vocab_size())?,
@@ -259,6 +323,8 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         ignore_eos: req.ignore_eos.unwrap_or(false),
         stream: req.streams(),
         draft_max: if req.drafts(s.draft)? { s.draft_max } else { 0 },
+        grammar,
+        logprobs,
         events: tx,
     };
     s.queue.submit(job).map_err(|QueueError::Full(n)| {
@@ -277,12 +343,17 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         model: s.names[0].clone(),
         kind,
     };
+    let out = Output {
+        env,
+        scores: logprobs.map(|_| &s.model.tokenizer),
+        tools: plan.map(|p| p.names),
+    };
     if req.streams() {
-        Ok(Sse::new(events(env, rx))
+        Ok(Sse::new(events(out, rx))
             .keep_alive(KeepAlive::default())
             .into_response())
     } else {
-        whole(env, rx).await
+        whole(out, rx).await
     }
 }
 
@@ -315,14 +386,41 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
+/// How an answer is written: its envelope, the tokenizer that renders its tokens' scores
+/// (when asked for), and the functions offered (their calls are parsed from the text).
+struct Output {
+    env: Envelope,
+    scores: Option<&'static Tokenizer>,
+    tools: Option<Vec<String>>,
+}
+
 /// Collects the answer. If the client leaves, this future is dropped with `rx`, and the slot
 /// stops at its next token.
-async fn whole(env: Envelope, mut rx: mpsc::Receiver<Event>) -> Result<Response, ApiError> {
-    let mut text = String::new();
+async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, ApiError> {
+    let env = &out.env;
+    let (mut text, mut lps) = (String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(s) => return Ok(Json(env.answer(&text, &s)).into_response()),
+            Event::Text(t, l) => {
+                text.push_str(&t);
+                lps.extend(l);
+            }
+            Event::Done(s) => {
+                let lp = out.scores.map(|tok| logprobs_value(env.kind, tok, &lps, 0));
+                let names = out.tools.as_deref().unwrap_or(&[]);
+                let (content, calls) = crate::tools::parse_calls(&text, names);
+                if out.tools.is_none() || calls.is_empty() {
+                    return Ok(Json(env.answer(&text, &s, lp)).into_response());
+                }
+                let mut v = env.answer(&content, &s, lp);
+                let choice = &mut v["choices"][0];
+                choice["message"]["tool_calls"] = crate::tools::calls_json(&calls, &env.id);
+                if content.is_empty() {
+                    choice["message"]["content"] = serde_json::Value::Null;
+                }
+                choice["finish_reason"] = "tool_calls".into();
+                return Ok(Json(v).into_response());
+            }
             Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
         }
     }
@@ -335,31 +433,98 @@ async fn whole(env: Envelope, mut rx: mpsc::Receiver<Event>) -> Result<Response,
 /// The answer as SSE `data:` chunks, ending `[DONE]`. Dropping the stream (the client left)
 /// drops `rx`, and the slot stops at its next token.
 fn events(
-    env: Envelope,
+    out: Output,
     rx: mpsc::Receiver<Event>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
-    let first = match env.kind {
-        Kind::Chat => Some(data(env.chunk(Some(""), true, None))),
+    let first = match out.env.kind {
+        Kind::Chat => Some(data(out.env.chunk(Some(""), true, None, None))),
         Kind::Completion => None,
     };
-    let body = stream::unfold((rx, env, false), move |(mut rx, env, ended)| async move {
-        if ended {
+    let calls = out.tools.is_some().then(crate::tools::ToolStream::default);
+    let state = Streamed {
+        out,
+        rx,
+        ended: false,
+        sent: 0,
+        calls,
+    };
+    let body = stream::unfold(state, |mut st| async move {
+        if st.ended {
             return None;
         }
-        let (ev, ended) = match rx.recv().await {
-            Some(Event::Text(t)) => (data(env.chunk(Some(&t), false, None)), false),
-            Some(Event::Done(s)) => (data(env.chunk(None, false, Some(&s))), true),
-            Some(Event::Failed(m)) => (
-                data(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m).body()),
-                true,
-            ),
+        let evs = match st.rx.recv().await {
+            Some(ev) => st.chunks(ev),
             None => return None,
         };
-        Some((ev, (rx, env, ended)))
+        Some((stream::iter(evs), st))
     });
     stream::iter(first)
-        .chain(body)
+        .chain(body.flatten())
         .chain(stream::once(async { SseEvent::default().data("[DONE]") }))
         .map(Ok)
+}
+
+fn data(v: serde_json::Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+/// A stream's state between events.
+struct Streamed {
+    out: Output,
+    rx: mpsc::Receiver<Event>,
+    ended: bool,
+    /// Bytes of text sent, for completions' token offsets.
+    sent: usize,
+    /// With tools offered: the text held while it may be a call.
+    calls: Option<crate::tools::ToolStream>,
+}
+
+impl Streamed {
+    /// The chunks for one event from the slot.
+    fn chunks(&mut self, ev: Event) -> Vec<SseEvent> {
+        let env = &self.out.env;
+        match ev {
+            Event::Text(t, l) => {
+                let lp = self
+                    .out
+                    .scores
+                    .map(|tok| logprobs_value(env.kind, tok, &l, self.sent));
+                let shown = match &mut self.calls {
+                    Some(c) => c.push(&t),
+                    None => t,
+                };
+                self.sent += shown.len();
+                if shown.is_empty() && lp.is_none() {
+                    return Vec::new();
+                }
+                vec![data(env.chunk(Some(&shown), false, None, lp))]
+            }
+            Event::Done(mut s) => {
+                self.ended = true;
+                let mut evs = Vec::new();
+                let names = self.out.tools.as_deref().unwrap_or(&[]);
+                if let Some(c) = self.calls.take() {
+                    let (rest, calls) = c.finish(names);
+                    if !rest.is_empty() {
+                        evs.push(data(env.chunk(Some(&rest), false, None, None)));
+                    }
+                    if !calls.is_empty() {
+                        let mut v = env.chunk(None, false, None, None);
+                        v["choices"][0]["delta"]["tool_calls"] =
+                            crate::tools::calls_json(&calls, &env.id);
+                        evs.push(data(v));
+                        s.finish = crate::api::Finish::ToolCalls;
+                    }
+                }
+                evs.push(data(env.chunk(None, false, Some(&s), None)));
+                evs
+            }
+            Event::Failed(m) => {
+                self.ended = true;
+                vec![data(
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m).body(),
+                )]
+            }
+        }
+    }
 }

@@ -5,9 +5,10 @@
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
 use crate::sched::Scheduler;
-use pi2_engine::{Engine, SamplerConfig};
+use pi2_engine::{Engine, SamplerConfig, TokenLogprob};
+use pi2_grammar::Grammar;
 use pi2_model::TokenId;
-use pi2_runtime::handle::{generate_text, Finish as RunFinish, TextRequest};
+use pi2_runtime::handle::{generate_pieces, Finish as RunFinish, TextRequest};
 use pi2_runtime::Prepared;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,8 +17,9 @@ use tokio::sync::mpsc;
 /// What a slot sends back while it works on a job.
 #[derive(Debug)]
 pub enum Event {
-    /// Generated text, whole characters, stop strings cut.
-    Text(String),
+    /// Generated text, whole characters, stop strings cut, with its tokens' log
+    /// probabilities when the job asks for them.
+    Text(String, Vec<TokenLogprob>),
     Done(Summary),
     /// The engine failed; the message says why.
     Failed(String),
@@ -35,6 +37,10 @@ pub struct Job {
     pub stream: bool,
     /// Speculative decoding with prompt lookup, drafts of up to this many tokens (0: none).
     pub draft_max: usize,
+    /// The output follows this grammar.
+    pub grammar: Option<Arc<Grammar>>,
+    /// Report log probabilities with this many alternatives.
+    pub logprobs: Option<usize>,
     pub events: mpsc::Sender<Event>,
 }
 
@@ -155,7 +161,7 @@ impl Slot<'_> {
     /// left).
     fn run(&mut self, job: &Job) -> Option<Event> {
         let events = &job.events;
-        let mut held = String::new();
+        let (mut held, mut held_scores) = (String::new(), Vec::new());
         let started = Instant::now();
         let req = TextRequest {
             sampler: job.sampler.clone(),
@@ -163,18 +169,23 @@ impl Slot<'_> {
             stops: job.stops.clone(),
             ignore_eos: job.ignore_eos,
             draft_max: job.draft_max,
+            grammar: job.grammar.clone(),
+            logprobs: job.logprobs,
         };
-        let result = generate_text(
+        let result = generate_pieces(
             &mut self.engine,
             &mut self.cached,
             self.n_batch,
             &job.prompt,
             &req,
-            &mut |text| {
+            &mut |piece| {
                 let sent = match job.stream {
-                    true => events.blocking_send(Event::Text(text.to_string())).is_ok(),
+                    true => events
+                        .blocking_send(Event::Text(piece.text.into(), piece.logprobs.to_vec()))
+                        .is_ok(),
                     false => {
-                        held.push_str(text);
+                        held.push_str(piece.text);
+                        held_scores.extend_from_slice(piece.logprobs);
                         true
                     }
                 };
@@ -196,8 +207,8 @@ impl Slot<'_> {
             RunFinish::Length => Finish::Length,
             RunFinish::Stop => Finish::Stop,
         };
-        if !held.is_empty() {
-            let _ = events.blocking_send(Event::Text(held));
+        if !held.is_empty() || !held_scores.is_empty() {
+            let _ = events.blocking_send(Event::Text(held, held_scores));
         }
         let g = out.generation;
         let summary = Summary {

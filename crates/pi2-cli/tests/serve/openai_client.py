@@ -45,9 +45,9 @@ except openai.NotFoundError as e:
 
 # Fields pi2 does not serve yet are refused by name, never answered as if honoured; their
 # defaults pass.
-for extra, field in [({"logprobs": True, "top_logprobs": 2}, "logprobs"),
-                     ({"response_format": {"type": "json_object"}}, "response_format"),
-                     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+for extra, field in [({"extra_body": {"n_probs": 2}}, "n_probs"),
+                     ({"extra_body": {"suffix": "}"}}, "suffix"),
+                     ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
                      ({"extra_body": {"mirostat": 2}}, "mirostat")]:
     try:
         client.chat.completions.create(model=model, messages=messages, max_tokens=2, **extra)

@@ -1,0 +1,245 @@
+//! What a request asks of the output's shape and of its scores: `response_format`
+//! (`json_object`, `json_schema`), llama-server's `grammar` (GBNF) and `json_schema`, read into
+//! one [`GrammarSpec`]; `logprobs` and `top_logprobs` read into how many alternatives to report,
+//! and the answers' `logprobs` objects in OpenAI's two shapes (chat and legacy completions).
+
+use crate::api::{ApiError, CompletionRequest, Kind};
+use pi2_engine::TokenLogprob;
+use pi2_grammar::GrammarSpec;
+use pi2_model::tokenizer::Tokenizer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Most alternatives per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+    /// llama-server's shorthand: `{"type": "json_object", "schema": {...}}`.
+    pub schema: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub schema: Option<Value>,
+    /// Always kept to: the grammar allows only what validates.
+    pub strict: Option<bool>,
+    pub description: Option<String>,
+}
+
+/// `logprobs` as chat (a switch) or legacy completions (how many alternatives) send it.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    On(bool),
+    Top(u64),
+}
+
+impl CompletionRequest {
+    /// The grammar the output must follow, from whichever one field asks for it.
+    pub fn grammar_spec(&self) -> Result<Option<GrammarSpec>, ApiError> {
+        let mut asked = Vec::new();
+        if let Some(f) = &self.response_format {
+            if let Some(spec) = format_spec(f)? {
+                asked.push(("response_format", spec));
+            }
+        }
+        if let Some(g) = self.grammar.as_deref().filter(|g| !g.trim().is_empty()) {
+            asked.push(("grammar", GrammarSpec::Gbnf(g.to_string())));
+        }
+        if let Some(s) = self.json_schema.as_ref().filter(|s| !s.is_null()) {
+            asked.push(("json_schema", GrammarSpec::JsonSchema(s.clone())));
+        }
+        match asked.len() {
+            0 => Ok(None),
+            1 => Ok(asked.pop().map(|a| a.1)),
+            _ => Err(ApiError::bad(format!(
+                "`{}` and `{}` both constrain the output: send one",
+                asked[0].0, asked[1].0
+            ))
+            .param(asked[1].0)),
+        }
+    }
+
+    /// How many alternatives to report with each token's log probability (`None`: no log
+    /// probabilities). Chat sends `logprobs: true` and `top_logprobs: N`; completions
+    /// `logprobs: N`.
+    pub fn top_logprobs(&self, kind: Kind) -> Result<Option<usize>, ApiError> {
+        let range = |name: &str, n: u64| {
+            if n > MAX_TOP_LOGPROBS {
+                return Err(ApiError::bad(format!(
+                    "`{name}` is {n}; it must be 0..{MAX_TOP_LOGPROBS}"
+                ))
+                .param(name));
+            }
+            Ok(n as usize)
+        };
+        let top = match (kind, &self.logprobs) {
+            (_, None) | (_, Some(Logprobs::On(false))) => {
+                if self.top_logprobs.is_some_and(|n| n > 0) {
+                    return Err(ApiError::bad("`top_logprobs` needs `logprobs: true`")
+                        .param("top_logprobs"));
+                }
+                return Ok(None);
+            }
+            (Kind::Chat, Some(Logprobs::On(true))) => {
+                range("top_logprobs", self.top_logprobs.unwrap_or(0))?
+            }
+            (Kind::Chat, Some(Logprobs::Top(_))) => return Err(ApiError::bad(
+                "chat `logprobs` is true or false; the number of alternatives is `top_logprobs`",
+            )
+            .param("logprobs")),
+            (Kind::Completion, Some(Logprobs::Top(n))) => range("logprobs", *n)?,
+            (Kind::Completion, Some(Logprobs::On(true))) => 0,
+        };
+        if kind == Kind::Completion && self.echo == Some(true) {
+            return Err(ApiError::bad(
+                "`logprobs` with `echo` would score the prompt too, which pi2 does not do: drop one",
+            )
+            .param("logprobs"));
+        }
+        Ok(Some(top))
+    }
+}
+
+fn format_spec(f: &ResponseFormat) -> Result<Option<GrammarSpec>, ApiError> {
+    let bad = |m: &str| Err(ApiError::bad(m.to_string()).param("response_format"));
+    match f.kind.as_str() {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(match &f.schema {
+            Some(s) => GrammarSpec::JsonSchema(s.clone()),
+            None => GrammarSpec::JsonObject,
+        })),
+        "json_schema" => match f.json_schema.as_ref().and_then(|j| j.schema.as_ref()) {
+            Some(s) => Ok(Some(GrammarSpec::JsonSchema(s.clone()))),
+            None => bad("`response_format`: `json_schema` needs `json_schema.schema`"),
+        },
+        other => bad(&format!(
+            "`response_format` type `{other}` is not one of text, json_object, json_schema"
+        )),
+    }
+}
+
+/// A token's text for the wire (invalid UTF-8 pieces of a character as U+FFFD; `bytes` has
+/// the exact bytes).
+fn token_text(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let b = tok.token_bytes(id, true);
+    (String::from_utf8_lossy(&b).into_owned(), b)
+}
+
+/// Chat's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs: [...]}]}`.
+pub fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let (text, bytes) = token_text(tok, id);
+        json!({"token": text, "logprob": lp, "bytes": bytes})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let mut e = entry(l.token, l.logprob);
+            e["top_logprobs"] = l.top.iter().map(|&(t, lp)| entry(t, lp)).collect();
+            e
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Legacy completions' `logprobs`: parallel lists of tokens, their log probabilities, each
+/// token's alternatives (text to log probability) and each token's offset in the answer's
+/// text (from `offset`).
+pub fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], offset: usize) -> Value {
+    let mut at = offset;
+    let (mut tokens, mut lp, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for l in lps {
+        let (text, bytes) = token_text(tok, l.token);
+        offsets.push(at);
+        at += bytes.len();
+        tokens.push(text);
+        lp.push(l.logprob);
+        let alts: serde_json::Map<String, Value> = l
+            .top
+            .iter()
+            .map(|&(t, p)| (token_text(tok, t).0, json!(p)))
+            .collect();
+        top.push(Value::Object(alts));
+    }
+    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
+}
+
+/// The `logprobs` object of an answer or chunk of `kind`.
+pub fn logprobs_value(kind: Kind, tok: &Tokenizer, lps: &[TokenLogprob], offset: usize) -> Value {
+    match kind {
+        Kind::Chat => chat_logprobs(tok, lps),
+        Kind::Completion => completion_logprobs(tok, lps, offset),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(s: &str) -> CompletionRequest {
+        CompletionRequest::parse(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn one_field_asks_for_a_grammar() {
+        let schema = json!({"type": "object"});
+        let r = req(
+            r#"{"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"},"strict":true}}}"#,
+        );
+        assert_eq!(
+            r.grammar_spec().unwrap(),
+            Some(GrammarSpec::JsonSchema(schema.clone()))
+        );
+        let r = req(r#"{"response_format":{"type":"json_object"}}"#);
+        assert_eq!(r.grammar_spec().unwrap(), Some(GrammarSpec::JsonObject));
+        let r = req(r#"{"response_format":{"type":"text"},"grammar":"root ::= \"a\""}"#);
+        assert_eq!(
+            r.grammar_spec().unwrap(),
+            Some(GrammarSpec::Gbnf("root ::= \"a\"".into()))
+        );
+        let r = req(r#"{"json_schema":{"type":"object"}}"#);
+        assert_eq!(
+            r.grammar_spec().unwrap(),
+            Some(GrammarSpec::JsonSchema(schema))
+        );
+        assert_eq!(req("{}").grammar_spec().unwrap(), None);
+        for (body, param) in [
+            (
+                r#"{"response_format":{"type":"json_object"},"grammar":"root ::= \"a\""}"#,
+                "grammar",
+            ),
+            (r#"{"response_format":{"type":"xml"}}"#, "response_format"),
+            (
+                r#"{"response_format":{"type":"json_schema"}}"#,
+                "response_format",
+            ),
+        ] {
+            let e = req(body).grammar_spec().unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn logprobs_as_chat_and_completions_send_them() {
+        let chat = |s: &str| req(s).top_logprobs(Kind::Chat);
+        let text = |s: &str| req(s).top_logprobs(Kind::Completion);
+        assert_eq!(
+            chat(r#"{"logprobs":true,"top_logprobs":3}"#).unwrap(),
+            Some(3)
+        );
+        assert_eq!(chat(r#"{"logprobs":true}"#).unwrap(), Some(0));
+        assert_eq!(chat(r#"{"logprobs":false}"#).unwrap(), None);
+        assert!(chat(r#"{"top_logprobs":3}"#).is_err());
+        assert!(chat(r#"{"logprobs":true,"top_logprobs":21}"#).is_err());
+        assert!(chat(r#"{"logprobs":2}"#).is_err());
+        assert_eq!(text(r#"{"logprobs":2}"#).unwrap(), Some(2));
+        assert!(text(r#"{"logprobs":2,"echo":true}"#).is_err());
+    }
+}

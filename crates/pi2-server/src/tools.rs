@@ -1,0 +1,352 @@
+//! Tool calls: OpenAI's `tools` and `tool_choice` into the chat template (its own `tools`
+//! variable, or a system message for templates without one) and, for `required` or a named
+//! function, a grammar the answer must follow; the model's `<tool_call>{"name": ..,
+//! "arguments": ..}</tool_call>` blocks (Qwen's and Hermes' format; a bare call object as a
+//! fallback) parsed back into `tool_calls`, whole or streamed.
+
+use crate::api::{ApiError, CompletionRequest};
+use pi2_grammar::GrammarSpec;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// One entry of `tools`.
+#[derive(Debug, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Option<FunctionDef>,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: a mode, or one function by name.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// A call made in an assistant message the client sends back.
+#[derive(Debug, Deserialize)]
+pub struct InToolCall {
+    pub id: Option<String>,
+    pub function: InFunction,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InFunction {
+    pub name: String,
+    /// A JSON text, as OpenAI sends it (an object is taken too).
+    pub arguments: Value,
+}
+
+/// What a request's tools ask of the generation.
+#[derive(Debug)]
+pub struct ToolPlan {
+    /// The functions as the template's `tools` variable takes them.
+    pub tools: Value,
+    /// Names the model may call.
+    pub names: Vec<String>,
+    /// `required` or a named function: the answer is held to calls by a grammar.
+    pub grammar: Option<GrammarSpec>,
+}
+
+impl CompletionRequest {
+    /// The request's tools (`None`: no tools, or `tool_choice: none`).
+    pub fn tool_plan(&self) -> Result<Option<ToolPlan>, ApiError> {
+        let tools = self.tools.as_deref().unwrap_or(&[]);
+        let choice = match &self.tool_choice {
+            None => "auto",
+            Some(ToolChoice::Mode(m)) if ["auto", "none", "required"].contains(&m.as_str()) => m,
+            Some(ToolChoice::Mode(m)) => {
+                return Err(ApiError::bad(format!(
+                    "`tool_choice` `{m}` is not one of auto, none, required, or a function"
+                ))
+                .param("tool_choice"))
+            }
+            Some(ToolChoice::Named { .. }) => "named",
+        };
+        if tools.is_empty() {
+            return match choice {
+                "auto" | "none" => Ok(None),
+                _ => Err(
+                    ApiError::bad("`tool_choice` asks for a call but `tools` is empty")
+                        .param("tool_choice"),
+                ),
+            };
+        }
+        if choice == "none" {
+            return Ok(None);
+        }
+        let mut defs = Vec::new();
+        for (i, t) in tools.iter().enumerate() {
+            match (&*t.kind, &t.function) {
+                ("function", Some(f)) if !f.name.is_empty() => defs.push(f),
+                _ => {
+                    return Err(ApiError::bad(
+                        "each tool is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                    .param(format!("tools[{i}]")))
+                }
+            }
+        }
+        let names: Vec<String> = defs.iter().map(|f| f.name.clone()).collect();
+        let allowed: Vec<&FunctionDef> = match &self.tool_choice {
+            Some(ToolChoice::Named { function }) => {
+                let f = defs
+                    .iter()
+                    .find(|f| f.name == function.name)
+                    .ok_or_else(|| {
+                        ApiError::bad(format!(
+                            "`tool_choice` names `{}`, which is not in `tools`",
+                            function.name
+                        ))
+                        .param("tool_choice")
+                    })?;
+                vec![*f]
+            }
+            _ => defs.clone(),
+        };
+        let grammar = (choice != "auto").then(|| calls_grammar(&allowed));
+        let tools = defs
+            .iter()
+            .map(|f| json!({"type": "function", "function": f}))
+            .collect();
+        Ok(Some(ToolPlan {
+            tools: Value::Array(tools),
+            names,
+            grammar,
+        }))
+    }
+}
+
+/// One or more `<tool_call>` blocks, each a call of one of `defs` with arguments valid
+/// against its parameters.
+fn calls_grammar(defs: &[&FunctionDef]) -> GrammarSpec {
+    let one_of: Vec<Value> = defs
+        .iter()
+        .map(|f| {
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"const": f.name},
+                    "arguments": f.parameters.clone().unwrap_or(json!({"type": "object"})),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let schema = json!({
+        "anyOf": one_of,
+        "x-guidance": {"whitespace_pattern": r"[\x20\x0A]{0,4}"},
+    });
+    GrammarSpec::Lark(format!(
+        "start: call (\"\\n\" call)*\ncall: \"{OPEN}\\n\" %json {schema} \"\\n{CLOSE}\"\n"
+    ))
+}
+
+/// The system message for a template that cannot show tools: the functions and the format.
+pub fn tools_prompt(tools: &Value) -> String {
+    let list: Vec<String> = tools
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["function"].to_string())
+        .collect();
+    format!(
+        "You may call functions. They are, as JSON signatures:\n<tools>\n{}\n</tools>\nTo call one, answer with {OPEN}\n{{\"name\": <function-name>, \"arguments\": <arguments-json-object>}}\n{CLOSE}",
+        list.join("\n")
+    )
+}
+
+/// Calls parsed from a whole answer: the text before the first call, and each call's name
+/// and arguments (JSON text). `names` are the functions offered: a bare JSON object naming
+/// one of them is a call too.
+pub fn parse_calls(text: &str, names: &[String]) -> (String, Vec<(String, String)>) {
+    let mut calls = Vec::new();
+    let Some(first) = text.find(OPEN) else {
+        return match call_of(text.trim(), names) {
+            Some(c) => (String::new(), vec![c]),
+            None => (text.to_string(), calls),
+        };
+    };
+    let mut rest = &text[first..];
+    while let Some(start) = rest.find(OPEN) {
+        let body = &rest[start + OPEN.len()..];
+        let end = body.find(CLOSE).unwrap_or(body.len());
+        if let Some(c) = call_of(body[..end].trim(), names) {
+            calls.push(c);
+        }
+        rest = &body[(end + CLOSE.len()).min(body.len())..];
+    }
+    if calls.is_empty() {
+        return (text.to_string(), calls);
+    }
+    (text[..first].trim_end().to_string(), calls)
+}
+
+/// `{"name": ..., "arguments": {...}}` (or `parameters`) naming an offered function.
+fn call_of(s: &str, names: &[String]) -> Option<(String, String)> {
+    let v: Value = serde_json::from_str(s).ok()?;
+    let name = v.get("name")?.as_str()?;
+    if !names.iter().any(|n| n == name) {
+        return None;
+    }
+    let args = v
+        .get("arguments")
+        .or_else(|| v.get("parameters"))
+        .cloned()
+        .unwrap_or(json!({}));
+    let args = match args {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    Some((name.to_string(), args))
+}
+
+/// The `tool_calls` list of an answer.
+pub fn calls_json(calls: &[(String, String)], id_base: &str) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({
+                "index": i,
+                "id": format!("call_{id_base}_{i}"),
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            })
+        })
+        .collect()
+}
+
+/// Streamed text with tools offered: plain text is passed on as it comes; from where a call may
+/// begin (`<tool_call>`, or a `{` opening the answer) it is held, and parsed at the end.
+#[derive(Default)]
+pub struct ToolStream {
+    all: String,
+    /// Bytes of `all` already passed on.
+    sent: usize,
+}
+
+impl ToolStream {
+    /// Takes generated text; returns what can be shown as content now.
+    pub fn push(&mut self, text: &str) -> String {
+        self.all.push_str(text);
+        let pending = &self.all[self.sent..];
+        if self.all.trim_start().starts_with('{') || self.all[..self.sent].contains(OPEN) {
+            return String::new();
+        }
+        let held = match pending.find(OPEN) {
+            Some(at) => at,
+            // Keep a tail that may be the start of `<tool_call>`.
+            None => (1..OPEN.len().min(pending.len()) + 1)
+                .rev()
+                .find(|&k| {
+                    pending.is_char_boundary(pending.len() - k)
+                        && OPEN.starts_with(&pending[pending.len() - k..])
+                })
+                .map_or(pending.len(), |k| pending.len() - k),
+        };
+        let out = pending[..held].to_string();
+        self.sent += held;
+        out
+    }
+
+    /// At the end: content not yet passed on, and the calls.
+    pub fn finish(self, names: &[String]) -> (String, Vec<(String, String)>) {
+        let (content, calls) = parse_calls(&self.all, names);
+        match calls.is_empty() {
+            true => (self.all[self.sent..].to_string(), calls),
+            false => (content.get(self.sent..).unwrap_or("").to_string(), calls),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<String> {
+        vec!["get_weather".into()]
+    }
+
+    #[test]
+    fn calls_are_parsed_from_qwen_blocks_and_bare_objects() {
+        let t = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let (content, calls) = parse_calls(t, &names());
+        assert_eq!(content, "Let me check.");
+        assert_eq!(
+            calls,
+            vec![("get_weather".into(), "{\"city\":\"Paris\"}".into())]
+        );
+        let (c, calls) = parse_calls("{\"name\": \"get_weather\", \"parameters\": {}}", &names());
+        assert_eq!((c.as_str(), calls.len()), ("", 1));
+        // Unknown functions and plain text are content.
+        let (c, calls) = parse_calls("<tool_call>{\"name\": \"rm\"}</tool_call>", &names());
+        assert!(calls.is_empty() && c.contains("rm"));
+        assert_eq!(parse_calls("Sunny.", &names()).0, "Sunny.");
+    }
+
+    #[test]
+    fn a_stream_holds_what_may_be_a_call() {
+        let mut s = ToolStream::default();
+        let mut shown = s.push("It is ");
+        shown += &s.push("sunny <tool");
+        assert_eq!(shown, "It is sunny ");
+        shown += &s.push("_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>");
+        assert_eq!(shown, "It is sunny ");
+        let (rest, calls) = s.finish(&names());
+        assert_eq!((rest.as_str(), calls.len()), ("", 1));
+        let mut s = ToolStream::default();
+        assert_eq!(s.push("a <b"), "a <b");
+        assert_eq!(s.push("> <tool_"), "> ");
+        assert_eq!(s.finish(&names()), ("<tool_".to_string(), vec![]));
+    }
+
+    #[test]
+    fn choices_are_checked_and_required_gets_a_grammar() {
+        let req = |s: &str| CompletionRequest::parse(s.as_bytes()).unwrap();
+        let tools = r#""tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+        let auto = req(&format!("{{{tools}}}")).tool_plan().unwrap().unwrap();
+        assert!(auto.grammar.is_none());
+        let required = req(&format!("{{{tools},\"tool_choice\":\"required\"}}"))
+            .tool_plan()
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(required.grammar, Some(GrammarSpec::Lark(ref g)) if g.contains("get_weather"))
+        );
+        assert!(req(&format!("{{{tools},\"tool_choice\":\"none\"}}"))
+            .tool_plan()
+            .unwrap()
+            .is_none());
+        for body in [
+            format!("{{{tools},\"tool_choice\":{{\"type\":\"function\",\"function\":{{\"name\":\"nope\"}}}}}}"),
+            format!("{{{tools},\"tool_choice\":\"sometimes\"}}"),
+            "{\"tool_choice\":\"required\"}".to_string(),
+            "{\"tools\":[{\"type\":\"retrieval\"}]}".to_string(),
+        ] {
+            assert!(req(&body).tool_plan().is_err(), "{body}");
+        }
+    }
+}
