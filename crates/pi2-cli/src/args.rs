@@ -73,6 +73,61 @@ pub struct SampleArgs {
     pub seed: Option<u64>,
 }
 
+/// What the output must match (llama.cpp's names); one at most.
+#[derive(Args, Clone, Debug, Default)]
+#[group(multiple = false)]
+pub struct GrammarArgs {
+    /// The output follows this GBNF grammar (llama.cpp's format; `root` is the start)
+    #[arg(long)]
+    pub grammar: Option<String>,
+    /// The output follows the GBNF grammar in this file
+    #[arg(long)]
+    pub grammar_file: Option<std::path::PathBuf>,
+    /// The output is JSON valid against this JSON schema (`{}` for any JSON object)
+    #[arg(short = 'j', long)]
+    pub json_schema: Option<String>,
+    /// The output is JSON valid against the JSON schema in this file
+    #[arg(long)]
+    pub json_schema_file: Option<std::path::PathBuf>,
+}
+
+impl GrammarArgs {
+    /// The grammar asked for, read and parsed (not yet compiled).
+    pub fn spec(&self) -> anyhow::Result<Option<pi2_grammar::GrammarSpec>> {
+        use pi2_grammar::GrammarSpec;
+        let read = |flag: &str, p: &std::path::Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("{flag} {}: cannot read it: {e}", p.display()))
+        };
+        let schema = |flag: &str, text: &str| -> anyhow::Result<GrammarSpec> {
+            let v: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{flag}: not JSON: {e}"))?;
+            Ok(match v.as_object().is_some_and(|o| o.is_empty()) {
+                true => GrammarSpec::JsonObject,
+                false => GrammarSpec::JsonSchema(v),
+            })
+        };
+        Ok(Some(match self {
+            Self {
+                grammar: Some(g), ..
+            } => GrammarSpec::Gbnf(g.clone()),
+            Self {
+                grammar_file: Some(p),
+                ..
+            } => GrammarSpec::Gbnf(read("--grammar-file", p)?),
+            Self {
+                json_schema: Some(s),
+                ..
+            } => schema("--json-schema", s)?,
+            Self {
+                json_schema_file: Some(p),
+                ..
+            } => schema("--json-schema-file", &read("--json-schema-file", p)?)?,
+            _ => return Ok(None),
+        }))
+    }
+}
+
 /// `TOKEN_ID+BIAS` or `TOKEN_ID-BIAS`, as llama.cpp's `--logit-bias`.
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     let at = s

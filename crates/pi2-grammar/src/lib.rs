@@ -110,14 +110,14 @@ impl Vocabulary {
             msg,
         };
         let top = match spec {
-            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(
+            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_json_defaults(
                 serde_json::json!({"type": "object"}),
             )),
             GrammarSpec::JsonSchema(s) => {
                 if !s.is_object() {
                     return Err(invalid("a schema is a JSON object".into()));
                 }
-                TopLevelGrammar::from_json_schema(bounded_whitespace(s.clone()))
+                TopLevelGrammar::from_json_schema(with_json_defaults(s.clone()))
             }
             GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             GrammarSpec::Gbnf(g) => TopLevelGrammar::from_lark(gbnf_to_lark(g).map_err(invalid)?),
@@ -143,12 +143,42 @@ impl Vocabulary {
 /// too). A schema's own `x-guidance` options win.
 const JSON_WHITESPACE: &str = r"[\x20\x09\x0A\x0D]{0,20}";
 
-fn bounded_whitespace(mut schema: serde_json::Value) -> serde_json::Value {
+/// Integers a schema leaves unbounded get JSON's safe range (2^53 - 1 either way): without an
+/// end to their digits, greedy decoding can append zeros for ever (llama.cpp caps integers at
+/// 16 digits for the same reason).
+const SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+fn with_json_defaults(mut schema: serde_json::Value) -> serde_json::Value {
+    bound_integers(&mut schema);
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({ "whitespace_pattern": JSON_WHITESPACE }));
     }
     schema
+}
+
+fn bound_integers(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            if o.get("type").and_then(|t| t.as_str()) == Some("integer") {
+                let low = ["minimum", "exclusiveMinimum"]
+                    .iter()
+                    .any(|k| o.contains_key(*k));
+                let high = ["maximum", "exclusiveMaximum"]
+                    .iter()
+                    .any(|k| o.contains_key(*k));
+                if !low {
+                    o.insert("minimum".into(), (-SAFE_INTEGER).into());
+                }
+                if !high {
+                    o.insert("maximum".into(), SAFE_INTEGER.into());
+                }
+            }
+            o.values_mut().for_each(bound_integers);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(bound_integers),
+        _ => {}
+    }
 }
 
 /// A compiled grammar: [`Grammar::start`] gives each generation its own [`Constraint`].

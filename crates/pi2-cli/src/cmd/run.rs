@@ -1,7 +1,7 @@
 //! `pi2 run`: one prompt in, streamed text out (or one JSON object with `--json`).
 
 use super::sampler;
-use crate::args::{DraftArgs, ModelArgs, SampleArgs};
+use crate::args::{DraftArgs, GrammarArgs, ModelArgs, SampleArgs};
 use crate::rss;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -19,6 +19,8 @@ pub struct RunArgs {
     pub sample: SampleArgs,
     #[command(flatten)]
     pub draft: DraftArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// Prompt text (special tokens such as `<|im_start|>` are parsed, as llama.cpp does)
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -124,6 +126,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         );
     }
     let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
+    if let Some(spec) = a.grammar.spec()? {
+        let grammar = pi2_grammar::Vocabulary::new(tok)?.compile(&spec)?;
+        sampler = sampler.with_constraint(Box::new(grammar.start()));
+    }
     let mut stream = Utf8Stream::default();
     let mut stdout = std::io::stdout().lock();
     // A plain prompt is continued, so it is printed first (as llama.cpp does); with --chat
