@@ -31,6 +31,8 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Print the token ids of a text as JSON
     Tokenize(cmd::tokenize::TokenizeArgs),
+    /// Print texts' embeddings (pooled final hidden states, L2-normalized) as JSON
+    Embed(cmd::embed::EmbedArgs),
     /// Perplexity of a text file (llama-perplexity's method and output)
     Perplexity(cmd::perplexity::PerplexityArgs),
     /// Architecture, sizes, tensor types and memory needed
@@ -76,6 +78,7 @@ fn main() {
         Command::Chat(a) => cmd::chat::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Embed(a) => cmd::embed::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Bench(a) => cmd::bench::run(a),

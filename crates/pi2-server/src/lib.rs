@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod conn;
+pub mod embeddings;
 pub mod fields;
 pub mod guard;
 pub mod guided;
@@ -58,6 +59,8 @@ pub struct ServerConfig {
     pub draft_max: usize,
     /// A chat longer than the context drops its oldest messages (else: 400).
     pub context_shift: bool,
+    /// How `/v1/embeddings` pools token states.
+    pub pooling: pi2_runtime::embed::Pooling,
 }
 
 impl Default for ServerConfig {
@@ -78,6 +81,7 @@ impl Default for ServerConfig {
             draft: false,
             draft_max: 16,
             context_shift: false,
+            pooling: Default::default(),
         }
     }
 }
@@ -216,6 +220,7 @@ pub fn serve(
     state.draft_max = cfg.draft_max;
     state.slots = cfg.parallel;
     state.context_shift = cfg.context_shift;
+    state.pooling = cfg.pooling;
     state.body_timeout = cfg.body_timeout;
     let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
     let mut app = routes::router(Arc::new(state))

@@ -45,6 +45,8 @@ pub struct AppState {
     pub slots: usize,
     /// A chat longer than the context drops its oldest messages (`--context-shift`).
     pub context_shift: bool,
+    /// How `/v1/embeddings` pools token states (`--pooling`).
+    pub pooling: pi2_runtime::embed::Pooling,
     /// The vocabulary grammars compile against, built by the first request with one.
     vocabulary: OnceLock<Arc<Vocabulary>>,
     next_id: AtomicU64,
@@ -74,8 +76,24 @@ impl AppState {
             created: unix_now(),
             slots: 1,
             context_shift: false,
+            pooling: Default::default(),
             vocabulary: OnceLock::new(),
             next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Refuses a `model` this server does not serve (empty or absent: this one).
+    pub fn check_model(&self, m: Option<&str>) -> Result<(), ApiError> {
+        match m {
+            Some(m) if !m.is_empty() && !self.names.iter().any(|n| n == m) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model `{m}` is not served here (this server serves `{}`)",
+                    self.names[0]
+                ),
+            )
+            .param("model")),
+            _ => Ok(()),
         }
     }
 
@@ -116,6 +134,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/completions", post(completion))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
+        .route("/embeddings", post(crate::embeddings::embeddings))
         .route("/tokenize", post(crate::tokens::tokenize))
         .route("/detokenize", post(crate::tokens::detokenize))
         .route("/props", get(crate::tokens::props))
@@ -215,18 +235,7 @@ async fn answer(s: &AppState, body: Body, kind: Kind) -> Response {
 async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiError> {
     let body = read_body(s, body).await?;
     let req = CompletionRequest::parse(&body)?;
-    if let Some(m) = req.model.as_deref() {
-        if !m.is_empty() && !s.names.iter().any(|n| n == m) {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "model `{m}` is not served here (this server serves `{}`)",
-                    s.names[0]
-                ),
-            )
-            .param("model"));
-        }
-    }
+    s.check_model(req.model.as_deref())?;
     let tok = &s.model.tokenizer;
     let plan = match kind {
         Kind::Chat => req.tool_plan()?,
@@ -325,6 +334,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         draft_max: if req.drafts(s.draft)? { s.draft_max } else { 0 },
         grammar,
         logprobs,
+        embed: None,
         events: tx,
     };
     s.queue.submit(job).map_err(|QueueError::Full(n)| {
@@ -422,6 +432,7 @@ async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, A
                 return Ok(Json(v).into_response());
             }
             Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
+            Event::Embedding(_) => {}
         }
     }
     Err(ApiError::new(
@@ -525,6 +536,7 @@ impl Streamed {
                     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m).body(),
                 )]
             }
+            Event::Embedding(_) => Vec::new(),
         }
     }
 }

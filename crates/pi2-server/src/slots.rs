@@ -23,6 +23,8 @@ pub enum Event {
     Done(Summary),
     /// The engine failed; the message says why.
     Failed(String),
+    /// An embedding job's vector.
+    Embedding(Vec<f32>),
 }
 
 /// One generation request, ready for a slot.
@@ -41,6 +43,8 @@ pub struct Job {
     pub grammar: Option<Arc<Grammar>>,
     /// Report log probabilities with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Not a generation: the prompt's embedding, pooled so.
+    pub embed: Option<pi2_runtime::embed::Pooling>,
     pub events: mpsc::Sender<Event>,
 }
 
@@ -160,6 +164,24 @@ impl Slot<'_> {
     /// Generates for `job`, sending its text; returns the final event (none if the client
     /// left).
     fn run(&mut self, job: &Job) -> Option<Event> {
+        if let Some(pooling) = job.embed {
+            // The evaluation leaves the cache empty.
+            self.cached.clear();
+            return Some(
+                match pi2_runtime::embed::embed(
+                    &mut self.engine,
+                    &job.prompt,
+                    self.n_batch,
+                    pooling,
+                ) {
+                    Ok(v) => Event::Embedding(v),
+                    Err(e) => {
+                        self.metrics.failed();
+                        Event::Failed(e.to_string())
+                    }
+                },
+            );
+        }
         let events = &job.events;
         let (mut held, mut held_scores) = (String::new(), Vec::new());
         let started = Instant::now();

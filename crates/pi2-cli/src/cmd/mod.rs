@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod convert;
+pub mod embed;
 pub mod info;
 pub mod perplexity;
 pub mod plan;

@@ -55,6 +55,9 @@ pub struct ServeArgs {
     /// last message stay), as llama-server does; without it such a request gets a 400
     #[arg(long)]
     pub context_shift: bool,
+    /// How /v1/embeddings pools token states: mean, cls (first token) or last
+    #[arg(long, default_value = "mean")]
+    pub pooling: pi2_runtime::embed::Pooling,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
@@ -95,6 +98,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         draft: a.draft.draft == DraftSource::Lookup,
         draft_max: a.draft.draft_max,
         context_shift: a.context_shift,
+        pooling: a.pooling,
     };
     let id = cfg.model_names[0].clone();
     pi2_server::serve(prepared, &cfg, |addr| {

@@ -147,4 +147,20 @@ lp = r.choices[0].logprobs
 assert "".join(lp.tokens) == r.choices[0].text and len(lp.top_logprobs[0]) == 3, lp
 assert max(lp.top_logprobs[0].values()) == lp.token_logprobs[0]
 
-print("structured: 20/20 json_schema answers valid; tool round trip whole and streamed; logprobs consistent")
+# 4. Embeddings: similar sentences closer than unrelated ones; base64 (the client's default) and
+# float agree; normalized.
+dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+texts = ["The cat sat on the mat.", "A kitten was sitting on the rug.", "Quarterly tax filings are due in April."]
+r = client.embeddings.create(model=model, input=texts)
+e = [d.embedding for d in r.data]
+assert abs(dot(e[0], e[0]) - 1) < 1e-4 and r.usage.prompt_tokens > 0, r.usage
+assert dot(e[0], e[1]) > dot(e[0], e[2]) and dot(e[0], e[1]) > dot(e[1], e[2]), (dot(e[0], e[1]), dot(e[0], e[2]))
+f = client.embeddings.create(model=model, input=texts[0], encoding_format="float").data[0].embedding
+assert abs(dot(f, e[0]) - 1) < 1e-4
+try:
+    client.embeddings.create(model=model, input=texts[0], dimensions=7)
+    sys.exit("dimensions was accepted")
+except openai.BadRequestError as err:
+    assert "dimensions" in str(err), err
+
+print("structured: 20/20 json_schema answers valid; tool round trip whole and streamed; logprobs consistent; embeddings rank similar sentences closer")

@@ -1,0 +1,156 @@
+//! `POST /v1/embeddings`: each input (a text, a list of texts, token ids, or lists of them)
+//! pooled into one L2-normalized vector by a slot ([`pi2_runtime::embed`]), as floats or
+//! `encoding_format: base64` (little-endian f32, what the `openai` client asks for by default).
+
+use crate::api::ApiError;
+use crate::routes::{read_body, AppState};
+use crate::slots::{Event, Job, QueueError};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use base64::Engine as _;
+use pi2_model::TokenId;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Most inputs in one request.
+const MAX_INPUTS: usize = 256;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmbeddingRequest {
+    input: Input,
+    model: Option<String>,
+    encoding_format: Option<String>,
+    dimensions: Option<u64>,
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Input {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+pub async fn embeddings(
+    State(s): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    s.metrics.request();
+    let body = read_body(&s, body).await?;
+    let req: EmbeddingRequest =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                ApiError::bad(format!("`{path}`: {}", e.into_inner())).param(path)
+            })?;
+    let _ = &req.user;
+    s.check_model(req.model.as_deref())?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(f) => {
+            return Err(
+                ApiError::bad(format!("`encoding_format` `{f}` is not float or base64"))
+                    .param("encoding_format"),
+            )
+        }
+    };
+    let d = s.model.config.n_embd;
+    if req.dimensions.is_some_and(|n| n != d as u64) {
+        return Err(ApiError::bad(format!(
+            "`dimensions`: this model's embeddings have {d} (pi2 does not shorten them)"
+        ))
+        .param("dimensions"));
+    }
+    let inputs = token_inputs(&s, req.input)?;
+    let (mut data, mut used) = (Vec::new(), 0);
+    for (i, tokens) in inputs.into_iter().enumerate() {
+        used += tokens.len();
+        let v = embed_one(&s, tokens).await?;
+        let embedding = match base64 {
+            true => Value::String(
+                base64::engine::general_purpose::STANDARD
+                    .encode(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+            ),
+            false => json!(v),
+        };
+        data.push(json!({"object": "embedding", "index": i, "embedding": embedding}));
+    }
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": s.names[0],
+        "usage": {"prompt_tokens": used, "total_tokens": used},
+    })))
+}
+
+/// Each input as token ids, checked.
+fn token_inputs(s: &AppState, input: Input) -> Result<Vec<Vec<TokenId>>, ApiError> {
+    let tok = &s.model.tokenizer;
+    let ids = |v: Vec<i64>| {
+        tok.checked_ids(v).map_err(|(i, t)| {
+            ApiError::bad(format!(
+                "`input`: token {t} at {i} is outside the vocabulary"
+            ))
+            .param("input")
+        })
+    };
+    let list = match input {
+        Input::Text(t) => vec![tok.encode(&t, true, false)],
+        Input::Texts(v) => v.iter().map(|t| tok.encode(t, true, false)).collect(),
+        Input::Tokens(v) => vec![ids(v)?],
+        Input::TokenLists(v) => v.into_iter().map(ids).collect::<Result<_, _>>()?,
+    };
+    if list.is_empty() || list.len() > MAX_INPUTS {
+        return Err(ApiError::bad(format!("`input`: give 1..{MAX_INPUTS} inputs")).param("input"));
+    }
+    for (i, t) in list.iter().enumerate() {
+        if t.is_empty() || t.len() > s.n_ctx {
+            return Err(ApiError::bad(format!(
+                "`input` {i} is {} tokens; it must be 1..{} (the context size)",
+                t.len(),
+                s.n_ctx
+            ))
+            .param("input"));
+        }
+    }
+    Ok(list)
+}
+
+async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiError> {
+    let (tx, mut rx) = mpsc::channel(2);
+    let job = Job {
+        prompt,
+        sampler: Default::default(),
+        max_tokens: None,
+        stops: Vec::new(),
+        ignore_eos: false,
+        stream: false,
+        draft_max: 0,
+        grammar: None,
+        logprobs: None,
+        embed: Some(s.pooling),
+        events: tx,
+    };
+    s.queue.submit(job).map_err(|QueueError::Full(n)| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is busy ({n} requests queued); retry shortly"),
+        )
+    })?;
+    match rx.recv().await {
+        Some(Event::Embedding(v)) => Ok(v),
+        Some(Event::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
+        _ => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the embedding ended without a vector",
+        )),
+    }
+}
