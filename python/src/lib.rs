@@ -123,6 +123,8 @@ impl Request {
             stops: stop,
             ignore_eos,
             draft_max,
+            grammar: None,
+            logprobs: None,
         }))
     }
 }

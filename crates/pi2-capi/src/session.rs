@@ -185,6 +185,8 @@ impl pi2_generate_options {
             stops,
             ignore_eos: self.ignore_eos,
             draft_max: self.draft_max as usize,
+            grammar: None,
+            logprobs: None,
         })
     }
 }

@@ -245,41 +245,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         Kind::Completion => None,
     };
     let prompt = match kind {
-        Kind::Chat => {
-            let template = s.template.as_ref().map_err(|e| {
-                ApiError::bad(format!(
-                    "this model has no usable chat template ({e}); use /v1/completions"
-                ))
-            })?;
-            // Message text stays text: only the template's markup becomes control tokens.
-            let mut msgs = req.chat_messages()?;
-            let tools = plan.as_ref().map(|p| &p.tools);
-            if let Some(t) = tools.filter(|_| !template.reads_tools()) {
-                // A template that cannot show tools: they go in the system message.
-                let prompt = crate::tools::tools_prompt(t);
-                match msgs.first_mut().filter(|m| m.role == "system") {
-                    Some(m) => m.content = format!("{}\n\n{prompt}", m.content),
-                    None => msgs.insert(0, pi2_model::Message::new("system", &prompt)),
-                }
-            }
-            let tools = tools.filter(|_| template.reads_tools());
-            let encode = |m: &[pi2_model::Message]| {
-                template
-                    .encode_with_tools(tok, m, tools, true)
-                    .map_err(|e| {
-                        ApiError::bad(format!("the chat template refused the messages: {e}"))
-                            .param("messages")
-                    })
-            };
-            let mut prompt = encode(&msgs)?;
-            // Context shift: the oldest messages after the system prompt go, the last stays.
-            let first = usize::from(msgs.first().is_some_and(|m| m.role == "system"));
-            while s.context_shift && prompt.len() >= s.n_ctx && msgs.len() > first + 1 {
-                msgs.remove(first);
-                prompt = encode(&msgs)?;
-            }
-            prompt
-        }
+        Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
         // A completion prompt is the model's whole input, control tokens and all (as
         // llama-server takes it).
         Kind::Completion => tok.encode(req.prompt_text()?, true, true),
@@ -365,6 +331,50 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
     } else {
         whole(out, rx).await
     }
+}
+
+/// A chat request's prompt: its messages (with the tools, through the template's `tools` or a
+/// system message) in the model's template; with `--context-shift` the oldest messages after
+/// the system prompt go until it fits.
+fn chat_prompt(
+    s: &AppState,
+    req: &CompletionRequest,
+    plan: Option<&crate::tools::ToolPlan>,
+) -> Result<Vec<pi2_model::TokenId>, ApiError> {
+    let tok = &s.model.tokenizer;
+    let template = s.template.as_ref().map_err(|e| {
+        ApiError::bad(format!(
+            "this model has no usable chat template ({e}); use /v1/completions"
+        ))
+    })?;
+    // Message text stays text: only the template's markup becomes control tokens.
+    let mut msgs = req.chat_messages()?;
+    let tools = plan.map(|p| &p.tools);
+    if let Some(t) = tools.filter(|_| !template.reads_tools()) {
+        // A template that cannot show tools: they go in the system message.
+        let prompt = crate::tools::tools_prompt(t);
+        match msgs.first_mut().filter(|m| m.role == "system") {
+            Some(m) => m.content = format!("{}\n\n{prompt}", m.content),
+            None => msgs.insert(0, pi2_model::Message::new("system", &prompt)),
+        }
+    }
+    let tools = tools.filter(|_| template.reads_tools());
+    let encode = |m: &[pi2_model::Message]| {
+        template
+            .encode_with_tools(tok, m, tools, true)
+            .map_err(|e| {
+                ApiError::bad(format!("the chat template refused the messages: {e}"))
+                    .param("messages")
+            })
+    };
+    let mut prompt = encode(&msgs)?;
+    // Context shift: the oldest messages after the system prompt go, the last stays.
+    let first = usize::from(msgs.first().is_some_and(|m| m.role == "system"));
+    while s.context_shift && prompt.len() >= s.n_ctx && msgs.len() > first + 1 {
+        msgs.remove(first);
+        prompt = encode(&msgs)?;
+    }
+    Ok(prompt)
 }
 
 /// The whole body, within the size cap and the body timeout (a client that sends half a body
