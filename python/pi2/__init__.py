@@ -12,6 +12,7 @@ KeyboardInterrupt, keeping the model usable.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -33,6 +34,21 @@ def _stops(stop: Union[None, str, Sequence[str]]) -> List[str]:
         if not isinstance(s, str):
             raise TypeError(f"stop[{i}] is {type(s).__name__}, not str")
     return stops
+
+
+def _format_schema(fmt: Dict[str, Any]) -> Optional[str]:
+    """OpenAI's ``response_format`` as a JSON schema text (``None`` for plain text)."""
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps(fmt.get("schema", {}))
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if schema is None:
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return json.dumps(schema)
+    raise ValueError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
 
 
 def _pairs(messages: Sequence[Message]) -> List[tuple]:
@@ -141,6 +157,12 @@ class Model:
         kw["stop"] = _stops(kw.get("stop"))
         bias = kw.pop("logit_bias", None) or {}
         kw["logit_bias"] = [(int(t), float(b)) for t, b in bias.items()]
+        fmt = kw.pop("response_format", None)
+        if fmt is not None:
+            kw["json_schema"] = _format_schema(fmt)
+        schema = kw.get("json_schema")
+        if schema is not None and not isinstance(schema, str):
+            kw["json_schema"] = json.dumps(schema)
         request = Request(**kw)
         if stream:
             return self._native.stream_tokens(tokens, request)
@@ -166,19 +188,44 @@ class Model:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logit_bias: Optional[Dict[int, float]] = None,
+        grammar: Optional[str] = None,
+        json_schema: Union[None, str, Dict[str, Any]] = None,
     ) -> Union[str, TextStream]:
         """The continuation of ``prompt`` (control-token text in it is parsed, as
         ``pi2 run -p`` does): a string, or with ``stream=True`` an iterator of text pieces.
         ``max_tokens=-1`` generates until end of generation; ``presence_penalty``,
         ``frequency_penalty`` and ``logit_bias`` ({token id: bias}) are OpenAI's; ``draft_max`` > 0 decodes
-        speculatively with drafts from the context (the same output, often faster)."""
+        speculatively with drafts from the context (the same output, often faster). ``grammar``
+        (llama.cpp's GBNF) or ``json_schema`` (a dict or JSON text; ``{}`` is any object) holds
+        the output to it: tokens it forbids are never drawn, so the text parses."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt is {type(prompt).__name__}, not str")
         tokens = self._native.tokenize(prompt, True, True)
         return self._run(tokens, stream, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop,
                          ignore_eos=ignore_eos, draft_max=draft_max, presence_penalty=presence_penalty,
-                         frequency_penalty=frequency_penalty, logit_bias=logit_bias)
+                         frequency_penalty=frequency_penalty, logit_bias=logit_bias, grammar=grammar,
+                         json_schema=json_schema)
+
+    def embed(self, input: Union[str, Sequence[str]], *, pooling: str = "mean") -> Union[List[float], List[List[float]]]:
+        """The embedding of a text (a list of floats), or of each of a list of texts: final
+        hidden states pooled (``mean``, ``cls`` or ``last``) and L2-normalized, as
+        ``pi2 embed`` and the server's ``/v1/embeddings``. Forgets the conversation."""
+        texts = [input] if isinstance(input, str) else list(input)
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"input holds {type(t).__name__}, not str")
+        out = [self._native.embed_tokens(self._native.tokenize(t, True, False), pooling) for t in texts]
+        return out[0] if isinstance(input, str) else out
+
+    def create_embedding(self, input: Union[str, Sequence[str]], *, pooling: str = "mean") -> Dict[str, Any]:
+        """An OpenAI-shaped embeddings list (as llama-cpp-python's)."""
+        texts = [input] if isinstance(input, str) else list(input)
+        vectors = self.embed(texts, pooling=pooling)
+        used = sum(len(self._native.tokenize(t, True, False)) for t in texts)
+        return {"object": "list", "model": self.name,
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": used, "total_tokens": used}}
 
     def chat(self, messages: Sequence[Message], *, stream: bool = False, **kw: Any) -> Union[str, TextStream]:
         """The assistant's reply to OpenAI-style ``messages`` through the model's chat

@@ -5,6 +5,8 @@
 
 use pi2_engine::SamplerConfig;
 use pi2_model::{Message, TokenId};
+use pi2_grammar::GrammarSpec;
+use pi2_runtime::embed::Pooling;
 use pi2_runtime::handle::{Finish, LoadedModel, Session, Stats, TextRequest};
 use pi2_runtime::{EngineOptions, RuntimeError, SessionOptions};
 use pyo3::create_exception;
@@ -67,6 +69,19 @@ impl NativeModel {
     }
 }
 
+impl NativeModel {
+    /// `request`'s settings with its grammar compiled for this model (a bad grammar is a
+    /// `ValueError` naming what is wrong).
+    fn request(&self, request: &Request) -> PyResult<TextRequest> {
+        let mut req = request.0.clone();
+        if let Some(spec) = &request.1 {
+            let g = self.loaded()?.grammar(spec).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            req.grammar = Some(g);
+        }
+        Ok(req)
+    }
+}
+
 fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
     // A generation that failed left the session usable (its cache cleared).
     s.lock().unwrap_or_else(|e| e.into_inner())
@@ -74,13 +89,15 @@ fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
 
 /// How a generation samples and stops, checked once (`pi2.Model` makes it from keyword
 /// arguments).
+/// A generation's settings, and the grammar its output follows (compiled against the model's
+/// vocabulary when it runs).
 #[pyclass(module = "pi2._native", frozen)]
-struct Request(TextRequest);
+struct Request(TextRequest, Option<GrammarSpec>);
 
 #[pymethods]
 impl Request {
     #[new]
-    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=Vec::new()))]
+    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=Vec::new(), grammar=None, json_schema=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_tokens: i64,
@@ -96,7 +113,26 @@ impl Request {
         presence_penalty: f32,
         frequency_penalty: f32,
         logit_bias: Vec<(TokenId, f32)>,
+        grammar: Option<String>,
+        json_schema: Option<String>,
     ) -> PyResult<Self> {
+        let spec = match (grammar, json_schema) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "grammar and json_schema both constrain the output: give one",
+                ))
+            }
+            (Some(g), None) => Some(GrammarSpec::Gbnf(g)),
+            (None, Some(s)) => {
+                let v: serde_json::Value = serde_json::from_str(&s)
+                    .map_err(|e| PyValueError::new_err(format!("json_schema is not JSON: {e}")))?;
+                Some(match v.as_object().is_some_and(|o| o.is_empty()) {
+                    true => GrammarSpec::JsonObject,
+                    false => GrammarSpec::JsonSchema(v),
+                })
+            }
+            (None, None) => None,
+        };
         if max_tokens < -1 {
             return Err(PyValueError::new_err(format!(
                 "max_tokens={max_tokens}: pass a number of tokens, or -1 for until end of generation"
@@ -125,7 +161,7 @@ impl Request {
             draft_max,
             grammar: None,
             logprobs: None,
-        }))
+        }, spec))
     }
 }
 
@@ -300,7 +336,7 @@ impl NativeModel {
         tokens: Vec<TokenId>,
         request: PyRef<'_, Request>,
     ) -> PyResult<(String, &'static str, Bound<'py, PyDict>)> {
-        let req = request.0.clone();
+        let req = self.request(&request)?;
         let session = self.session()?;
         self.supersede_stream();
         let mut text = String::new();
@@ -335,7 +371,7 @@ impl NativeModel {
         tokens: Vec<TokenId>,
         request: PyRef<'_, Request>,
     ) -> PyResult<TextStream> {
-        let req = request.0.clone();
+        let req = self.request(&request)?;
         let session = self.session()?;
         self.supersede_stream();
         let (tx, rx) = mpsc::channel();
@@ -361,6 +397,16 @@ impl NativeModel {
             cancel,
             result: Mutex::new(None),
         })
+    }
+
+    /// The embedding of `tokens` (pooled `mean`, `cls` or `last`, L2-normalized); the
+    /// conversation in the KV cache is forgotten. The GIL is released.
+    #[pyo3(signature = (tokens, pooling="mean"))]
+    fn embed_tokens(&self, py: Python<'_>, tokens: Vec<TokenId>, pooling: &str) -> PyResult<Vec<f32>> {
+        let pooling: Pooling = pooling.parse().map_err(|e: RuntimeError| PyValueError::new_err(e.to_string()))?;
+        let session = self.session()?;
+        self.supersede_stream();
+        py.detach(|| lock(&session).embed(&tokens, pooling)).map_err(py_err)
     }
 
     /// The last generation's counts (`None` before the first).

@@ -106,6 +106,44 @@ def test_logit_bias_and_penalties(model):
     assert varied != plain
 
 
+def test_grammars_and_schemas_hold_the_output(model):
+    answer = model.generate("Is water wet? Answer:", max_tokens=8, temperature=0,
+                            grammar='root ::= " " ("yes" | "no") "!"')
+    assert answer in (" yes!", " no!"), answer
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["colour", "n"], "additionalProperties": False}
+    out = model.create_chat_completion(
+        [{"role": "user", "content": "A colour and a digit as JSON."}], max_tokens=64, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    v = json.loads(out["choices"][0]["message"]["content"])
+    assert v["colour"] in ("red", "blue") and 0 <= v["n"] <= 9, v
+    streamed = "".join(model.generate("JSON:", max_tokens=48, temperature=0, json_schema={}, stream=True))
+    assert streamed.lstrip().startswith("{"), streamed
+    with pytest.raises(ValueError, match="`nope` is used but not defined"):
+        model.generate(PROMPT, grammar="root ::= nope")
+    with pytest.raises(ValueError, match="give one"):
+        model.generate(PROMPT, grammar='root ::= "a"', json_schema={})
+    with pytest.raises(ValueError, match="response_format"):
+        model.chat([{"role": "user", "content": "x"}], response_format={"type": "xml"})
+
+
+def test_embeddings_rank_similar_texts_closer(model):
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+    a, b, c = model.embed(["The cat sat on the mat.", "A kitten was sitting on the rug.",
+                           "Quarterly tax filings are due in April."])
+    assert abs(dot(a, a) - 1) < 1e-4
+    assert dot(a, b) > dot(a, c)
+    one = model.embed("The cat sat on the mat.")
+    assert abs(dot(one, a) - 1) < 1e-5
+    shaped = model.create_embedding(["x", "y"])
+    assert [d["index"] for d in shaped["data"]] == [0, 1] and shaped["usage"]["prompt_tokens"] > 0
+    with pytest.raises(ValueError, match="not one of mean, cls, last"):
+        model.embed("x", pooling="max")
+    # Generation works after an embedding took the KV cache.
+    assert model.generate(PROMPT, max_tokens=4, temperature=0) == pi2_run(SMOLLM2, PROMPT, 4)["text"]
+
+
 def test_tokens_round_trip(model):
     ids = model.tokenize("Hello, world", add_bos=False)
     assert model.detokenize(ids) == "Hello, world"

@@ -190,6 +190,19 @@ impl Session {
         })
     }
 
+    /// The embedding of `tokens` (see [`crate::embed::embed`]); the conversation is forgotten
+    /// (the evaluation takes the KV cache).
+    pub fn embed(
+        &mut self,
+        tokens: &[TokenId],
+        pooling: crate::embed::Pooling,
+    ) -> Result<Vec<f32>> {
+        self.cell.with_dependent_mut(|_, s| {
+            s.cached.clear();
+            crate::embed::embed(&mut s.engine, tokens, s.n_batch, pooling)
+        })
+    }
+
     /// The last generation's counts (`None` before the first).
     pub fn stats(&self) -> Option<Stats> {
         self.cell.with_dependent(|_, s| s.last.clone())
