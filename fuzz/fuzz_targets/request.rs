@@ -1,6 +1,7 @@
-//! Any bytes as a server request body: parsed and checked, or refused with an error; never a
-//! panic. Any text through the stop-string matcher in pieces: what it releases is always a
-//! prefix of the text (all of it when no stop string was found).
+//! Any bytes as a server request body: parsed and checked (sampling, grammar, log
+//! probabilities, tools), or refused with an error; never a panic. Any text through the
+//! stop-string matcher in pieces: what it releases is always a prefix of the text (all of it
+//! when no stop string was found).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use pi2_runtime::text::StopStrings;
@@ -13,6 +14,10 @@ fuzz_target!(|data: &[u8]| {
         let _ = r.sampler(32_000);
         let _ = r.max_tokens(4096);
         let _ = r.stops();
+        let _ = r.grammar_spec();
+        let _ = r.top_logprobs(pi2_server::api::Kind::Chat);
+        let _ = r.top_logprobs(pi2_server::api::Kind::Completion);
+        let _ = r.tool_plan();
     }
     let Ok(text) = std::str::from_utf8(data) else {
         return;

@@ -4,8 +4,8 @@
 //! (`pi2.Model`, OpenAI-shaped results) is `pi2/__init__.py`.
 
 use pi2_engine::SamplerConfig;
-use pi2_model::{Message, TokenId};
 use pi2_grammar::GrammarSpec;
+use pi2_model::{Message, TokenId};
 use pi2_runtime::embed::Pooling;
 use pi2_runtime::handle::{Finish, LoadedModel, Session, Stats, TextRequest};
 use pi2_runtime::{EngineOptions, RuntimeError, SessionOptions};
@@ -75,7 +75,10 @@ impl NativeModel {
     fn request(&self, request: &Request) -> PyResult<TextRequest> {
         let mut req = request.0.clone();
         if let Some(spec) = &request.1 {
-            let g = self.loaded()?.grammar(spec).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            let g = self
+                .loaded()?
+                .grammar(spec)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
             req.grammar = Some(g);
         }
         Ok(req)
@@ -153,15 +156,18 @@ impl Request {
         if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&sampler) {
             return Err(PyValueError::new_err(format!("{name}={v} must be {want}")));
         }
-        Ok(Self(TextRequest {
-            sampler,
-            max_tokens: usize::try_from(max_tokens).ok(),
-            stops: stop,
-            ignore_eos,
-            draft_max,
-            grammar: None,
-            logprobs: None,
-        }, spec))
+        Ok(Self(
+            TextRequest {
+                sampler,
+                max_tokens: usize::try_from(max_tokens).ok(),
+                stops: stop,
+                ignore_eos,
+                draft_max,
+                grammar: None,
+                logprobs: None,
+            },
+            spec,
+        ))
     }
 }
 
@@ -402,11 +408,19 @@ impl NativeModel {
     /// The embedding of `tokens` (pooled `mean`, `cls` or `last`, L2-normalized); the
     /// conversation in the KV cache is forgotten. The GIL is released.
     #[pyo3(signature = (tokens, pooling="mean"))]
-    fn embed_tokens(&self, py: Python<'_>, tokens: Vec<TokenId>, pooling: &str) -> PyResult<Vec<f32>> {
-        let pooling: Pooling = pooling.parse().map_err(|e: RuntimeError| PyValueError::new_err(e.to_string()))?;
+    fn embed_tokens(
+        &self,
+        py: Python<'_>,
+        tokens: Vec<TokenId>,
+        pooling: &str,
+    ) -> PyResult<Vec<f32>> {
+        let pooling: Pooling = pooling
+            .parse()
+            .map_err(|e: RuntimeError| PyValueError::new_err(e.to_string()))?;
         let session = self.session()?;
         self.supersede_stream();
-        py.detach(|| lock(&session).embed(&tokens, pooling)).map_err(py_err)
+        py.detach(|| lock(&session).embed(&tokens, pooling))
+            .map_err(py_err)
     }
 
     /// The last generation's counts (`None` before the first).

@@ -416,7 +416,8 @@ pub fn generate_pieces(
         text: &tail,
         logprobs: &scored,
     };
-    if !cancelled && !(tail.is_empty() && scored.is_empty()) && !on_piece(piece) {
+    let nothing_left = tail.is_empty() && scored.is_empty();
+    if !(cancelled || nothing_left || on_piece(piece)) {
         cancelled = true;
     }
     let finish = match generation.stop {
