@@ -35,7 +35,7 @@ def run(pi2, model, threads, n, schema):
         args += ["--json-schema", json.dumps(SCHEMA)]
     out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
     t = out["timings"]
-    return {"tokens": t["predicted_n"], "ms_per_token": t["predicted_per_token_ms"]}
+    return {"tokens": t["predicted_n"], "ms_per_token": t["predicted_ms"] / max(t["predicted_n"], 1)}
 
 
 def main():
@@ -61,7 +61,9 @@ def main():
         "median_ms_per_token": {"plain": plain, "json_schema": held},
         "overhead": held / plain - 1,
     }
-    name = pathlib.Path(a.model).stem.split(".")[0].lower().replace("-instruct", "")
+    stem = pathlib.Path(a.model).stem
+    base, _, quant = stem.rpartition(".")
+    name = (base if quant[:1] in ("Q", "q") else stem).lower().replace("-instruct", "")
     out = ROOT / "docs/measurements" / f"constrained-decoding-{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["median_ms_per_token"]), f"overhead {result['overhead']:+.1%}", "->", out)
