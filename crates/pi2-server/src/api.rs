@@ -106,6 +106,8 @@ pub struct CompletionRequest {
     /// Functions the model may call ([`crate::tools`]).
     pub tools: Option<Vec<crate::tools::Tool>>,
     pub tool_choice: Option<crate::tools::ToolChoice>,
+    /// `false`: at most one call per answer.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

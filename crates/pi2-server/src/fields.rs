@@ -37,16 +37,11 @@ const SERVED: &[&str] = &[
     "top_logprobs",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Fields that never change what is generated: bookkeeping for the client's own side.
-const NOTES: &[&str] = &[
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "parallel_tool_calls",
-];
+const NOTES: &[&str] = &["user", "metadata", "store", "service_tier"];
 
 /// Whether `v` asks for nothing for the not-yet-served field `name`; `None` if pi2 does not
 /// know the field at all.

@@ -322,6 +322,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
     let out = Output {
         env,
         scores: logprobs.map(|_| &s.model.tokenizer),
+        max_calls: plan.as_ref().map_or(0, |p| p.max_calls),
         tools: plan.map(|p| p.names),
     };
     if req.streams() {
@@ -412,6 +413,8 @@ struct Output {
     env: Envelope,
     scores: Option<&'static Tokenizer>,
     tools: Option<Vec<String>>,
+    /// Calls one answer may make (`parallel_tool_calls: false`: one).
+    max_calls: usize,
 }
 
 /// Collects the answer. If the client leaves, this future is dropped with `rx`, and the slot
@@ -428,7 +431,8 @@ async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, A
             Event::Done(s) => {
                 let lp = out.scores.map(|tok| logprobs_value(env.kind, tok, &lps, 0));
                 let names = out.tools.as_deref().unwrap_or(&[]);
-                let (content, calls) = crate::tools::parse_calls(&text, names);
+                let (content, mut calls) = crate::tools::parse_calls(&text, names);
+                calls.truncate(out.max_calls);
                 if out.tools.is_none() || calls.is_empty() {
                     return Ok(Json(env.answer(&text, &s, lp)).into_response());
                 }
@@ -525,7 +529,8 @@ impl Streamed {
                 let mut evs = Vec::new();
                 let names = self.out.tools.as_deref().unwrap_or(&[]);
                 if let Some(c) = self.calls.take() {
-                    let (rest, calls) = c.finish(names);
+                    let (rest, mut calls) = c.finish(names);
+                    calls.truncate(self.out.max_calls);
                     if !rest.is_empty() {
                         evs.push(data(env.chunk(Some(&rest), false, None, None)));
                     }

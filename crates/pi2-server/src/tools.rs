@@ -67,6 +67,8 @@ pub struct ToolPlan {
     pub names: Vec<String>,
     /// `required` or a named function: the answer is held to calls by a grammar.
     pub grammar: Option<GrammarSpec>,
+    /// Calls one answer may make (`parallel_tool_calls: false`: one).
+    pub max_calls: usize,
 }
 
 impl CompletionRequest {
@@ -125,7 +127,8 @@ impl CompletionRequest {
             }
             _ => defs.clone(),
         };
-        let grammar = (choice != "auto").then(|| calls_grammar(&allowed));
+        let parallel = self.parallel_tool_calls.unwrap_or(true);
+        let grammar = (choice != "auto").then(|| calls_grammar(&allowed, parallel));
         let tools = defs
             .iter()
             .map(|f| json!({"type": "function", "function": f}))
@@ -134,13 +137,14 @@ impl CompletionRequest {
             tools: Value::Array(tools),
             names,
             grammar,
+            max_calls: if parallel { usize::MAX } else { 1 },
         }))
     }
 }
 
-/// One or more `<tool_call>` blocks, each a call of one of `defs` with arguments valid
-/// against its parameters.
-fn calls_grammar(defs: &[&FunctionDef]) -> GrammarSpec {
+/// `<tool_call>` blocks (one, or with `parallel` one or more), each a call of one of `defs`
+/// with arguments valid against its parameters.
+fn calls_grammar(defs: &[&FunctionDef], parallel: bool) -> GrammarSpec {
     let one_of: Vec<Value> = defs
         .iter()
         .map(|f| {
@@ -159,8 +163,9 @@ fn calls_grammar(defs: &[&FunctionDef]) -> GrammarSpec {
         "anyOf": one_of,
         "x-guidance": {"whitespace_pattern": r"[\x20\x0A]{0,4}"},
     });
+    let more = if parallel { " (\"\\n\" call)*" } else { "" };
     GrammarSpec::Lark(format!(
-        "start: call (\"\\n\" call)*\ncall: \"{OPEN}\\n\" %json {schema} \"\\n{CLOSE}\"\n"
+        "start: call{more}\ncall: \"{OPEN}\\n\" %json {schema} \"\\n{CLOSE}\"\n"
     ))
 }
 
@@ -340,6 +345,16 @@ mod tests {
             .tool_plan()
             .unwrap()
             .is_none());
+        let single = req(&format!(
+            "{{{tools},\"tool_choice\":\"required\",\"parallel_tool_calls\":false}}"
+        ))
+        .tool_plan()
+        .unwrap()
+        .unwrap();
+        assert_eq!(single.max_calls, 1);
+        assert!(
+            matches!(single.grammar, Some(GrammarSpec::Lark(ref g)) if g.starts_with("start: call\n"))
+        );
         for body in [
             format!("{{{tools},\"tool_choice\":{{\"type\":\"function\",\"function\":{{\"name\":\"nope\"}}}}}}"),
             format!("{{{tools},\"tool_choice\":\"sometimes\"}}"),
