@@ -176,10 +176,13 @@ fn setup<'m>(
         })?;
         budgets = ladder(model, sp, &budgets[0]);
     }
+    // `--dense-head` (a head share of 1) asks for the whole output matrix only: no rows with
+    // the clustered head.
+    let clustered = head.is_some() && session.engine.head_share != Some(1.0);
     let modes = modes(
         o,
         sparse.is_some(),
-        head.is_some(),
+        clustered,
         budgets.len(),
         applied.is_some(),
     )?;

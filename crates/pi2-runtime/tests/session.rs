@@ -293,3 +293,28 @@ fn batches_shrink_to_fit_the_budget() {
     assert!((16..256).contains(&n_batch), "{n_batch}");
     e.forward(&TOKENS[..4], Logits::Last).unwrap();
 }
+
+#[test]
+fn bench_runs_both_heads_unless_the_dense_head_is_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, conv) = model_files(dir.path());
+    let m = Model::load(&conv).unwrap();
+    let o = pi2_runtime::bench::BenchOptions {
+        n_prompt: vec![0],
+        n_gen: vec![2],
+        reps: 1,
+        threads: Vec::new(),
+        budgets: Vec::new(),
+        offload_only: false,
+        ablation: false,
+    };
+    let heads = |head_share: Option<f32>| -> Vec<&'static str> {
+        let mut s = options();
+        s.engine.head_share = head_share;
+        let rows = pi2_runtime::bench::bench(&m, &conv, &s, &o, |_| {}).unwrap();
+        rows.iter().map(|r| r.head).collect()
+    };
+    assert_eq!(heads(None), ["dense", "clustered", "dense", "clustered"]);
+    // `--dense-head`: the whole output matrix only.
+    assert_eq!(heads(Some(1.0)), ["dense", "dense"]);
+}
