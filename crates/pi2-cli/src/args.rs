@@ -165,10 +165,25 @@ pub struct DraftArgs {
     /// Fewest drafted tokens worth checking
     #[arg(long = "draft-min", default_value_t = 1)]
     pub draft_min: usize,
+    /// Draft with a second, smaller model of the same vocabulary (a file or a catalogue name;
+    /// llama.cpp's --model-draft): greedy drafts from its own KV cache. Its file, KV cache and
+    /// buffers count against --mem-budget
+    #[arg(long = "draft-model", alias = "model-draft")]
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 /// Most tokens a draft may hold.
 pub const MAX_DRAFT: usize = 64;
+
+/// Stands for a draft model until its engine is built (after the session's, whose budget it
+/// shares).
+pub struct NoDraft;
+
+impl pi2_engine::Drafter for NoDraft {
+    fn propose(&mut self, _history: &[u32], _max: usize) -> Vec<u32> {
+        Vec::new()
+    }
+}
 
 impl DraftArgs {
     /// The drafter and its lengths, or None without drafts.
@@ -189,9 +204,13 @@ impl DraftArgs {
             max: self.draft_max,
             min: self.draft_min,
         };
-        Ok(match self.draft {
-            DraftSource::None => None,
-            DraftSource::Lookup => Some((Box::new(pi2_engine::Lookup::default()), cfg)),
+        Ok(match (self.draft, &self.draft_model) {
+            (DraftSource::Lookup, Some(_)) => {
+                anyhow::bail!("--draft lookup and --draft-model are two draft sources: give one")
+            }
+            (DraftSource::None, None) => None,
+            (DraftSource::None, Some(_)) => Some((Box::new(NoDraft), cfg)),
+            (DraftSource::Lookup, None) => Some((Box::new(pi2_engine::Lookup::default()), cfg)),
         })
     }
 }

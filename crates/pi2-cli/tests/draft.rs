@@ -71,3 +71,34 @@ fn under_a_memory_budget_drafts_compute_as_in_memory_and_read_less_per_token() {
         bytes(&plain)
     );
 }
+
+/// `--draft-model`: the same greedy text as plain decode; the model as its own draft has every
+/// draft kept; another vocabulary, two draft sources, or a draft that leaves the budget nothing
+/// are refused in one line.
+#[test]
+fn a_draft_model_gives_the_same_greedy_text() {
+    let model = m();
+    let plain = run(&model, "none", &[]);
+    let drafted = run(&model, "none", &["--draft-model", &model]);
+    assert_eq!(plain["generated_ids"], drafted["generated_ids"]);
+    let d = &drafted["draft"];
+    assert!(d["drafted"].as_u64().unwrap() > 0, "{d}");
+    assert_eq!(d["accepted"], d["drafted"], "{d}");
+    let qwen = common::root().join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
+    let base = ["run", "-m", model.as_str(), "-p", "x", "-n", "2"];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [base, extra].concat()
+    }
+    fails_with(
+        &with(&base, &["--draft-model", qwen.to_str().unwrap()]),
+        "needs the same vocabulary",
+    );
+    fails_with(
+        &with(&base, &["--draft-model", &model, "--draft", "lookup"]),
+        "give one",
+    );
+    fails_with(
+        &with(&base, &["--draft-model", &model, "--mem-budget", "20M"]),
+        "leaves nothing for the model",
+    );
+}

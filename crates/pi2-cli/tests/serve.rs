@@ -350,6 +350,10 @@ fn serve_refuses_unusable_options_in_one_line() {
         &["serve", "-m", &m(), "--cors-origin", "evil"],
         "--cors-origin",
     );
+    common::fails_with(
+        &["serve", "-m", &m(), "--draft-model", &m()],
+        "does not take --draft-model yet",
+    );
     // An address that is not this machine's is not blamed on another server.
     common::fails_with(
         &["serve", "-m", &m(), "--host", "999.1.1.1", "--port", "0"],

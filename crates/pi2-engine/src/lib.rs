@@ -7,6 +7,7 @@
 
 mod attention;
 mod draft;
+mod draft_model;
 mod engine;
 mod error;
 mod ffn;
@@ -27,6 +28,7 @@ pub mod topology;
 mod weights;
 
 pub use draft::{DraftConfig, Drafter, Lookup};
+pub use draft_model::{vocabulary_mismatch, ModelDraft};
 pub use engine::{
     kv_bytes_full, kv_bytes_start, scratch_bytes, Engine, EngineConfig, EngineParts, Logits,
     NeuronStep, MAX_CTX,

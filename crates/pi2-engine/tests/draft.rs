@@ -4,7 +4,7 @@
 
 use pi2_engine::{
     generate, generate_drafted, DraftConfig, Drafter, Engine, EngineConfig, GenerateConfig, Lookup,
-    Sampler, SamplerConfig,
+    ModelDraft, Sampler, SamplerConfig,
 };
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
@@ -217,5 +217,88 @@ fn a_sparse_models_checked_batch_agrees_with_its_steps() {
         steps.sparse_stats().confirmed,
         batch.sparse_stats().confirmed,
         "the batch confirmed other neurons than the steps"
+    );
+}
+
+/// A draft model (its own engine and cache): greedy output equals plain decode's whether the
+/// drafts are all right (the same model) or often wrong (another model, same vocabulary).
+#[test]
+fn draft_models_keep_plain_decodes_tokens() {
+    let m = model();
+    let other = Model::from_file(
+        GgufFile::from_bytes(
+            &build(&SynthSpec {
+                seed: 99,
+                n_embd: 32,
+                n_ff: 64,
+                n_layer: 1,
+                n_head: 2,
+                n_head_kv: 1,
+                weight_type: QuantType::F32,
+                embd_type: QuantType::F32,
+                // Its own output matrix: greedy tokens unlike the model's.
+                tied: false,
+                ..SynthSpec::default()
+            })
+            .to_bytes(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(pi2_engine::vocabulary_mismatch(&m, &other), None);
+    let plain = generate(
+        &mut engine(&m),
+        &mut Sampler::new(SamplerConfig::greedy()),
+        &mut Vec::new(),
+        &PROMPT,
+        &cfg(40),
+        |_| true,
+    )
+    .unwrap();
+    for (draft_model, all_right) in [(&m, true), (&other, false)] {
+        let mut d = ModelDraft::new(engine(draft_model), 16);
+        let mut e = engine(&m);
+        let g = generate_drafted(
+            &mut e,
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &mut Vec::new(),
+            &PROMPT,
+            &cfg(40),
+            Some(&mut d),
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(g.tokens, plain.tokens);
+        assert!(g.drafted > 0 && d.failures == 0);
+        if all_right {
+            // Its own drafts are the model's greedy tokens: every one is kept.
+            assert_eq!(g.accepted, g.drafted);
+        } else {
+            assert!(
+                g.accepted < g.drafted,
+                "{} of {}: {:?}",
+                g.accepted,
+                g.drafted,
+                g.tokens
+            );
+        }
+    }
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_named() {
+    let m = model();
+    let (mut tokens, _, _) = pi2_model::synth::vocab();
+    tokens[100] = "changed".into();
+    let mut w = build(&SynthSpec::default());
+    w.set_meta(
+        "tokenizer.ggml.tokens",
+        pi2_model::Value::Array(tokens.into_iter().map(pi2_model::Value::String).collect()),
+    );
+    let other = Model::from_file(GgufFile::from_bytes(&w.to_bytes()).unwrap()).unwrap();
+    let why = pi2_engine::vocabulary_mismatch(&m, &other).unwrap();
+    assert!(
+        why.starts_with("token 100 is") && why.contains("same vocabulary"),
+        "{why}"
     );
 }

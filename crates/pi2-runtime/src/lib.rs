@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod convert_cache;
 pub mod device;
+pub mod draft;
 pub mod embed;
 mod error;
 pub mod handle;

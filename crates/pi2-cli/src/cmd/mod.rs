@@ -273,3 +273,62 @@ pub fn sampler(a: &SampleArgs, n_vocab: usize) -> anyhow::Result<Sampler> {
     }
     Ok(Sampler::new(cfg))
 }
+
+/// The model `--draft-model` names, loaded and checked against the model's vocabulary.
+pub fn draft_model(d: &crate::args::DraftArgs, target: &ModelArgs) -> Result<Option<Model>> {
+    let Some(spec) = &d.draft_model else {
+        return Ok(None);
+    };
+    let draft = pi2_runtime::load_model(&fetch::resolve(Some(spec))?)?;
+    let target = pi2_runtime::load_model(&model_path(target)?)?;
+    if let Some(why) = pi2_engine::vocabulary_mismatch(&target, &draft) {
+        anyhow::bail!("--draft-model {}: {why}", spec.display());
+    }
+    Ok(Some(draft))
+}
+
+/// The session's options with the draft model's memory taken out of `--mem-budget` (its
+/// context sized as `run` sizes the session's: the prompt, `n_predict` tokens and room for a
+/// chat template's markup).
+pub fn session_beside_draft(
+    a: &ModelArgs,
+    session: &sparse_args::SessionArgs,
+    draft: &Model,
+    prompt: &str,
+    n_predict: i64,
+) -> Result<sparse_args::SessionArgs> {
+    let Some(budget) = session.offload.one_budget("run")? else {
+        return Ok(session.clone());
+    };
+    let mut cfg = engine_config(a)?;
+    let train = draft.config.n_ctx_train;
+    let asked = if cfg.n_ctx == 0 { train } else { cfg.n_ctx };
+    cfg.n_ctx = match usize::try_from(n_predict) {
+        Ok(n) => asked.min(draft.tokenizer.encode(prompt, true, true).len() + n + 64),
+        Err(_) => asked,
+    };
+    let reserved = pi2_runtime::draft::footprint(draft, &cfg, 512);
+    let file = std::fs::metadata(model_path(a)?)?.len();
+    let mut out = session.clone();
+    out.offload.mem_budget = vec![pi2_runtime::draft::budget_less(&budget, file, reserved)?];
+    Ok(out)
+}
+
+/// The draft model's engine beside `target`'s: the same context and threads; under a budget
+/// its weights stay in the mapping (no packed copy beside them).
+pub fn draft_engine<'m>(
+    draft: &'m Model,
+    a: &ModelArgs,
+    target: &Engine<'_>,
+    budget: bool,
+) -> Result<pi2_engine::ModelDraft<'m>> {
+    let mut cfg = engine_config(a)?;
+    cfg.n_ctx = target.n_ctx();
+    cfg.threads = target.threads();
+    if budget {
+        cfg.repack = false;
+    }
+    let engine = Engine::new(draft, &cfg)
+        .with_context(|| "cannot start the draft model's engine".to_string())?;
+    Ok(pi2_engine::ModelDraft::new(engine, 512))
+}

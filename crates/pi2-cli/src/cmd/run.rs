@@ -58,11 +58,16 @@ pub fn run(a: RunArgs) -> Result<()> {
             a.n_predict
         );
     }
-    let mut drafter = a.draft.drafter()?;
-    let (path, mut opts) = super::session_model(&a.model, &a.session, "run")?;
+    let user_text = prompt_text(&a)?;
+    let draft_model = super::draft_model(&a.draft, &a.model)?;
+    let mut drafter: Option<(Box<dyn pi2_engine::Drafter + '_>, _)> = a.draft.drafter()?;
+    let session = match &draft_model {
+        Some(dm) => super::session_beside_draft(&a.model, &a.session, dm, &user_text, a.n_predict)?,
+        None => a.session.clone(),
+    };
+    let (path, mut opts) = super::session_model(&a.model, &session, "run")?;
     let model = pi2_runtime::load_model(&path)?;
     let tok = &model.tokenizer;
-    let user_text = prompt_text(&a)?;
     // A hand-written prompt's control-token text becomes control tokens (as llama.cpp parses
     // it) unless --no-parse-special; with --chat that flag keeps the message's text as text
     // inside the template's markup.
@@ -118,6 +123,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         );
     }
     cfg.n_batch = n_batch;
+    if let (Some(dm), Some((d, _))) = (&draft_model, &mut drafter) {
+        *d = Box::new(super::draft_engine(
+            dm,
+            &a.model,
+            &engine,
+            opts.mem_budget.is_some(),
+        )?);
+    }
     if prompt.len() >= engine.n_ctx() {
         bail!(
             "the prompt is {} tokens, longer than the context of {} (raise -c/--ctx-size)",

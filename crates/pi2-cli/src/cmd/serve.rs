@@ -1,7 +1,7 @@
 //! `pi2 serve`: the OpenAI-compatible server (pi2-server) over a session built by the runtime.
 
 use crate::args::{DraftArgs, DraftSource, ModelArgs};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 
 #[derive(Args)]
@@ -64,6 +64,9 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> Result<()> {
     a.draft.drafter()?; // checks the lengths
+    if a.draft.draft_model.is_some() {
+        bail!("`serve` does not take --draft-model yet (its slots draft with --draft lookup); use `pi2 run --draft-model`");
+    }
     let (path, mut opts) = super::session_model(&a.model, &a.session, "serve")?;
     // Any request may check a draft: every engine's logit rows (and a budget) hold one.
     opts.engine.logit_rows = a.draft.draft_max + 1;

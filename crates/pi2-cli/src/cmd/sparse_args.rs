@@ -171,7 +171,7 @@ impl OffloadArgs {
 
 /// What a session is built from beyond the model and threads: sparsity, offloading, a plan
 /// (`run`, `chat`, `serve`).
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct SessionArgs {
     #[command(flatten)]
     pub sparse: SparseArgs,
