@@ -1,72 +1,57 @@
 #!/usr/bin/env python3
 """The cost of constrained decoding: `pi2 run` decode time per token with and without a JSON
-schema (same model, prompt, threads), interleaved rounds; writes
-docs/measurements/constrained-decoding-<model>.json.
+schema (same model, prompt, threads, greedy), in interleaved rounds.
 
-    python3 bench/constrained_decoding.py --model models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
+    python3 bench/constrained_decoding.py [--model qwen2.5-coder-0.5b] [--tokens 128] [--rounds 5]
+
+The schema (shop items with names, prices and tags) never completes within the tokens asked, so
+both runs generate the same number. Writes docs/measurements/constrained-decoding-NAME.json.
 """
+import argparse, json, re, subprocess, sys
+from pathlib import Path
 
-import argparse
-import json
-import pathlib
-import platform
-import statistics
-import subprocess
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pi2bench  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCHEMA = {"type": "object",
           "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {
-              "name": {"type": "string"}, "price": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}},
+              "name": {"type": "string"}, "price": {"type": "number"},
+              "tags": {"type": "array", "items": {"type": "string"}}},
               "required": ["name", "price", "tags"]}}},
           "required": ["items"]}
 PROMPT = "<|im_start|>user\nList twenty shop items with prices and tags as JSON.<|im_end|>\n<|im_start|>assistant\n"
 
 
-def cpu():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def run(pi2, model, threads, n, schema):
-    args = [pi2, "run", "-m", model, "-p", PROMPT, "-n", str(n), "-t", str(threads), "--temp", "0", "--json"]
-    if schema:
-        args += ["--json-schema", json.dumps(SCHEMA)]
-    out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
-    t = out["timings"]
-    return {"tokens": t["predicted_n"], "ms_per_token": t["predicted_ms"] / max(t["predicted_n"], 1)}
+def ms_per_token(model, threads, n, schema):
+    extra = ["--json-schema", json.dumps(SCHEMA)] if schema else []
+    out = subprocess.run([pi2bench.pi2(), "run", "-m", model, "-p", PROMPT, "-n", str(n), "-t", str(threads),
+                          "--temp", "0", "--json", *extra], check=True, capture_output=True, text=True).stdout
+    t = json.loads(out)["timings"]
+    assert t["predicted_n"] == n, f"{t['predicted_n']} tokens of {n}: the grammar completed early"
+    return t["predicted_ms"] / t["predicted_n"]
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--name")
     a = ap.parse_args()
-    pi2 = str(ROOT / "target/release/pi2")
-    rounds = []
-    for _ in range(a.rounds):
-        rounds.append({"plain": run(pi2, a.model, a.threads, a.tokens, False),
-                       "json_schema": run(pi2, a.model, a.threads, a.tokens, True)})
-    plain = statistics.median(r["plain"]["ms_per_token"] for r in rounds)
-    held = statistics.median(r["json_schema"]["ms_per_token"] for r in rounds)
-    result = {
-        "machine": {"cpu": cpu(), "threads": a.threads},
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
-        "model": pathlib.Path(a.model).name,
-        "command": f"python3 bench/constrained_decoding.py --model {a.model} --threads {a.threads} --tokens {a.tokens} --rounds {a.rounds}",
-        "rounds": rounds,
-        "median_ms_per_token": {"plain": plain, "json_schema": held},
-        "overhead": held / plain - 1,
-    }
-    stem = pathlib.Path(a.model).stem
-    base, _, quant = stem.rpartition(".")
-    name = (base if quant[:1] in ("Q", "q") else stem).lower().replace("-instruct", "")
-    out = ROOT / "docs/measurements" / f"constrained-decoding-{name}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["median_ms_per_token"]), f"overhead {result['overhead']:+.1%}", "->", out)
+    model = pi2bench.model_path(a.model)
+    runs = pi2bench.interleaved(a.rounds, {
+        "plain": lambda: ms_per_token(model, a.threads, a.tokens, False),
+        "json_schema": lambda: ms_per_token(model, a.threads, a.tokens, True),
+    })
+    summary = {k: pi2bench.spread(v) for k, v in runs.items()}
+    overhead = summary["json_schema"]["median"] / summary["plain"]["median"] - 1
+    data = {"model": Path(model).name, "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds,
+            "schema": SCHEMA, "unit": "ms per generated token", "runs": runs, "summary": summary,
+            "overhead": overhead}
+    name = a.name or "constrained-decoding-" + re.sub(r"[^a-z0-9.]+", "-", Path(model).stem.lower().split("-instruct")[0])
+    pi2bench.write(name, data, plot=False)
+    print(json.dumps({"summary": summary, "overhead": overhead}, indent=1))
 
 
 if __name__ == "__main__":
