@@ -350,9 +350,10 @@ fn serve_refuses_unusable_options_in_one_line() {
         &["serve", "-m", &m(), "--cors-origin", "evil"],
         "--cors-origin",
     );
+    let qwen = root().join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
     common::fails_with(
-        &["serve", "-m", &m(), "--draft-model", &m()],
-        "does not take --draft-model yet",
+        &["serve", "-m", &m(), "--draft-model", qwen.to_str().unwrap()],
+        "needs the same vocabulary",
     );
     // An address that is not this machine's is not blamed on another server.
     common::fails_with(
@@ -487,6 +488,37 @@ fn requests_may_decode_with_prompt_lookup_drafts() {
     let bad = ask("wizard");
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert_eq!(bad.json()["error"]["param"], "draft");
+    // `model` needs a server with a draft model.
+    let no_model = ask("model");
+    assert_eq!(no_model.status, 400, "{}", no_model.body);
+    assert!(no_model.body.contains("--draft-model"), "{}", no_model.body);
+}
+
+/// `serve --draft-model`: requests draft with it by default (the model as its own draft keeps
+/// every draft), give the same greedy text as without drafts, and may say `"draft": "none"`.
+#[test]
+fn a_server_with_a_draft_model_drafts_with_it() {
+    let s = Server::start(&["-c", "512", "--draft-model", &m()]);
+    let ask = |draft: Option<&str>| {
+        let mut body =
+            json!({"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0});
+        if let Some(d) = draft {
+            body["draft"] = d.into();
+        }
+        post(&s.addr, "/v1/completions", &body).json()
+    };
+    let drafted = ask(None);
+    let plain = ask(Some("none"));
+    assert_eq!(plain["choices"][0]["text"], drafted["choices"][0]["text"]);
+    let t = &drafted["timings"];
+    assert!(t["draft_n"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["draft_n"], t["draft_n_accepted"], "{t}");
+    assert_eq!(plain["timings"]["draft_n"], 0);
+    let props = http(&s.addr, "GET", "/props", &[], b"").json();
+    assert_eq!(
+        props["default_generation_settings"]["params"]["draft"], "model",
+        "{props}"
+    );
 }
 
 #[test]

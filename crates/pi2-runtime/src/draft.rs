@@ -4,7 +4,7 @@
 
 use crate::error::{Result, RuntimeError};
 use crate::options::parse_size;
-use pi2_engine::EngineConfig;
+use pi2_engine::{Engine, EngineConfig, ModelDraft};
 use pi2_model::Model;
 
 /// Bytes a draft model takes beside the session: its file (mapped, and read on every drafted
@@ -29,6 +29,32 @@ pub fn budget_less(budget: &str, file_bytes: u64, reserved: u64) -> Result<Strin
                 bytes as f64 / (1 << 20) as f64
             ),
         )),
+    }
+}
+
+/// The draft model's drafter beside `target`: an engine with `base`'s settings at the target's
+/// context and threads; under a budget (`budget`) its weights stay in the mapping (no packed
+/// copy beside them, which [`footprint`] does not count).
+pub fn engine<'m>(
+    draft: &'m Model,
+    base: &EngineConfig,
+    target: &Engine<'_>,
+    budget: bool,
+) -> Result<ModelDraft<'m>> {
+    let mut cfg = base.clone();
+    cfg.n_ctx = target.n_ctx();
+    cfg.threads = target.threads();
+    if budget {
+        cfg.repack = false;
+    }
+    Ok(ModelDraft::new(Engine::new(draft, &cfg)?, 512))
+}
+
+/// `draft` checked against `target`'s vocabulary (refused in one line when they differ).
+pub fn check(target: &Model, draft: &Model) -> Result<()> {
+    match pi2_engine::vocabulary_mismatch(target, draft) {
+        Some(why) => Err(RuntimeError::option("--draft-model", why)),
+        None => Ok(()),
     }
 }
 

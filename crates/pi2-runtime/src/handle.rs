@@ -293,18 +293,21 @@ pub fn generate_text(
     req: &TextRequest,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<TextOutcome> {
-    generate_pieces(engine, cached, n_batch, prompt, req, &mut |p| {
+    generate_pieces(engine, cached, n_batch, prompt, req, None, &mut |p| {
         p.text.is_empty() || on_text(p.text)
     })
 }
 
 /// [`generate_text`] passing [`Piece`]s: the text with the log probabilities of its tokens.
+/// With `req.draft_max` > 0 drafts come from `drafter` (a draft model's, say), or without one
+/// from prompt lookup.
 pub fn generate_pieces(
     engine: &mut Engine<'_>,
     cached: &mut Vec<TokenId>,
     n_batch: usize,
     prompt: &[TokenId],
     req: &TextRequest,
+    drafter: Option<&mut dyn pi2_engine::Drafter>,
     on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
 ) -> Result<TextOutcome> {
     if prompt.is_empty() {
@@ -376,7 +379,11 @@ pub fn generate_pieces(
         },
     };
     let mut lookup = Lookup::default();
-    let drafter = (draft_max > 0).then_some(&mut lookup as &mut dyn pi2_engine::Drafter);
+    let drafter: Option<&mut dyn pi2_engine::Drafter> = match (draft_max > 0, drafter) {
+        (false, _) => None,
+        (true, Some(d)) => Some(d),
+        (true, None) => Some(&mut lookup),
+    };
     let mut cancelled = false;
     let generation = generate_scored(
         engine,

@@ -246,17 +246,28 @@ impl CompletionRequest {
             .collect()
     }
 
-    /// Whether this request decodes with prompt-lookup drafts (`default`: the server's).
-    pub fn drafts(&self, default: bool) -> Result<bool, ApiError> {
-        match self.draft.as_deref() {
-            None => Ok(default),
-            Some("lookup") => Ok(true),
-            Some("none") => Ok(false),
-            Some(other) => Err(ApiError::bad(format!(
-                "`draft` is `lookup` or `none`, not `{other}`"
-            ))
-            .param("draft")),
-        }
+    /// How this request drafts: its `draft` field, else the server's `default`; `model` needs
+    /// a server started with `--draft-model` (`has_model`).
+    pub fn drafts(&self, default: Drafts, has_model: bool) -> Result<Drafts, ApiError> {
+        let d = match self.draft.as_deref() {
+            None => default,
+            Some("none") => Drafts::None,
+            Some("lookup") => Drafts::Lookup,
+            Some("model") if has_model => Drafts::Model,
+            Some("model") => {
+                return Err(ApiError::bad(
+                    "`draft`: `model` needs a server started with --draft-model",
+                )
+                .param("draft"))
+            }
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "`draft` is `lookup`, `model` or `none`, not `{other}`"
+                ))
+                .param("draft"))
+            }
+        };
+        Ok(d)
     }
 
     /// The completion prompt's text.
@@ -342,6 +353,27 @@ impl CompletionRequest {
 
     pub fn streams(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+}
+
+/// Where a request's drafts come from (speculative decoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drafts {
+    /// One token per forward pass.
+    None,
+    /// Prompt lookup: n-grams of the context.
+    Lookup,
+    /// The server's draft model.
+    Model,
+}
+
+impl Drafts {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Drafts::None => "none",
+            Drafts::Lookup => "lookup",
+            Drafts::Model => "model",
+        }
     }
 }
 

@@ -133,6 +133,7 @@ async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiEr
         stops: Vec::new(),
         ignore_eos: false,
         stream: false,
+        drafts: crate::api::Drafts::None,
         draft_max: 0,
         grammar: None,
         logprobs: None,

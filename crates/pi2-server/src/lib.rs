@@ -22,6 +22,7 @@ pub mod slots;
 pub mod tokens;
 pub mod tools;
 
+pub use api::Drafts;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,8 +54,11 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// The one origin browsers may call the API from (`*` for any); no CORS headers without.
     pub cors_origin: Option<String>,
-    /// Requests decode with prompt-lookup drafts unless they say `"draft": "none"`.
-    pub draft: bool,
+    /// How requests draft unless they say (`"draft": "none"`, `"lookup"` or `"model"`).
+    pub draft: Drafts,
+    /// A draft model with the model's vocabulary (`--draft-model`): each slot drafts with it on
+    /// an engine of its own.
+    pub draft_model: Option<&'static pi2_model::Model>,
     /// The longest draft a request checks (the engines' logit rows must hold it and one more).
     pub draft_max: usize,
     /// A chat longer than the context drops its oldest messages (else: 400).
@@ -78,7 +82,8 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(15),
             body_timeout: Duration::from_secs(30),
             cors_origin: None,
-            draft: false,
+            draft: Drafts::None,
+            draft_model: None,
             draft_max: 16,
             context_shift: false,
             pooling: Default::default(),
@@ -202,6 +207,7 @@ pub fn serve(
     let metrics = Arc::new(metrics::Metrics::new(cfg.parallel));
     let (queue, n_ctx) = slots::start(
         prepared,
+        cfg.draft_model,
         cfg.parallel,
         cfg.queue,
         cfg.n_batch,
@@ -217,6 +223,7 @@ pub fn serve(
     );
     state.max_body = cfg.max_body;
     state.draft = cfg.draft;
+    state.draft_model = cfg.draft_model.is_some();
     state.draft_max = cfg.draft_max;
     state.slots = cfg.parallel;
     state.context_shift = cfg.context_shift;

@@ -34,8 +34,10 @@ pub struct AppState {
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub api_key: Option<String>,
-    /// Whether requests decode with prompt-lookup drafts unless they say, and the longest draft.
-    pub draft: bool,
+    /// How requests draft unless they say, whether a draft model is loaded, and the longest
+    /// draft.
+    pub draft: crate::api::Drafts,
+    pub draft_model: bool,
     pub draft_max: usize,
     /// The largest body read, and how long it may take to arrive.
     pub max_body: usize,
@@ -69,7 +71,8 @@ impl AppState {
             queue,
             metrics,
             api_key,
-            draft: false,
+            draft: crate::api::Drafts::None,
+            draft_model: false,
             draft_max: 16,
             max_body: 2 << 20,
             body_timeout: std::time::Duration::from_secs(30),
@@ -297,7 +300,8 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         stops: req.stops()?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         stream: req.streams(),
-        draft_max: if req.drafts(s.draft)? { s.draft_max } else { 0 },
+        drafts: req.drafts(s.draft, s.draft_model)?,
+        draft_max: s.draft_max,
         grammar,
         logprobs,
         embed: None,

@@ -5,7 +5,7 @@
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
 use crate::sched::Scheduler;
-use pi2_engine::{Engine, SamplerConfig, TokenLogprob};
+use pi2_engine::{Drafter, Engine, ModelDraft, SamplerConfig, TokenLogprob};
 use pi2_grammar::Grammar;
 use pi2_model::TokenId;
 use pi2_runtime::handle::{generate_pieces, Finish as RunFinish, TextRequest};
@@ -37,7 +37,8 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Send text as it comes (else once, at the end: no wake-up of the HTTP side per token).
     pub stream: bool,
-    /// Speculative decoding with prompt lookup, drafts of up to this many tokens (0: none).
+    /// Where drafts come from, and the longest one checked.
+    pub drafts: crate::api::Drafts,
     pub draft_max: usize,
     /// The output follows this grammar.
     pub grammar: Option<Arc<Grammar>>,
@@ -78,10 +79,11 @@ impl Queue {
 }
 
 /// Starts `parallel` slots over `prepared`, each with its own engine (made on the slot's
-/// thread), behind a queue of `queue` jobs. Returns once every engine is ready, or the first
+/// thread; with `draft_model`, a draft engine beside it), behind a queue of `queue` jobs. Returns once every engine is ready, or the first
 /// error making one; with the queue comes the engines' context size.
 pub fn start(
     prepared: &'static Prepared<'static>,
+    draft_model: Option<&'static pi2_model::Model>,
     parallel: usize,
     queue: usize,
     n_batch: usize,
@@ -95,12 +97,13 @@ pub fn start(
         let metrics = metrics.clone();
         std::thread::Builder::new()
             .name(format!("pi2-slot-{id}"))
-            .spawn(move || match prepared.engine_within_budget(n_batch) {
-                Ok((engine, n_batch)) => {
+            .spawn(move || match slot_engines(prepared, draft_model, n_batch) {
+                Ok((engine, draft, n_batch)) => {
                     let _ = ready.send(Ok(engine.n_ctx()));
                     Slot {
                         id,
                         engine,
+                        draft,
                         cached: Vec::new(),
                         n_batch,
                         metrics,
@@ -130,9 +133,33 @@ pub fn start(
     Ok((Queue { sched }, n_ctx))
 }
 
+/// A slot's engine, its draft model's (if any), and the prompt batch they hold.
+fn slot_engines(
+    prepared: &'static Prepared<'static>,
+    draft_model: Option<&'static pi2_model::Model>,
+    n_batch: usize,
+) -> Result<(Engine<'static>, Option<ModelDraft<'static>>, usize), pi2_runtime::RuntimeError> {
+    let (engine, n_batch) = prepared.engine_within_budget(n_batch)?;
+    let draft = match draft_model {
+        Some(dm) => {
+            let base = prepared.engine_config()?;
+            Some(pi2_runtime::draft::engine(
+                dm,
+                &base,
+                &engine,
+                prepared.offloads(),
+            )?)
+        }
+        None => None,
+    };
+    Ok((engine, draft, n_batch))
+}
+
 struct Slot<'p> {
     id: usize,
     engine: Engine<'p>,
+    /// The draft model's engine (`--draft-model`).
+    draft: Option<ModelDraft<'p>>,
     /// The tokens the engine's KV cache holds.
     cached: Vec<TokenId>,
     n_batch: usize,
@@ -190,7 +217,10 @@ impl Slot<'_> {
             max_tokens: job.max_tokens,
             stops: job.stops.clone(),
             ignore_eos: job.ignore_eos,
-            draft_max: job.draft_max,
+            draft_max: match job.drafts {
+                crate::api::Drafts::None => 0,
+                _ => job.draft_max,
+            },
             grammar: job.grammar.clone(),
             logprobs: job.logprobs,
         };
@@ -200,6 +230,10 @@ impl Slot<'_> {
             self.n_batch,
             &job.prompt,
             &req,
+            match (job.drafts, &mut self.draft) {
+                (crate::api::Drafts::Model, Some(d)) => Some(d as &mut dyn Drafter),
+                _ => None,
+            },
             &mut |piece| {
                 let sent = match job.stream {
                     true => events

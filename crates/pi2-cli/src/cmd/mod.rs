@@ -281,9 +281,7 @@ pub fn draft_model(d: &crate::args::DraftArgs, target: &ModelArgs) -> Result<Opt
     };
     let draft = pi2_runtime::load_model(&fetch::resolve(Some(spec))?)?;
     let target = pi2_runtime::load_model(&model_path(target)?)?;
-    if let Some(why) = pi2_engine::vocabulary_mismatch(&target, &draft) {
-        anyhow::bail!("--draft-model {}: {why}", spec.display());
-    }
+    pi2_runtime::draft::check(&target, &draft)?;
     Ok(Some(draft))
 }
 
@@ -296,8 +294,9 @@ pub fn session_beside_draft(
     draft: &Model,
     prompt: &str,
     n_predict: i64,
+    command: &str,
 ) -> Result<sparse_args::SessionArgs> {
-    let Some(budget) = session.offload.one_budget("run")? else {
+    let Some(budget) = session.offload.one_budget(command)? else {
         return Ok(session.clone());
     };
     let mut cfg = engine_config(a)?;
@@ -312,23 +311,4 @@ pub fn session_beside_draft(
     let mut out = session.clone();
     out.offload.mem_budget = vec![pi2_runtime::draft::budget_less(&budget, file, reserved)?];
     Ok(out)
-}
-
-/// The draft model's engine beside `target`'s: the same context and threads; under a budget
-/// its weights stay in the mapping (no packed copy beside them).
-pub fn draft_engine<'m>(
-    draft: &'m Model,
-    a: &ModelArgs,
-    target: &Engine<'_>,
-    budget: bool,
-) -> Result<pi2_engine::ModelDraft<'m>> {
-    let mut cfg = engine_config(a)?;
-    cfg.n_ctx = target.n_ctx();
-    cfg.threads = target.threads();
-    if budget {
-        cfg.repack = false;
-    }
-    let engine = Engine::new(draft, &cfg)
-        .with_context(|| "cannot start the draft model's engine".to_string())?;
-    Ok(pi2_engine::ModelDraft::new(engine, 512))
 }

@@ -62,7 +62,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     let draft_model = super::draft_model(&a.draft, &a.model)?;
     let mut drafter: Option<(Box<dyn pi2_engine::Drafter + '_>, _)> = a.draft.drafter()?;
     let session = match &draft_model {
-        Some(dm) => super::session_beside_draft(&a.model, &a.session, dm, &user_text, a.n_predict)?,
+        Some(dm) => {
+            super::session_beside_draft(&a.model, &a.session, dm, &user_text, a.n_predict, "run")?
+        }
         None => a.session.clone(),
     };
     let (path, mut opts) = super::session_model(&a.model, &session, "run")?;
@@ -124,12 +126,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     cfg.n_batch = n_batch;
     if let (Some(dm), Some((d, _))) = (&draft_model, &mut drafter) {
-        *d = Box::new(super::draft_engine(
-            dm,
-            &a.model,
-            &engine,
-            opts.mem_budget.is_some(),
-        )?);
+        let base = super::engine_config(&a.model)?;
+        let budget = opts.mem_budget.is_some();
+        *d = Box::new(pi2_runtime::draft::engine(dm, &base, &engine, budget)?);
     }
     if prompt.len() >= engine.n_ctx() {
         bail!(

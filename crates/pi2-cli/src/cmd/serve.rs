@@ -1,7 +1,7 @@
 //! `pi2 serve`: the OpenAI-compatible server (pi2-server) over a session built by the runtime.
 
 use crate::args::{DraftArgs, DraftSource, ModelArgs};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 
 #[derive(Args)]
@@ -63,11 +63,15 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    a.draft.drafter()?; // checks the lengths
-    if a.draft.draft_model.is_some() {
-        bail!("`serve` does not take --draft-model yet (its slots draft with --draft lookup); use `pi2 run --draft-model`");
-    }
-    let (path, mut opts) = super::session_model(&a.model, &a.session, "serve")?;
+    a.draft.drafter()?; // checks the lengths and sources
+                        // The draft model lives as long as the server; its memory comes out of the budget first.
+    let draft_model: Option<&'static _> =
+        super::draft_model(&a.draft, &a.model)?.map(|m| &*Box::leak(Box::new(m)));
+    let session = match draft_model {
+        Some(dm) => super::session_beside_draft(&a.model, &a.session, dm, "", -1, "serve")?,
+        None => a.session.clone(),
+    };
+    let (path, mut opts) = super::session_model(&a.model, &session, "serve")?;
     // Any request may check a draft: every engine's logit rows (and a budget) hold one.
     opts.engine.logit_rows = a.draft.draft_max + 1;
     pi2_server::place_slots(&mut opts.engine, a.parallel);
@@ -98,7 +102,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
         body_timeout: seconds("--body-timeout", a.body_timeout)?,
         cors_origin: a.cors_origin.clone(),
-        draft: a.draft.draft == DraftSource::Lookup,
+        draft: match (a.draft.draft, draft_model) {
+            (DraftSource::Lookup, _) => pi2_server::Drafts::Lookup,
+            (DraftSource::None, Some(_)) => pi2_server::Drafts::Model,
+            (DraftSource::None, None) => pi2_server::Drafts::None,
+        },
+        draft_model,
         draft_max: a.draft.draft_max,
         context_shift: a.context_shift,
         pooling: a.pooling,
