@@ -102,3 +102,34 @@ fn a_draft_model_gives_the_same_greedy_text() {
         "leaves nothing for the model",
     );
 }
+
+/// `chat` drafts too: the same replies with a draft model or prompt lookup as without drafts.
+#[test]
+fn chat_replies_are_the_same_with_drafts() {
+    let model = m();
+    let chat = |extra: &[&str]| {
+        let mut args = vec![
+            "chat",
+            "-m",
+            model.as_str(),
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "-t",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        let out = common::pi2_with_stdin(&args, b"What is the capital of France?\nAnd of Italy?\n");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plain = chat(&[]);
+    assert!(plain.lines().count() >= 2, "{plain}");
+    assert_eq!(chat(&["--draft-model", &model]), plain);
+    assert_eq!(chat(&["--draft", "lookup"]), plain);
+}

@@ -4,10 +4,10 @@
 //! keeps the conversation; commands start with `/` (`/help`).
 
 use super::sampler;
-use crate::args::{ModelArgs, SampleArgs};
+use crate::args::{DraftArgs, ModelArgs, SampleArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pi2_engine::{generate, GenerateConfig, StopReason};
+use pi2_engine::{generate_drafted, GenerateConfig, StopReason};
 use pi2_model::Message;
 use pi2_runtime::text::Utf8Stream;
 use std::io::{BufRead, IsTerminal, Write};
@@ -21,6 +21,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// System prompt
     #[arg(long = "system")]
     pub system: Option<String>,
@@ -206,13 +208,32 @@ fn command(line: &str, conv: &mut Conversation) -> Action {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let (path, opts) = super::session_model(&a.model, &a.session, "chat")?;
+    let draft_model = super::draft_model(&a.draft, &a.model)?;
+    let mut drafter: Option<(Box<dyn pi2_engine::Drafter + '_>, _)> = a.draft.drafter()?;
+    let session = match &draft_model {
+        Some(dm) => super::session_beside_draft(&a.model, &a.session, dm, "", -1, "chat")?,
+        None => a.session.clone(),
+    };
+    let (path, mut opts) = super::session_model(&a.model, &session, "chat")?;
+    if let Some((_, d)) = &drafter {
+        // A checked draft returns a row of logits per token: the budget holds them.
+        opts.engine.logit_rows = d.max + 1;
+    }
     let model = pi2_runtime::load_model(&path)?;
     let template = model.chat_template()?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens (fewer where a memory
     // budget cannot hold the buffers of such batches): buffers for those.
     let (mut engine, n_batch) = prepared.engine_within_budget(GenerateConfig::default().n_batch)?;
+    let checked = drafter.as_ref().map_or(1, |(_, d)| d.max + 1);
+    if n_batch < checked {
+        bail!("--mem-budget leaves room for batches of {n_batch} tokens, fewer than a draft of --draft-max {} and its token: lower --draft-max or raise the budget", checked - 1);
+    }
+    if let (Some(dm), Some((d, _))) = (&draft_model, &mut drafter) {
+        let base = super::engine_config(&a.model)?;
+        let budget = opts.mem_budget.is_some();
+        *d = Box::new(pi2_runtime::draft::engine(dm, &base, &engine, budget)?);
+    }
     let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
     let tok = &model.tokenizer;
     let mut conv = Conversation {
@@ -223,7 +244,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         max_tokens: Some(a.n_predict),
         ignore_eos: false,
         n_batch,
-        ..Default::default()
+        draft: drafter.as_ref().map_or_else(Default::default, |(_, d)| *d),
     };
     // Ctrl-C stops the reply being written; a second one while nothing stops it ends pi2.
     let stop = Arc::new(AtomicBool::new(false));
@@ -275,12 +296,15 @@ pub fn run(a: ChatArgs) -> Result<()> {
             continue;
         }
         let mut stream = Utf8Stream::default();
-        let g = generate(
+        let g = generate_drafted(
             &mut engine,
             &mut sampler,
             &mut cached,
             &prompt,
             &cfg,
+            drafter
+                .as_mut()
+                .map(|(d, _)| d.as_mut() as &mut dyn pi2_engine::Drafter),
             |id| {
                 let _ = write!(out, "{}", stream.push(&tok.token_bytes(id, false)));
                 let _ = out.flush();
