@@ -69,8 +69,9 @@ pub fn converted(
     notice: impl FnOnce(&Path),
     progress: pipeline::Progress<'_>,
 ) -> Result<Conversion> {
-    let model = Model::load(source)?;
-    if is_converted(&model) {
+    // One parsed model at a time: a large vocabulary's tokenizer is tens of MiB, and under a
+    // tight memory cap two of them at once thrash the page cache instead of finishing.
+    if is_converted(&Model::load(source)?) {
         return Ok(Conversion {
             path: source.to_path_buf(),
             made: false,
@@ -81,6 +82,7 @@ pub fn converted(
     if path.exists() && Model::load(&path).is_ok_and(|m| is_converted(&m)) {
         return Ok(Conversion { path, made: false });
     }
+    let model = Model::load(source)?;
     let dir = path.parent().expect("the cache path has a folder");
     std::fs::create_dir_all(dir).map_err(|e| RuntimeError::Io {
         path: dir.display().to_string(),
