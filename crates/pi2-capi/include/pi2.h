@@ -44,6 +44,17 @@ typedef enum {
   PI2_FINISH_CANCELLED = 3,
 } pi2_finish;
 
+// How `pi2_embed` pools the token states into one vector (passed as its number: any other
+// value is `PI2_ERR_INVALID_ARGUMENT`).
+typedef enum {
+  // The mean over the tokens (llama.cpp's default).
+  PI2_POOLING_MEAN = 0,
+  // The first token's state.
+  PI2_POOLING_CLS = 1,
+  // The last token's state.
+  PI2_POOLING_LAST = 2,
+} pi2_pooling;
+
 // An open model (opaque). Made by `pi2_model_open`, closed by `pi2_model_free`.
 typedef struct pi2_model pi2_model;
 
@@ -114,6 +125,11 @@ typedef struct {
   // Speculative decoding with drafts from the context (prompt lookup) of up to this many
   // tokens; 0 for plain decoding. The output is the same either way.
   uint32_t draft_max;
+  // The output follows this GBNF grammar (llama.cpp's format); NULL for none.
+  const char *grammar;
+  // The output is JSON valid against this JSON schema (`{}`: any object); NULL for none. At
+  // most one of `grammar` and `json_schema`.
+  const char *json_schema;
 } pi2_generate_options;
 
 // Called with each piece of generated text (whole UTF-8 characters, NUL-terminated, `length`
@@ -267,6 +283,22 @@ pi2_status pi2_chat_generate(pi2_session *session,
 // # Safety
 // `out_stats` is a valid place to write.
 pi2_status pi2_session_stats(pi2_session *session, pi2_stats *out_stats);
+
+// The embedding of `text` (the model's final hidden states pooled as `pooling`, a
+// `pi2_pooling`, and L2-normalized) into
+// `embedding` (room for `capacity` floats); `*n_embd` gets its length, also when the room is
+// too small (`PI2_ERR_BUFFER_TOO_SMALL`). The session's conversation is forgotten (the
+// evaluation takes its KV cache). One thread at a time per session.
+//
+// # Safety
+// `text` is NUL-terminated; `embedding` is NULL or holds `capacity` floats; `n_embd` is a
+// valid place to write.
+pi2_status pi2_embed(pi2_session *session,
+                     const char *text,
+                     uint32_t pooling,
+                     float *embedding,
+                     size_t capacity,
+                     size_t *n_embd);
 
 #ifdef __cplusplus
 }  // extern "C"

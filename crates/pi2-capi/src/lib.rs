@@ -81,6 +81,7 @@ impl From<pi2_runtime::RuntimeError> for CapiError {
         use pi2_runtime::RuntimeError as R;
         let status = match &e {
             R::Option { .. } => pi2_status::PI2_ERR_OPTION,
+            R::Grammar(_) => pi2_status::PI2_ERR_INVALID_ARGUMENT,
             R::Engine(_) => pi2_status::PI2_ERR_GENERATION,
             _ => pi2_status::PI2_ERR_MODEL,
         };

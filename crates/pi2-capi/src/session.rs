@@ -58,6 +58,11 @@ pub struct pi2_generate_options {
     /// Speculative decoding with drafts from the context (prompt lookup) of up to this many
     /// tokens; 0 for plain decoding. The output is the same either way.
     pub draft_max: u32,
+    /// The output follows this GBNF grammar (llama.cpp's format); NULL for none.
+    pub grammar: *const c_char,
+    /// The output is JSON valid against this JSON schema (`{}`: any object); NULL for none. At
+    /// most one of `grammar` and `json_schema`.
+    pub json_schema: *const c_char,
 }
 
 /// How the last generation ended.
@@ -125,10 +130,44 @@ pub extern "C" fn pi2_generate_options_default() -> pi2_generate_options {
         ignore_eos: false,
         parse_special: true,
         draft_max: 0,
+        grammar: std::ptr::null(),
+        json_schema: std::ptr::null(),
     }
 }
 
 impl pi2_generate_options {
+    /// The grammar asked for, compiled for `model`.
+    ///
+    /// # Safety
+    /// `grammar` and `json_schema` are NULL or NUL-terminated.
+    unsafe fn grammar(
+        &self,
+        model: &pi2_runtime::handle::LoadedModel,
+    ) -> Result<Option<std::sync::Arc<pi2_grammar::Grammar>>> {
+        use pi2_grammar::GrammarSpec;
+        let spec = match (self.grammar.is_null(), self.json_schema.is_null()) {
+            (true, true) => return Ok(None),
+            (false, false) => {
+                return Err(CapiError::arg(
+                    "grammar and json_schema both constrain the output: set one",
+                ))
+            }
+            // SAFETY: NUL-terminated, by the caller's contract.
+            (false, true) => GrammarSpec::Gbnf(unsafe { text(self.grammar, "grammar") }?.into()),
+            (true, false) => {
+                // SAFETY: NUL-terminated, by the caller's contract.
+                let s = unsafe { text(self.json_schema, "json_schema") }?;
+                let v: serde_json::Value = serde_json::from_str(s)
+                    .map_err(|e| CapiError::arg(format!("json_schema is not JSON: {e}")))?;
+                match v.as_object().is_some_and(|o| o.is_empty()) {
+                    true => GrammarSpec::JsonObject,
+                    false => GrammarSpec::JsonSchema(v),
+                }
+            }
+        };
+        Ok(Some(model.grammar(&spec)?))
+    }
+
     /// # Safety
     /// `stops` is NULL or holds `n_stops` NUL-terminated strings; the logit bias arrays are
     /// NULL or hold `n_logit_bias` values each.
@@ -342,8 +381,10 @@ unsafe fn run(
     callback: pi2_text_callback,
     user_data: *mut c_void,
 ) -> Result<()> {
-    // SAFETY: the caller's contract on `stops`.
-    let req = unsafe { o.request() }?;
+    // SAFETY: the caller's contract on `stops` and the grammar strings.
+    let mut req = unsafe { o.request() }?;
+    // SAFETY: as above.
+    req.grammar = unsafe { o.grammar(s.model()) }?;
     let mut on_text = |t: &str| match callback {
         None => true,
         Some(cb) => {
@@ -393,6 +434,70 @@ pub unsafe extern "C" fn pi2_session_stats(
                 accepted: st.accepted as u64,
                 finish: *h.finish.lock().unwrap_or_else(|e| e.into_inner()),
             };
+            Ok(())
+        })
+    })
+}
+
+/// How `pi2_embed` pools the token states into one vector (passed as its number: any other
+/// value is `PI2_ERR_INVALID_ARGUMENT`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum pi2_pooling {
+    /// The mean over the tokens (llama.cpp's default).
+    PI2_POOLING_MEAN = 0,
+    /// The first token's state.
+    PI2_POOLING_CLS = 1,
+    /// The last token's state.
+    PI2_POOLING_LAST = 2,
+}
+
+/// The embedding of `text` (the model's final hidden states pooled as `pooling`, a
+/// `pi2_pooling`, and L2-normalized) into
+/// `embedding` (room for `capacity` floats); `*n_embd` gets its length, also when the room is
+/// too small (`PI2_ERR_BUFFER_TOO_SMALL`). The session's conversation is forgotten (the
+/// evaluation takes its KV cache). One thread at a time per session.
+///
+/// # Safety
+/// `text` is NUL-terminated; `embedding` is NULL or holds `capacity` floats; `n_embd` is a
+/// valid place to write.
+#[no_mangle]
+pub unsafe extern "C" fn pi2_embed(
+    session: *mut pi2_session,
+    text: *const c_char,
+    pooling: u32,
+    embedding: *mut f32,
+    capacity: usize,
+    n_embd: *mut usize,
+) -> pi2_status {
+    call(|| {
+        // SAFETY: the caller's contract.
+        let n = unsafe { out(n_embd, "n_embd") }?;
+        // SAFETY: the caller's contract.
+        let t = unsafe { crate::text(text, "text") }?;
+        let pooling = match pooling {
+            p if p == pi2_pooling::PI2_POOLING_MEAN as u32 => pi2_runtime::embed::Pooling::Mean,
+            p if p == pi2_pooling::PI2_POOLING_CLS as u32 => pi2_runtime::embed::Pooling::Cls,
+            p if p == pi2_pooling::PI2_POOLING_LAST as u32 => pi2_runtime::embed::Pooling::Last,
+            other => {
+                return Err(CapiError::arg(format!(
+                    "pooling is {other}: pass PI2_POOLING_MEAN, PI2_POOLING_CLS or PI2_POOLING_LAST"
+                )))
+            }
+        };
+        with_session(session, |s, _| {
+            let d = s.model().model().config.n_embd;
+            *n = d;
+            if embedding.is_null() || capacity < d {
+                return Err(CapiError::new(
+                    pi2_status::PI2_ERR_BUFFER_TOO_SMALL,
+                    format!("embeddings of this model have {d} floats: pass room for them"),
+                ));
+            }
+            let ids = s.model().model().tokenizer.encode(t, true, false);
+            let v = s.embed(&ids, pooling)?;
+            // SAFETY: `embedding` holds `capacity` >= d floats.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), embedding, d) };
             Ok(())
         })
     })
