@@ -1,6 +1,7 @@
 //! What an engine did, as JSON: the sparse FFN's fractions, the clustered head's rows and
-//! fidelity, the offload's reads and budget, and bytes read per token by part. `run --json`,
-//! `bench -o json` and the server's metrics print these.
+//! fidelity, the offload's reads and budget, and bytes read per token by part; and a whole
+//! generation's report (`run --json`). `run --json`, `bench -o json` and the server's metrics
+//! print these.
 
 use pi2_engine::{Engine, HeadStats, Offload, SparseStats};
 use serde_json::{json, Value};
@@ -115,4 +116,63 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// `pi2 run --json`'s object: ids, text, llama-server style timings, peak RSS, sparse and offload
+/// statistics, the plan.
+pub fn run_json(
+    prepared: &crate::Prepared<'_>,
+    engine: &pi2_engine::Engine<'_>,
+    prompt: &[u32],
+    g: &pi2_engine::Generation,
+) -> serde_json::Value {
+    let tok = &prepared.model.tokenizer;
+    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
+    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
+    let text = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
+    let mut report = json!({
+        "prompt_ids": prompt,
+        "generated_ids": g.tokens,
+        "text": text,
+        "stop": format!("{:?}", g.stop),
+        "timings": {
+            "prompt_n": g.prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_second": per_second(g.prompt_n, prompt_ms),
+            "predicted_n": g.tokens.len(),
+            "predicted_ms": predicted_ms,
+            "predicted_per_second": per_second(g.tokens.len(), predicted_ms),
+        },
+        "peak_rss_bytes": peak_rss_bytes(),
+        "draft": (g.drafted > 0).then(|| json!({
+            "drafted": g.drafted,
+            "accepted": g.accepted,
+            "acceptance": g.accepted as f64 / g.drafted as f64,
+            "decode_passes": g.decode_passes,
+            "tokens_per_pass": g.tokens.len() as f64 / g.decode_passes.max(1) as f64,
+        })),
+        "threads": engine.threads(),
+        "kernel_tier": engine.tier().name(),
+        "plan": prepared.applied.as_ref().map(|ap| json!({
+            "knobs": ap.plan.knobs,
+            "predicted_decode_per_second": ap.plan.predicted.decode_tps,
+            "predicted_prefill_per_second": ap.plan.predicted.prefill_tps,
+            "predicted_memory_bytes": ap.plan.predicted.memory,
+        })),
+    });
+    // The engine's own counts: sparse, head, offload, bytes read per token by part.
+    let counts = engine_json(engine, g.tokens.len(), predicted_ms / 1e3);
+    if let (Some(r), serde_json::Value::Object(c)) = (report.as_object_mut(), counts) {
+        r.extend(c);
+    }
+    report
+}
+
+/// Tokens per second of `n` tokens in `ms` milliseconds (0 for no time).
+pub fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1e3 / ms
+    } else {
+        0.0
+    }
 }

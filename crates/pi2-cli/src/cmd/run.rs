@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use pi2_engine::{generate_drafted, GenerateConfig};
 use pi2_model::Message;
+use pi2_runtime::report::per_second;
 use pi2_runtime::text::Utf8Stream;
-use serde_json::json;
 use std::io::Write;
 
 #[derive(Args)]
@@ -170,7 +170,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         },
     )?;
     if a.json {
-        let out = report_json(&prepared, &engine, &prompt, &g);
+        let out = pi2_runtime::report::run_json(&prepared, &engine, &prompt, &g);
         writeln!(stdout, "{}", serde_json::to_string_pretty(&out)?)?;
     } else {
         writeln!(stdout, "{}", stream.finish())?;
@@ -227,64 +227,6 @@ fn prompt_text(a: &RunArgs) -> Result<String> {
             e.utf8_error().valid_up_to()
         )
     })
-}
-
-fn per_second(n: usize, ms: f64) -> f64 {
-    if ms > 0.0 {
-        n as f64 * 1e3 / ms
-    } else {
-        0.0
-    }
-}
-
-/// The `--json` object: ids, text, llama-server style timings, peak RSS, sparse and offload
-/// statistics, the plan.
-fn report_json(
-    prepared: &pi2_runtime::Prepared<'_>,
-    engine: &pi2_engine::Engine<'_>,
-    prompt: &[u32],
-    g: &pi2_engine::Generation,
-) -> serde_json::Value {
-    let tok = &prepared.model.tokenizer;
-    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
-    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
-    let text = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
-    let mut report = json!({
-        "prompt_ids": prompt,
-        "generated_ids": g.tokens,
-        "text": text,
-        "stop": format!("{:?}", g.stop),
-        "timings": {
-            "prompt_n": g.prompt_n,
-            "prompt_ms": prompt_ms,
-            "prompt_per_second": per_second(g.prompt_n, prompt_ms),
-            "predicted_n": g.tokens.len(),
-            "predicted_ms": predicted_ms,
-            "predicted_per_second": per_second(g.tokens.len(), predicted_ms),
-        },
-        "peak_rss_bytes": rss::peak_rss_bytes(),
-        "draft": (g.drafted > 0).then(|| json!({
-            "drafted": g.drafted,
-            "accepted": g.accepted,
-            "acceptance": g.accepted as f64 / g.drafted as f64,
-            "decode_passes": g.decode_passes,
-            "tokens_per_pass": g.tokens.len() as f64 / g.decode_passes.max(1) as f64,
-        })),
-        "threads": engine.threads(),
-        "kernel_tier": engine.tier().name(),
-        "plan": prepared.applied.as_ref().map(|ap| json!({
-            "knobs": ap.plan.knobs,
-            "predicted_decode_per_second": ap.plan.predicted.decode_tps,
-            "predicted_prefill_per_second": ap.plan.predicted.prefill_tps,
-            "predicted_memory_bytes": ap.plan.predicted.memory,
-        })),
-    });
-    // The engine's own counts: sparse, head, offload, bytes read per token by part.
-    let counts = pi2_runtime::report::engine_json(engine, g.tokens.len(), predicted_ms / 1e3);
-    if let (Some(r), serde_json::Value::Object(c)) = (report.as_object_mut(), counts) {
-        r.extend(c);
-    }
-    report
 }
 
 /// llama.cpp's timing lines, on stderr.
