@@ -126,14 +126,10 @@ impl Request {
                 ))
             }
             (Some(g), None) => Some(GrammarSpec::Gbnf(g)),
-            (None, Some(s)) => {
-                let v: serde_json::Value = serde_json::from_str(&s)
-                    .map_err(|e| PyValueError::new_err(format!("json_schema is not JSON: {e}")))?;
-                Some(match v.as_object().is_some_and(|o| o.is_empty()) {
-                    true => GrammarSpec::JsonObject,
-                    false => GrammarSpec::JsonSchema(v),
-                })
-            }
+            (None, Some(s)) => Some(
+                GrammarSpec::json_schema_text(&s)
+                    .map_err(|e| PyValueError::new_err(format!("json_schema: {e}")))?,
+            ),
             (None, None) => None,
         };
         if max_tokens < -1 {

@@ -157,12 +157,8 @@ impl pi2_generate_options {
             (true, false) => {
                 // SAFETY: NUL-terminated, by the caller's contract.
                 let s = unsafe { text(self.json_schema, "json_schema") }?;
-                let v: serde_json::Value = serde_json::from_str(s)
-                    .map_err(|e| CapiError::arg(format!("json_schema is not JSON: {e}")))?;
-                match v.as_object().is_some_and(|o| o.is_empty()) {
-                    true => GrammarSpec::JsonObject,
-                    false => GrammarSpec::JsonSchema(v),
-                }
+                GrammarSpec::json_schema_text(s)
+                    .map_err(|e| CapiError::arg(format!("json_schema: {e}")))?
             }
         };
         Ok(Some(model.grammar(&spec)?))

@@ -100,12 +100,7 @@ impl GrammarArgs {
                 .map_err(|e| anyhow::anyhow!("{flag} {}: cannot read it: {e}", p.display()))
         };
         let schema = |flag: &str, text: &str| -> anyhow::Result<GrammarSpec> {
-            let v: serde_json::Value =
-                serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{flag}: not JSON: {e}"))?;
-            Ok(match v.as_object().is_some_and(|o| o.is_empty()) {
-                true => GrammarSpec::JsonObject,
-                false => GrammarSpec::JsonSchema(v),
-            })
+            GrammarSpec::json_schema_text(text).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
         };
         Ok(Some(match self {
             Self {

@@ -73,7 +73,7 @@ fn bad_grammars_are_refused_in_one_line() {
     );
     fails_with(
         &with(&base, &["-j", "{not json"]),
-        "--json-schema: not JSON",
+        "--json-schema: invalid JSON schema: not JSON",
     );
     // Two grammars: clap's usage error.
     let out = common::pi2(&with(&base, &["--grammar", "root ::= \"a\"", "-j", "{}"]));

@@ -52,6 +52,20 @@ pub enum GrammarSpec {
 }
 
 impl GrammarSpec {
+    /// A JSON schema given as text (`{}`: any JSON object), as `--json-schema`, the C API and
+    /// Python take it.
+    pub fn json_schema_text(text: &str) -> Result<Self, GrammarError> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| GrammarError::Invalid {
+                kind: "JSON schema",
+                msg: format!("not JSON: {e}"),
+            })?;
+        Ok(match v.as_object().is_some_and(|o| o.is_empty()) {
+            true => GrammarSpec::JsonObject,
+            false => GrammarSpec::JsonSchema(v),
+        })
+    }
+
     fn kind(&self) -> &'static str {
         match self {
             GrammarSpec::JsonObject | GrammarSpec::JsonSchema(_) => "JSON schema",

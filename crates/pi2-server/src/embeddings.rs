@@ -4,7 +4,7 @@
 
 use crate::api::ApiError;
 use crate::routes::{read_body, AppState};
-use crate::slots::{Event, Job, QueueError};
+use crate::slots::{Event, Job};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -140,12 +140,7 @@ async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiEr
         embed: Some(s.pooling),
         events: tx,
     };
-    s.queue.submit(job).map_err(|QueueError::Full(n)| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the server is busy ({n} requests queued); retry shortly"),
-        )
-    })?;
+    s.queue.submit(job)?;
     match rx.recv().await {
         Some(Event::Embedding(v)) => Ok(v),
         Some(Event::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),

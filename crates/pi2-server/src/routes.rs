@@ -4,7 +4,7 @@
 use crate::api::{ApiError, CompletionRequest, Envelope, Kind};
 use crate::guided::logprobs_value;
 use crate::metrics::Metrics;
-use crate::slots::{Event, Job, Queue, QueueError};
+use crate::slots::{Event, Job, Queue};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -307,12 +307,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         embed: None,
         events: tx,
     };
-    s.queue.submit(job).map_err(|QueueError::Full(n)| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the server is busy ({n} requests queued); retry shortly"),
-        )
-    })?;
+    s.queue.submit(job)?;
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",

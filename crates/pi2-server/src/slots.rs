@@ -61,6 +61,15 @@ pub enum QueueError {
     Full(usize),
 }
 
+impl From<QueueError> for crate::api::ApiError {
+    fn from(QueueError::Full(n): QueueError) -> Self {
+        crate::api::ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is busy ({n} requests queued); retry shortly"),
+        )
+    }
+}
+
 impl Queue {
     /// Hands `job` to a slot or the queue, or answers at once that the queue is full: a
     /// client never waits for a place in line.
