@@ -16,6 +16,7 @@ mod guide;
 mod head;
 mod kv;
 mod moe;
+mod neurons;
 pub mod offload;
 mod packed;
 pub mod perplexity;
@@ -34,13 +35,13 @@ pub use engine::{
     NeuronStep, MAX_CTX,
 };
 pub use error::EngineError;
-pub use ffn::fires;
 pub use generate::{
     generate, generate_drafted, generate_scored, GenerateConfig, Generation, StopReason,
 };
 pub use guide::{TokenConstraint, TokenLogprob};
 pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
+pub use neurons::fires;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};

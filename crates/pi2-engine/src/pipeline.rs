@@ -6,7 +6,7 @@
 //! order, so the result does not depend on residency, timing or threads.
 
 use crate::error::EngineError;
-use crate::ffn::{fires, is_candidate, predict};
+use crate::neurons::{fires, is_candidate, predict};
 use crate::residency::{NeuronRows, Residency, StepCounts, Tag, UpDown};
 use crate::scratch::{grow, Scratch};
 use crate::sparse::{SparseFfn, SparseStats};

@@ -1,68 +1,10 @@
 //! The OpenAI wire format: requests as clients send them, checked into a [`Job`]'s settings,
 //! and the JSON bodies of answers, stream chunks and errors.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+pub use crate::error::ApiError;
 use pi2_engine::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
-
-/// An error as OpenAI sends it: a status and `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    pub param: Option<String>,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-            param: None,
-        }
-    }
-
-    pub fn bad(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
-    }
-
-    pub fn param(mut self, p: impl Into<String>) -> Self {
-        self.param = Some(p.into());
-        self
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
-            s if s.is_server_error() => "server_error",
-            _ => "invalid_request_error",
-        }
-    }
-
-    pub fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind(),
-            "param": self.param,
-            "code": self.status.as_u16(),
-        }})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut r = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            r.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-        }
-        r
-    }
-}
 
 /// One request body for both endpoints: chat sends `messages`, completions `prompt`. Fields
 /// pi2 does not serve are refused by name unless they ask for nothing ([`crate::fields`]);
@@ -95,17 +37,17 @@ pub struct CompletionRequest {
     /// Speculative decoding for this request: `lookup` (prompt lookup) or `none`; unset: the
     /// server's `--draft`.
     pub draft: Option<String>,
-    /// The output's shape ([`crate::guided`]).
-    pub response_format: Option<crate::guided::ResponseFormat>,
+    /// The output's shape (read by [`crate::guided`]).
+    pub response_format: Option<crate::wire::ResponseFormat>,
     /// llama-server's: a GBNF grammar the output follows.
     pub grammar: Option<String>,
     /// llama-server's: a JSON schema the output follows.
     pub json_schema: Option<Value>,
-    pub logprobs: Option<crate::guided::Logprobs>,
+    pub logprobs: Option<crate::wire::Logprobs>,
     pub top_logprobs: Option<u64>,
-    /// Functions the model may call ([`crate::tools`]).
-    pub tools: Option<Vec<crate::tools::Tool>>,
-    pub tool_choice: Option<crate::tools::ToolChoice>,
+    /// Functions the model may call (read by [`crate::tools`]).
+    pub tools: Option<Vec<crate::wire::Tool>>,
+    pub tool_choice: Option<crate::wire::ToolChoice>,
     /// `false`: at most one call per answer.
     pub parallel_tool_calls: Option<bool>,
 }
@@ -115,7 +57,7 @@ pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
     /// An assistant turn's calls, sent back with the conversation.
-    pub tool_calls: Option<Vec<crate::tools::InToolCall>>,
+    pub tool_calls: Option<Vec<crate::wire::InToolCall>>,
     /// A `tool` turn: the call it answers, and the function's name.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,

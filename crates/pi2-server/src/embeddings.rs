@@ -2,9 +2,9 @@
 //! pooled into one L2-normalized vector by a slot ([`pi2_runtime::embed`]), as floats or
 //! `encoding_format: base64` (little-endian f32, what the `openai` client asks for by default).
 
-use crate::api::ApiError;
-use crate::routes::{read_body, AppState};
+use crate::error::ApiError;
 use crate::slots::{Event, Job};
+use crate::state::{read_body, AppState};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;

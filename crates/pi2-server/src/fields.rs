@@ -4,7 +4,7 @@
 //! and refused with a 400 naming it otherwise; a few fields that never change an answer
 //! (`user`, `metadata`, ...) are accepted as notes; any other field is refused by name.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use serde_json::{Map, Value};
 
 /// Fields read by [`crate::api::CompletionRequest`].

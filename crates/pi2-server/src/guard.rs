@@ -8,7 +8,7 @@
 //! `application/json` forces a preflight, which fails without CORS headers; checking `Host`
 //! stops the rebinding page.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;

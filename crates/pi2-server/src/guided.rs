@@ -3,42 +3,16 @@
 //! one [`GrammarSpec`]; `logprobs` and `top_logprobs` read into how many alternatives to report,
 //! and the answers' `logprobs` objects in OpenAI's two shapes (chat and legacy completions).
 
-use crate::api::{ApiError, CompletionRequest, Kind};
+use crate::api::{CompletionRequest, Kind};
+use crate::error::ApiError;
+use crate::wire::{Logprobs, ResponseFormat};
 use pi2_engine::TokenLogprob;
 use pi2_grammar::GrammarSpec;
 use pi2_model::tokenizer::Tokenizer;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// Most alternatives per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u64 = 20;
-
-/// OpenAI's `response_format`.
-#[derive(Debug, Deserialize)]
-pub struct ResponseFormat {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub json_schema: Option<JsonSchemaFormat>,
-    /// llama-server's shorthand: `{"type": "json_object", "schema": {...}}`.
-    pub schema: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct JsonSchemaFormat {
-    pub name: Option<String>,
-    pub schema: Option<Value>,
-    /// Always kept to: the grammar allows only what validates.
-    pub strict: Option<bool>,
-    pub description: Option<String>,
-}
-
-/// `logprobs` as chat (a switch) or legacy completions (how many alternatives) send it.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Logprobs {
-    On(bool),
-    Top(u64),
-}
 
 impl CompletionRequest {
     /// The grammar the output must follow, from whichever one field asks for it.

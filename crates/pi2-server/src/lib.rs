@@ -12,6 +12,7 @@
 pub mod api;
 pub mod conn;
 pub mod embeddings;
+pub mod error;
 pub mod fields;
 pub mod guard;
 pub mod guided;
@@ -19,8 +20,10 @@ pub mod metrics;
 pub mod routes;
 pub mod sched;
 pub mod slots;
+pub mod state;
 pub mod tokens;
 pub mod tools;
+pub mod wire;
 
 pub use api::Drafts;
 use std::net::SocketAddr;
@@ -213,7 +216,7 @@ pub fn serve(
         cfg.n_batch,
         metrics.clone(),
     )?;
-    let mut state = routes::AppState::new(
+    let mut state = state::AppState::new(
         prepared.model,
         cfg.model_names.clone(),
         n_ctx,

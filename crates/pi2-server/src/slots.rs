@@ -61,9 +61,9 @@ pub enum QueueError {
     Full(usize),
 }
 
-impl From<QueueError> for crate::api::ApiError {
+impl From<QueueError> for crate::error::ApiError {
     fn from(QueueError::Full(n): QueueError) -> Self {
-        crate::api::ApiError::new(
+        crate::error::ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             format!("the server is busy ({n} requests queued); retry shortly"),
         )

@@ -1,8 +1,8 @@
 //! llama-server's token routes and properties: `POST /tokenize`, `POST /detokenize`,
 //! `GET /props`.
 
-use crate::api::ApiError;
-use crate::routes::{read_body, AppState};
+use crate::error::ApiError;
+use crate::state::{read_body, AppState};
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};

@@ -4,59 +4,14 @@
 //! "arguments": ..}</tool_call>` blocks (Qwen's and Hermes' format; a bare call object as a
 //! fallback) parsed back into `tool_calls`, whole or streamed.
 
-use crate::api::{ApiError, CompletionRequest};
+use crate::api::CompletionRequest;
+use crate::error::ApiError;
+use crate::wire::{FunctionDef, ToolChoice};
 use pi2_grammar::GrammarSpec;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
-
-/// One entry of `tools`.
-#[derive(Debug, Deserialize)]
-pub struct Tool {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub function: Option<FunctionDef>,
-}
-
-#[derive(Debug, Deserialize, serde::Serialize)]
-pub struct FunctionDef {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub strict: Option<bool>,
-}
-
-/// `tool_choice`: a mode, or one function by name.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum ToolChoice {
-    Mode(String),
-    Named { function: NamedFunction },
-}
-
-#[derive(Debug, Deserialize)]
-pub struct NamedFunction {
-    pub name: String,
-}
-
-/// A call made in an assistant message the client sends back.
-#[derive(Debug, Deserialize)]
-pub struct InToolCall {
-    pub id: Option<String>,
-    pub function: InFunction,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct InFunction {
-    pub name: String,
-    /// A JSON text, as OpenAI sends it (an object is taken too).
-    pub arguments: Value,
-}
 
 /// What a request's tools ask of the generation.
 #[derive(Debug)]
