@@ -483,6 +483,7 @@ impl Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn wrong_types_and_unserved_fields_are_named() {
