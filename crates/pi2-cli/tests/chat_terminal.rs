@@ -21,7 +21,8 @@ fn the_terminal_chat_edits_lines_stops_replies_and_keeps_the_conversation() {
     let dir = tempfile::tempdir().unwrap();
     let saved = dir.path().join("conv.json");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi2"));
-    cmd.args(["chat", "-m", &m(), "--temp", "0", "-n", "400", "-t", "2"]);
+    // Replies long enough (4000 tokens) that Ctrl-C always lands inside one, on any CPU.
+    cmd.args(["chat", "-m", &m(), "--temp", "0", "-n", "4000", "-t", "2"]);
     cmd.current_dir(common::root());
     let mut p = spawn_command(cmd, Some(60_000)).unwrap();
     p.exp_string("/help lists commands").unwrap();
