@@ -3,56 +3,12 @@
 //! wrong handles, bad text, small buffers, absurd options, a budget too small, a session used
 //! from two threads) answered with a status and a message, never a crash.
 
+mod common;
+
+use common::*;
 use pi2_capi::*;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::PathBuf;
 use std::ptr::{null, null_mut};
-
-fn smollm2() -> CString {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "test model missing at {}: run `cargo xtask fetch-model` first",
-        path.display()
-    );
-    CString::new(path.to_str().unwrap()).unwrap()
-}
-
-fn last_error() -> String {
-    // SAFETY: pi2_last_error never returns NULL and its string lives until the next call.
-    unsafe { CStr::from_ptr(pi2_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn open(path: &CString, opts: Option<&pi2_model_options>) -> *mut pi2_model {
-    let mut m = null_mut();
-    let o = opts.map_or(null(), |o| o as *const _);
-    // SAFETY: valid strings and out-pointer.
-    let st = unsafe { pi2_model_open(path.as_ptr(), o, &mut m) };
-    assert_eq!(st, pi2_status::PI2_OK, "{}", last_error());
-    m
-}
-
-fn session(m: *mut pi2_model) -> *mut pi2_session {
-    let mut s = null_mut();
-    // SAFETY: a valid out-pointer.
-    let st = unsafe { pi2_session_new(m, &mut s) };
-    assert_eq!(st, pi2_status::PI2_OK, "{}", last_error());
-    s
-}
-
-unsafe extern "C" fn collect(t: *const c_char, len: usize, user: *mut c_void) -> bool {
-    // SAFETY: `user` is the String the test passes, `t` holds `len` bytes.
-    unsafe {
-        let s = &mut *user.cast::<String>();
-        let bytes = std::slice::from_raw_parts(t.cast::<u8>(), len);
-        s.push_str(std::str::from_utf8(bytes).unwrap());
-        assert_eq!(*t.add(len), 0, "the text is NUL-terminated");
-    }
-    true
-}
 
 unsafe extern "C" fn stop_at_once(_: *const c_char, _: usize, user: *mut c_void) -> bool {
     // SAFETY: `user` is the counter the test passes.
@@ -65,22 +21,6 @@ fn greedy(n: i32) -> pi2_generate_options {
     o.temperature = 0.0;
     o.max_tokens = n;
     o
-}
-
-fn generate(s: *mut pi2_session, prompt: &str, o: &pi2_generate_options) -> (pi2_status, String) {
-    let p = CString::new(prompt).unwrap();
-    let mut text = String::new();
-    // SAFETY: valid strings, options and callback data.
-    let st = unsafe {
-        pi2_generate(
-            s,
-            p.as_ptr(),
-            o,
-            Some(collect),
-            (&mut text as *mut String).cast(),
-        )
-    };
-    (st, text)
 }
 
 #[test]

@@ -2,64 +2,15 @@
 //! grammars refused with a status and the reason, embeddings normalized and ranking similar
 //! texts closer, small buffers and unknown pooling answered with a status.
 
+mod common;
+
+use common::{generate, last_error, open, smollm2};
 use pi2_capi::*;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::PathBuf;
+use std::ffi::CString;
 use std::ptr::{null, null_mut};
 
-fn last_error() -> String {
-    // SAFETY: pi2_last_error never returns NULL.
-    unsafe { CStr::from_ptr(pi2_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 fn session() -> *mut pi2_session {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let path = CString::new(path.to_str().unwrap()).unwrap();
-    let (mut m, mut s) = (null_mut(), null_mut());
-    // SAFETY: valid strings and out-pointers.
-    unsafe {
-        assert_eq!(
-            pi2_model_open(path.as_ptr(), null(), &mut m),
-            pi2_status::PI2_OK,
-            "{}",
-            last_error()
-        );
-        assert_eq!(
-            pi2_session_new(m, &mut s),
-            pi2_status::PI2_OK,
-            "{}",
-            last_error()
-        );
-    }
-    s
-}
-
-unsafe extern "C" fn collect(t: *const c_char, len: usize, user: *mut c_void) -> bool {
-    // SAFETY: `user` is the test's String, `t` holds `len` bytes.
-    unsafe {
-        let bytes = std::slice::from_raw_parts(t.cast::<u8>(), len);
-        (*user.cast::<String>()).push_str(std::str::from_utf8(bytes).unwrap());
-    }
-    true
-}
-
-fn generate(s: *mut pi2_session, prompt: &str, o: &pi2_generate_options) -> (pi2_status, String) {
-    let p = CString::new(prompt).unwrap();
-    let mut text = String::new();
-    // SAFETY: valid strings, options and callback data.
-    let st = unsafe {
-        pi2_generate(
-            s,
-            p.as_ptr(),
-            o,
-            Some(collect),
-            (&mut text as *mut String).cast(),
-        )
-    };
-    (st, text)
+    common::session(open(&smollm2(), None))
 }
 
 #[test]

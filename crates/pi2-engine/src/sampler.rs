@@ -73,6 +73,7 @@ pub struct Sampler {
     /// Alternatives to report with each draw's log probability (`None`: no log probabilities).
     top_logprobs: Option<usize>,
     last_logprob: Option<TokenLogprob>,
+    raw: Vec<f32>,
 }
 
 impl Sampler {
@@ -87,6 +88,7 @@ impl Sampler {
             failure: None,
             top_logprobs: None,
             last_logprob: None,
+            raw: Vec::new(),
         }
     }
 
@@ -174,15 +176,18 @@ impl Sampler {
     /// Pick the next token from `logits` (biases, penalties and the constraint's mask are
     /// applied in place).
     pub fn sample(&mut self, logits: &mut [f32]) -> TokenId {
+        // The raw logits, kept (in a buffer reused per token) for the drawn token's score:
+        // drawing changes them in place.
         let scored = self.top_logprobs.map(|n| {
-            let (lse, top) = top_logprobs(logits, n);
-            (lse, top, logits.to_vec())
+            self.raw.clear();
+            self.raw.extend_from_slice(logits);
+            top_logprobs(logits, n)
         });
         let t = self.draw(logits);
-        if let Some((lse, top, raw)) = scored {
+        if let Some((lse, top)) = scored {
             self.last_logprob = Some(TokenLogprob {
                 token: t,
-                logprob: raw[t as usize] - lse,
+                logprob: self.raw[t as usize] - lse,
                 top,
             });
         }
