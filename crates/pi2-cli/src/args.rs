@@ -95,10 +95,8 @@ impl GrammarArgs {
     /// The grammar asked for, read and parsed (not yet compiled).
     pub fn spec(&self) -> anyhow::Result<Option<pi2_grammar::GrammarSpec>> {
         use pi2_grammar::GrammarSpec;
-        let read = |flag: &str, p: &std::path::Path| {
-            std::fs::read_to_string(p)
-                .map_err(|e| anyhow::anyhow!("{flag} {}: cannot read it: {e}", p.display()))
-        };
+        let read =
+            |what: &str, p: &std::path::Path| pi2_runtime::files::read_text(p, what, 64 << 20);
         let schema = |flag: &str, text: &str| -> anyhow::Result<GrammarSpec> {
             GrammarSpec::json_schema_text(text).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
         };
@@ -109,7 +107,7 @@ impl GrammarArgs {
             Self {
                 grammar_file: Some(p),
                 ..
-            } => GrammarSpec::Gbnf(read("--grammar-file", p)?),
+            } => GrammarSpec::Gbnf(read("the grammar", p)?),
             Self {
                 json_schema: Some(s),
                 ..
@@ -117,7 +115,7 @@ impl GrammarArgs {
             Self {
                 json_schema_file: Some(p),
                 ..
-            } => schema("--json-schema-file", &read("--json-schema-file", p)?)?,
+            } => schema("--json-schema-file", &read("the JSON schema", p)?)?,
             _ => return Ok(None),
         }))
     }
@@ -167,9 +165,6 @@ pub struct DraftArgs {
     pub draft_model: Option<std::path::PathBuf>,
 }
 
-/// Most tokens a draft may hold.
-pub const MAX_DRAFT: usize = 64;
-
 /// Stands for a draft model until its engine is built (after the session's, whose budget it
 /// shares).
 pub struct NoDraft;
@@ -185,20 +180,7 @@ impl DraftArgs {
     pub fn drafter(
         &self,
     ) -> anyhow::Result<Option<(Box<dyn pi2_engine::Drafter>, pi2_engine::DraftConfig)>> {
-        if !(1..=MAX_DRAFT).contains(&self.draft_max) {
-            anyhow::bail!("--draft-max {} is outside 1..{MAX_DRAFT}", self.draft_max);
-        }
-        if !(1..=self.draft_max).contains(&self.draft_min) {
-            anyhow::bail!(
-                "--draft-min {} must be between 1 and --draft-max ({})",
-                self.draft_min,
-                self.draft_max
-            );
-        }
-        let cfg = pi2_engine::DraftConfig {
-            max: self.draft_max,
-            min: self.draft_min,
-        };
+        let cfg = pi2_engine::DraftConfig::checked(self.draft_max, self.draft_min)?;
         Ok(match (self.draft, &self.draft_model) {
             (DraftSource::Lookup, Some(_)) => {
                 anyhow::bail!("--draft lookup and --draft-model are two draft sources: give one")

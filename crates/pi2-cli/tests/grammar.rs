@@ -82,6 +82,6 @@ fn bad_grammars_are_refused_in_one_line() {
     let missing = root().join("no-such-grammar.gbnf");
     fails_with(
         &with(&base, &["--grammar-file", missing.to_str().unwrap()]),
-        "cannot read it",
+        "cannot read the grammar file",
     );
 }

@@ -20,6 +20,30 @@ pub const SEGMENT: usize = 256;
 /// Chat question-and-answer pairs rendered per conversation.
 const PAIRS_PER_CHAT: usize = 24;
 
+/// Up to `n` calibration tokens of `file` (its start), or of the built-in text when `None`;
+/// and the text's name for messages.
+pub fn tokens(
+    model: &Model,
+    file: Option<&std::path::Path>,
+    n: usize,
+) -> Result<(Vec<TokenId>, String), ConvertError> {
+    let Some(f) = file else {
+        let toks = builtin_tokens(model, n)?;
+        return Ok((toks, "the built-in calibration text".into()));
+    };
+    let text = std::fs::read_to_string(f).map_err(|source| ConvertError::Io {
+        path: f.display().to_string(),
+        source,
+    })?;
+    let mut toks = model.tokenizer.encode(&text, false, false);
+    toks.truncate(n);
+    let name = f
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok((toks, name))
+}
+
 /// The built-in calibration text as `model`'s tokens: up to `n` tokens (all there are if fewer),
 /// the genres taking turns every [`SEGMENT`] tokens.
 pub fn builtin_tokens(model: &Model, n: usize) -> Result<Vec<TokenId>, ConvertError> {

@@ -25,6 +25,7 @@ use std::path::Path;
 mod atomic;
 mod calibrate;
 pub mod calibration;
+pub mod describe;
 pub mod head;
 pub mod moe;
 pub mod pipeline;

@@ -126,6 +126,34 @@ pub enum Sparsity {
     },
 }
 
+/// Mixture-of-experts models: every expert's neurons counted over `tokens` (per unit: tokens
+/// routed, and per neuron the tokens on which it fired; [`crate::moe::count_experts`]).
+/// Co-activation, traces and cache curves are per dense layer and are not made for experts.
+/// Only exact activity is counted: a ReLU-family FFN and no `opts.sparsity`.
+pub fn profile_experts(
+    model: &Model,
+    engine: &mut Engine<'_>,
+    tokens: &[TokenId],
+    opts: &ProfileOptions,
+    progress: Progress<'_>,
+) -> Result<crate::moe::ExpertCounts, ConvertError> {
+    let c = &model.config;
+    if opts.sparsity.is_some() || !c.ffn_act.exact_sparsity() {
+        return Err(ConvertError::Refused(
+            "profiling a mixture-of-experts model counts exact activity only: it needs a \
+             ReLU-family FFN and no --sparsity"
+                .into(),
+        ));
+    }
+    let thresholds = vec![0.0; c.n_layer];
+    let n = tokens.len();
+    let chunk = opts.chunk.min(engine.n_ctx());
+    let counts = crate::moe::count_experts(engine, tokens, chunk, &thresholds, |d| {
+        progress("experts", d, n)
+    })?;
+    Ok(counts)
+}
+
 /// How to convert.
 #[derive(Clone, Debug)]
 pub struct ConvertOptions {
@@ -154,6 +182,49 @@ impl Default for ConvertOptions {
             layout: ConvertConfig::default(),
             expert_threshold: None,
         }
+    }
+}
+
+impl ConvertOptions {
+    /// Refuses options no conversion can use, naming the option (as `pi2 convert` spells it).
+    pub fn check(&self) -> Result<(), ConvertError> {
+        let refuse = |msg: String| Err(ConvertError::Refused(msg));
+        match self.sparsity {
+            Sparsity::Uniform(s) if !(0.0..=0.95).contains(&s) => {
+                return refuse(format!("--sparsity {s} is outside 0..0.95"))
+            }
+            Sparsity::Auto {
+                max_increase: m, ..
+            } if !(m > 0.0 && m <= 1.0) => {
+                let pct = 100.0 * m;
+                return refuse(format!(
+                    "--max-ppl-increase {pct} is outside 0..100 (percent)"
+                ));
+            }
+            Sparsity::Auto {
+                sensitivity_tokens: n,
+                ..
+            } if !(16..=1 << 16).contains(&n) => {
+                return refuse(format!("--sensitivity-tokens {n} is outside 16..65536"));
+            }
+            _ => {}
+        }
+        if let Some(h) = &self.layout.head {
+            if !(h.share > 0.0 && h.share <= 1.0) {
+                return refuse(format!("--head-share {} is outside (0, 1]", h.share));
+            }
+            if h.cluster == 0 || !h.cluster.is_multiple_of(8) || h.cluster > 1 << 16 {
+                let c = h.cluster;
+                return refuse(format!(
+                    "--head-cluster {c} is not a multiple of 8 in 8..65536"
+                ));
+            }
+        }
+        if !(0.5..=1.0).contains(&self.fit.target_recall) {
+            let r = self.fit.target_recall;
+            return refuse(format!("--recall {r} is outside 0.5..1"));
+        }
+        Ok(())
     }
 }
 
@@ -188,6 +259,7 @@ pub fn convert_file(
     force: bool,
     progress: Progress<'_>,
 ) -> Result<Converted, ConvertError> {
+    opts.check()?;
     if tokens.len() < 64 {
         return Err(ConvertError::Refused(format!(
             "calibration needs at least 64 tokens ({} given)",
@@ -390,4 +462,39 @@ fn convert_experts(
         experts: Some(counts),
         bytes: file_bytes(output)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_no_conversion_can_use_are_refused_by_name() {
+        assert!(ConvertOptions::default().check().is_ok());
+        let with = |f: &dyn Fn(&mut ConvertOptions)| {
+            let mut o = ConvertOptions::default();
+            f(&mut o);
+            o.check().unwrap_err().to_string()
+        };
+        assert!(with(&|o| o.sparsity = Sparsity::Uniform(0.99)).contains("--sparsity"));
+        assert!(with(&|o| o.sparsity = Sparsity::Auto {
+            max_increase: 0.0,
+            sensitivity_tokens: 256
+        })
+        .contains("--max-ppl-increase"));
+        assert!(with(&|o| o.sparsity = Sparsity::Auto {
+            max_increase: 0.03,
+            sensitivity_tokens: 8
+        })
+        .contains("--sensitivity-tokens"));
+        assert!(with(&|o| o.fit.target_recall = 0.2).contains("--recall"));
+        let mut bad_head = crate::head::HeadConfig {
+            share: 1.5,
+            ..Default::default()
+        };
+        assert!(with(&|o| o.layout.head = Some(bad_head)).contains("--head-share"));
+        bad_head.share = 0.25;
+        bad_head.cluster = 12;
+        assert!(with(&|o| o.layout.head = Some(bad_head)).contains("--head-cluster"));
+    }
 }

@@ -66,6 +66,26 @@ pub struct DraftConfig {
     pub min: usize,
 }
 
+/// Most tokens a draft may hold.
+pub const MAX_DRAFT: usize = 64;
+
+impl DraftConfig {
+    /// Drafts of `min..=max` tokens, refused (naming llama.cpp's options) unless
+    /// `1 <= min <= max <= MAX_DRAFT`.
+    pub fn checked(max: usize, min: usize) -> Result<Self, crate::EngineError> {
+        let bad = |msg: String| Err(crate::EngineError::Drafts(msg));
+        if !(1..=MAX_DRAFT).contains(&max) {
+            return bad(format!("--draft-max {max} is outside 1..{MAX_DRAFT}"));
+        }
+        if !(1..=max).contains(&min) {
+            return bad(format!(
+                "--draft-min {min} must be between 1 and --draft-max ({max})"
+            ));
+        }
+        Ok(Self { max, min })
+    }
+}
+
 impl Default for DraftConfig {
     fn default() -> Self {
         Self { max: 16, min: 1 }

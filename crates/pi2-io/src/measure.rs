@@ -24,6 +24,28 @@ pub struct IoPoint {
     pub engine: &'static str,
 }
 
+impl IoPoint {
+    /// The header of the markdown table whose rows `Display` writes.
+    pub const MARKDOWN_HEADER: &'static str = "| read size | depth | span | MB/s | p50 us | p99 us | engine |\n| --------: | ----: | ---: | ---: | -----: | -----: | ------ |";
+}
+
+/// A markdown row: read size, depth, span, throughput, latencies, engine.
+impl std::fmt::Display for IoPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "| {} | {} | {:.1} MiB | {:.1} | {:.0} | {:.0} | {} |",
+            self.read_size,
+            self.depth,
+            self.span as f64 / (1 << 20) as f64,
+            self.bytes_per_sec / 1e6,
+            self.lat_p50_us,
+            self.lat_p99_us,
+            self.engine
+        )
+    }
+}
+
 /// Small, fast, seedable generator for offsets (no dependency needed for this).
 struct SplitMix(u64);
 impl SplitMix {
@@ -290,6 +312,23 @@ pub fn measure_handling(
         requests: s.requests,
         ns_per_request: s.handling_ns as f64 / s.requests.max(1) as f64,
     })
+}
+
+/// Bytes an unprivileged writer may still put on the file system holding `dir` (`None` where
+/// the system does not say).
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: a zeroed plain C struct for the kernel to fill.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid C string and `st` a writable statvfs.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0 {
+            return Some(st.f_bavail as u64 * st.f_frsize as u64);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -210,6 +210,44 @@ impl StandInSpec {
     }
 }
 
+/// Planted firing rates against measured ones, for checking that a profile sees what was
+/// planted.
+#[derive(Clone, Copy, Debug)]
+pub struct RateComparison {
+    pub mean_planted: f64,
+    pub mean_measured: f64,
+    /// Pearson correlation of the two per neuron.
+    pub correlation: f64,
+    /// Share of all firing held by the top 20% of neurons: planted, measured.
+    pub top_share: (f32, f32),
+}
+
+impl RateComparison {
+    pub fn of(planted: &[f32], measured: &[f32]) -> Self {
+        let n = planted.len() as f64;
+        let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let (mp, mm) = (mean(planted), mean(measured));
+        let cov: f64 = planted
+            .iter()
+            .zip(measured)
+            .map(|(&x, &y)| (x as f64 - mp) * (y as f64 - mm))
+            .sum();
+        let var = |v: &[f32], m: f64| v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>();
+        let top_share = |v: &[f32]| {
+            let mut s = v.to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            let total: f32 = s.iter().sum();
+            s[..s.len() / 5].iter().sum::<f32>() / total.max(1e-9)
+        };
+        Self {
+            mean_planted: mp,
+            mean_measured: mm,
+            correlation: cov / (var(planted, mp) * var(measured, mm)).sqrt(),
+            top_share: (top_share(planted), top_share(measured)),
+        }
+    }
+}
+
 /// `n` rates `min(P_MAX, c / (r + 1)^alpha)` by rank with mean `mean` (`c` by bisection).
 fn power_law(n: usize, mean: f32, alpha: f32) -> Vec<f32> {
     let mean = mean.clamp(1e-4, P_MAX) as f64;

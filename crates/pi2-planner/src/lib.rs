@@ -9,6 +9,7 @@
 //! [`plan::PlanFile`] that the engine takes as plain configuration.
 
 pub mod cost;
+pub mod describe;
 pub mod hw;
 pub mod model;
 pub mod pipeline;

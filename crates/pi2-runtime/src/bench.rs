@@ -62,6 +62,45 @@ pub struct BenchRow {
     pub predicted_now_ts: Option<f64>,
 }
 
+impl BenchRow {
+    /// The header of llama-bench's markdown table (with a plan: predicted columns too).
+    pub fn markdown_header(planned: bool) -> String {
+        let (names, rules) = match planned {
+            true => (
+                " predicted t/s | measured / predicted | predicted, flash now | measured / that |",
+                " ---: | ---: | ---: | ---: |",
+            ),
+            false => ("", ""),
+        };
+        format!("| model | size | params | backend | threads | ffn | test | t/s |{names}\n| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |{rules}")
+    }
+
+    /// This row of llama-bench's markdown table.
+    pub fn markdown(&self) -> String {
+        let versus = self.predicted_ts.map_or(String::new(), |p| {
+            let now = self.predicted_now_ts.map_or(" - | - |".into(), |n| {
+                format!(" {n:.2} | {:.2} |", self.avg_ts / n)
+            });
+            format!(" {p:.2} | {:.2} |{now}", self.avg_ts / p)
+        });
+        let ffn = match self.head {
+            "clustered" => format!("{} +head", self.ffn),
+            _ => self.ffn.clone(),
+        };
+        format!(
+            "| {} | {:.2} MiB | {:.2} M | {} | {} | {ffn} | {} | {:.2} ± {:.2} |{versus}",
+            self.model,
+            self.size_bytes as f64 / (1 << 20) as f64,
+            self.params as f64 / 1e6,
+            self.backend,
+            self.threads,
+            self.test,
+            self.avg_ts,
+            self.stddev_ts
+        )
+    }
+}
+
 /// How a mode's FFN runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ffn {

@@ -32,6 +32,29 @@ pub fn budget_less(budget: &str, file_bytes: u64, reserved: u64) -> Result<Strin
     }
 }
 
+/// `budget` less what `draft` takes beside a session with `base`'s settings, its context sized
+/// as a run of `prompt` and `n_predict` tokens sizes it (with room for a chat template's markup;
+/// `None`: the whole context), as a size.
+pub fn budget_beside(
+    budget: &str,
+    target_file: u64,
+    draft: &Model,
+    base: &EngineConfig,
+    prompt: &str,
+    n_predict: Option<usize>,
+) -> Result<String> {
+    let mut cfg = base.clone();
+    let asked = match cfg.n_ctx {
+        0 => draft.config.n_ctx_train,
+        n => n,
+    };
+    cfg.n_ctx = match n_predict {
+        Some(n) => asked.min(draft.tokenizer.encode(prompt, true, true).len() + n + 64),
+        None => asked,
+    };
+    budget_less(budget, target_file, footprint(draft, &cfg, 512))
+}
+
 /// The draft model's drafter beside `target`: an engine with `base`'s settings at the target's
 /// context and threads; under a budget (`budget`) its weights stay in the mapping (no packed
 /// copy beside them, which [`footprint`] does not count).

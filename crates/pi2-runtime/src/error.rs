@@ -29,6 +29,9 @@ pub enum RuntimeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A file or stream the user gave cannot be used; the message says which and why.
+    #[error("{0}")]
+    Input(String),
     /// The request needs something the model or device lacks.
     #[error("{0}")]
     Unsupported(String),

@@ -7,6 +7,9 @@
 //! - [`plan`], [`device`], [`hardware`]: the engine as the planner sees it (memory accounting,
 //!   a recorded model profile, this device's fingerprint and profiles);
 //! - [`sparse`], [`offload`]: the sparse FFN and the offloaded FFN from options;
+//! - [`conversation`]: a chat kept between turns (saved, loaded, fitted to a context);
+//! - [`files`]: files written for the user, checked before any work;
+//! - [`info`]: what a model file is and what running it needs;
 //! - [`text`]: generated text as it streams (whole UTF-8 characters, stop strings);
 //! - [`bench`], [`report`]: measurement (llama-bench style tests, one engine per mode) and what
 //!   an engine counted, as JSON.
@@ -14,13 +17,16 @@
 //! No argument parser's types appear here; the CLI maps its arguments onto these options.
 
 pub mod bench;
+pub mod conversation;
 pub mod convert_cache;
 pub mod device;
 pub mod draft;
 pub mod embed;
 mod error;
+pub mod files;
 pub mod handle;
 pub mod hardware;
+pub mod info;
 pub mod offload;
 pub mod open;
 pub mod options;

@@ -28,6 +28,30 @@ pub enum Notice<'a> {
     Converted { seconds: f64 },
 }
 
+impl Notice<'_> {
+    /// The one-line notice for people, for notices that have one (progress has none).
+    pub fn line(&self) -> Option<String> {
+        use crate::info::human_bytes;
+        match self {
+            Notice::Catalog(e) => e.line(),
+            Notice::FitsInMemory { whole, budget } => Some(format!(
+                "pi2: the whole model ({} with this process and its KV cache) fits in the memory budget ({}): it runs in memory, no budget applies",
+                human_bytes(*whole),
+                human_bytes(*budget)
+            )),
+            Notice::Converting { from, to } => Some(format!(
+                "pi2: converting {} for the memory budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
+                from.display(),
+                to.display()
+            )),
+            Notice::Progress { .. } => None,
+            Notice::Converted { seconds } => Some(format!(
+                "pi2: converted in {seconds:.0} s; later runs reuse it"
+            )),
+        }
+    }
+}
+
 /// The model file `spec` names: an existing path, or a catalogue name fetched into the models
 /// folder on first use and verified (the default model when `None`).
 pub fn resolve(spec: Option<&Path>, notice: &mut dyn FnMut(Notice)) -> Result<PathBuf> {

@@ -55,6 +55,19 @@ impl Default for EngineOptions {
 pub const MAX_THREADS: usize = 1024;
 
 impl EngineOptions {
+    /// Shrinks the context to `tokens` and the token after them when a run never holds more (a
+    /// KV cache, and a memory budget's share for it, sized for more would go unused). An
+    /// absurd context stays as given, for [`EngineOptions::config`] to refuse by name.
+    pub fn fit_context(&mut self, model: &pi2_model::Model, tokens: usize) {
+        let asked = match self.n_ctx {
+            0 => model.config.n_ctx_train,
+            c => c,
+        };
+        if asked <= pi2_engine::MAX_CTX {
+            self.n_ctx = asked.min(tokens.saturating_add(1));
+        }
+    }
+
     /// The engine configuration, every option checked.
     pub fn config(&self) -> Result<EngineConfig> {
         if self.n_ctx > pi2_engine::MAX_CTX {

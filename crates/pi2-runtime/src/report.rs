@@ -1,7 +1,8 @@
 //! What an engine did, as JSON: the sparse FFN's fractions, the clustered head's rows and
 //! fidelity, the offload's reads and budget, and bytes read per token by part; and a whole
 //! generation's report (`run --json`). `run --json`, `bench -o json` and the server's metrics
-//! print these.
+//! print these. The same counts as lines for people: [`sparse_text`], [`head_text`],
+//! [`head_check_text`], [`timings_text`].
 
 use pi2_engine::{Engine, HeadStats, Offload, SparseStats};
 use serde_json::{json, Value};
@@ -175,4 +176,109 @@ pub fn per_second(n: usize, ms: f64) -> f64 {
     } else {
         0.0
     }
+}
+
+/// A perplexity run's result (`pi2 perplexity --json`): the last running estimate `last` over
+/// chunks of `n_ctx` with `scored` tokens scored in `secs`, the clustered head's agreement with
+/// the whole matrix, peak memory and what the engine counted.
+pub fn perplexity_json(
+    e: &Engine<'_>,
+    last: &pi2_engine::perplexity::PerplexityStep,
+    n_ctx: usize,
+    scored: usize,
+    secs: f64,
+) -> Value {
+    let head = e.head_stats();
+    let mut report = json!({
+        "ppl": last.ppl,
+        "stderr": last.stderr,
+        "chunks": last.chunk,
+        "n_ctx": n_ctx,
+        "tokens_scored": scored,
+        "seconds": secs,
+        "head_top1_agreement": head.top1_agreement(),
+        "head_mass": head.mass(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    });
+    if let (Some(r), Value::Object(c)) = (report.as_object_mut(), engine_json(e, scored, secs)) {
+        r.extend(c);
+    }
+    report
+}
+
+/// The sparse FFN's fractions and the predictor's recall per layer, as lines.
+pub fn sparse_text(st: &SparseStats) -> String {
+    let mut out = format!(
+        "sparse: candidates {:.3}, confirmed {:.3} (FFN sparsity {:.3}), FFN bytes {:.3} of dense",
+        st.candidate_fraction(),
+        st.confirmed_fraction(),
+        1.0 - st.confirmed_fraction(),
+        st.byte_fraction()
+    );
+    if let Some(r) = st.total_recall() {
+        let per: Vec<String> = st
+            .recall()
+            .iter()
+            .map(|r| r.map_or("-".into(), |r| format!("{r:.3}")))
+            .collect();
+        out += &format!(
+            "\nsparse: predictor recall {r:.4}; per layer {}",
+            per.join(" ")
+        );
+    }
+    out
+}
+
+/// The clustered head's rows and bytes per token (`None` when it did not run).
+pub fn head_text(st: &HeadStats, n_vocab: usize) -> Option<String> {
+    let per = |x: u64| x as f64 / st.steps as f64;
+    (st.steps > 0).then(|| {
+        format!(
+            "head: {:.0} rows ({:.2}% of the vocabulary) and {:.0} KB per token ({:.0} KB from flash)",
+            per(st.rows),
+            100.0 * per(st.rows) / n_vocab as f64,
+            per(st.bytes) / 1e3,
+            per(st.flash_bytes) / 1e3,
+        )
+    })
+}
+
+/// The clustered head checked against the whole output matrix (`None` without checks).
+pub fn head_check_text(st: &HeadStats) -> Option<String> {
+    let (top1, mass) = (st.top1_agreement()?, st.mass()?);
+    Some(format!(
+        "head: top-1 agreement with the whole output matrix {:.2}%, mass on the scored rows {mass:.4}, over {} tokens ({:.0} rows per token)",
+        100.0 * top1,
+        st.checked,
+        st.rows as f64 / st.steps.max(1) as f64
+    ))
+}
+
+/// llama.cpp's timing lines for a generation on `e` (prompt, decode, drafts when there were
+/// any), this process's peak memory and the clustered head's counts.
+pub fn timings_text(e: &Engine<'_>, g: &pi2_engine::Generation) -> String {
+    let prompt_ms = g.prompt_time.as_secs_f64() * 1e3;
+    let predicted_ms = g.predicted_time.as_secs_f64() * 1e3;
+    let (np, ng) = (g.prompt_n, g.tokens.len());
+    let mut out = format!(
+        "prompt eval: {prompt_ms:>8.2} ms / {np:>4} tokens ({:>8.2} tokens per second)\n       eval: {predicted_ms:>8.2} ms / {ng:>4} tokens ({:>8.2} tokens per second)",
+        per_second(np, prompt_ms),
+        per_second(ng, predicted_ms)
+    );
+    if g.drafted > 0 {
+        out += &format!(
+            "\n      draft: {} drafted, {} accepted ({:.0}%), {:.2} tokens per forward pass",
+            g.drafted,
+            g.accepted,
+            100.0 * g.accepted as f64 / g.drafted as f64,
+            ng as f64 / g.decode_passes.max(1) as f64
+        );
+    }
+    if let Some(p) = peak_rss_bytes() {
+        out += &format!("\n   peak RSS: {}", crate::info::human_bytes(p));
+    }
+    if let Some(head) = head_text(&e.head_stats(), e.model().config.n_vocab) {
+        out += &format!("\n{head}");
+    }
+    out
 }

@@ -135,6 +135,21 @@ impl<'m> Prepared<'m> {
         }
     }
 
+    /// [`Prepared::engine_within_budget`] for batches of `want` tokens and at least a checked
+    /// draft of `draft_max` tokens with its token (0: no drafts); refused, naming `--draft-max`,
+    /// when a budget cannot hold such a batch.
+    pub fn engine_for_drafts(&self, want: usize, draft_max: usize) -> Result<(Engine<'_>, usize)> {
+        let checked = draft_max + 1;
+        let (engine, n_batch) = self.engine_within_budget(want.max(checked))?;
+        if n_batch < checked {
+            return Err(RuntimeError::option(
+                "--draft-max",
+                format!("{draft_max}: --mem-budget leaves room for batches of {n_batch} tokens, fewer than such a draft and its token; lower --draft-max or raise the budget"),
+            ));
+        }
+        Ok((engine, n_batch))
+    }
+
     /// The offloaded FFN the options or plan ask for, for an engine built with `cfg` (`None`
     /// if they do not offload).
     pub fn offload(

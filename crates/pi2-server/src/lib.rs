@@ -27,6 +27,7 @@ pub mod wire;
 
 pub use api::Drafts;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -171,6 +172,9 @@ impl ServerConfig {
         if self.model_names.is_empty() {
             return bad("--alias", "the model needs a name".into());
         }
+        if let Err(e) = pi2_engine::DraftConfig::checked(self.draft_max, 1) {
+            return bad("--draft-max", e.to_string());
+        }
         if self.parallel > 1 && prepared.offloads() {
             return bad(
                 "--parallel",
@@ -179,6 +183,17 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// The names clients may ask for: the model file's stem (listed as the id), what the user
+/// typed for it (a path or a catalogue name) and `aliases`.
+pub fn model_names(file: &Path, given: Option<&Path>, aliases: &[String]) -> Vec<String> {
+    let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let mut names = vec![stem.unwrap_or_else(|| "model".into())];
+    names.extend(given.map(|g| g.to_string_lossy().into_owned()));
+    names.extend(aliases.iter().cloned());
+    names.dedup();
+    names
 }
 
 /// Threads and cores for the slots' engines where the user chose no cores: slots share the

@@ -67,10 +67,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let path = super::model_path(&a.model)?;
     let model = pi2_runtime::load_model(&path)?;
     let session = pi2_runtime::SessionOptions {
+        // Thread counts are swept by the bench (`opts.threads`).
         engine: pi2_runtime::EngineOptions {
-            threads: None,
             head_share: a.sparse.head_share(),
-            ..a.model.engine_options_first()?
+            ..ModelArgs {
+                threads: Vec::new(),
+                ..a.model.clone()
+            }
+            .engine_options()?
         },
         sparse: a.sparse.options(),
         mem_budget: None,
@@ -91,50 +95,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut first = true;
     let rows = pi2_runtime::bench::bench(&model, &path, &session, &opts, |row| {
         if let Format::Md = a.output {
-            print_row(row, first, planned);
-            first = false;
+            if std::mem::take(&mut first) {
+                println!("{}", BenchRow::markdown_header(planned));
+            }
+            println!("{}", row.markdown());
         }
     })?;
     if let Format::Json = a.output {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())
-}
-
-/// One markdown row (the header first).
-fn print_row(row: &BenchRow, first: bool, planned: bool) {
-    let plan_cols = |with: &'static str| if planned { with } else { "" };
-    if first {
-        println!(
-            "| model | size | params | backend | threads | ffn | test | t/s |{}",
-            plan_cols(
-                " predicted t/s | measured / predicted | predicted, flash now | measured / that |"
-            )
-        );
-        println!(
-            "| ----- | ---: | -----: | ------- | ------: | --- | ---: | --: |{}",
-            plan_cols(" ---: | ---: | ---: | ---: |")
-        );
-    }
-    let versus = row.predicted_ts.map_or(String::new(), |p| {
-        let now = row.predicted_now_ts.map_or(" - | - |".into(), |n| {
-            format!(" {n:.2} | {:.2} |", row.avg_ts / n)
-        });
-        format!(" {p:.2} | {:.2} |{now}", row.avg_ts / p)
-    });
-    let ffn = match row.head {
-        "clustered" => format!("{} +head", row.ffn),
-        _ => row.ffn.clone(),
-    };
-    println!(
-        "| {} | {:.2} MiB | {:.2} M | {} | {} | {ffn} | {} | {:.2} ± {:.2} |{versus}",
-        row.model,
-        row.size_bytes as f64 / (1 << 20) as f64,
-        row.params as f64 / 1e6,
-        row.backend,
-        row.threads,
-        row.test,
-        row.avg_ts,
-        row.stddev_ts
-    );
 }

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::{generate_drafted, GenerateConfig, StopReason};
 use pi2_model::Message;
+use pi2_runtime::conversation::Conversation;
 use pi2_runtime::text::Utf8Stream;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
@@ -96,71 +97,6 @@ impl Input {
     }
 }
 
-/// The conversation: the system prompt and the turns.
-struct Conversation {
-    system: Option<String>,
-    turns: Vec<Message>,
-}
-
-impl Conversation {
-    fn messages(&self) -> Vec<Message> {
-        let system = self.system.iter().map(|s| Message::new("system", s));
-        system.chain(self.turns.iter().cloned()).collect()
-    }
-
-    fn save(&self, path: &Path) -> Result<()> {
-        let msgs: Vec<serde_json::Value> = self
-            .messages()
-            .iter()
-            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
-            .collect();
-        let text = serde_json::to_string_pretty(&serde_json::json!({ "messages": msgs }))?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .with_context(|| {
-                format!(
-                    "cannot create {} (an existing file is never replaced)",
-                    path.display()
-                )
-            })?;
-        f.write_all(text.as_bytes())?;
-        Ok(())
-    }
-
-    fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not JSON", path.display()))?;
-        let list = v["messages"].as_array().with_context(|| {
-            format!(
-                "{} has no \"messages\" list (write one with /save)",
-                path.display()
-            )
-        })?;
-        let mut c = Conversation {
-            system: None,
-            turns: Vec::new(),
-        };
-        for (i, m) in list.iter().enumerate() {
-            let (Some(role), Some(content)) = (m["role"].as_str(), m["content"].as_str()) else {
-                bail!(
-                    "messages[{i}] in {} needs a role and a content string",
-                    path.display()
-                );
-            };
-            match role {
-                "system" if i == 0 => c.system = Some(content.to_string()),
-                "user" | "assistant" => c.turns.push(Message::new(role, content)),
-                other => bail!("messages[{i}] in {} has the role `{other}`", path.display()),
-            }
-        }
-        Ok(c)
-    }
-}
-
 /// What a line asks for.
 enum Action {
     Send(String),
@@ -173,33 +109,39 @@ fn command(line: &str, conv: &mut Conversation) -> Action {
     let (cmd, arg) = line
         .split_once(' ')
         .map_or((line, ""), |(c, a)| (c, a.trim()));
-    let result: Result<&str> = match cmd {
-        "/exit" | "/quit" => return Action::Done,
-        "/help" => {
-            eprintln!("{HELP}");
-            return Action::Nothing;
-        }
-        "/reset" => {
-            conv.turns.clear();
-            Ok("conversation cleared")
-        }
-        "/system" => {
-            conv.system = (!arg.is_empty()).then(|| arg.to_string());
-            Ok(if arg.is_empty() {
-                "system prompt removed"
-            } else {
-                "system prompt set"
-            })
-        }
-        "/save" if !arg.is_empty() => conv.save(Path::new(arg)).map(|_| "saved"),
-        "/load" if !arg.is_empty() => Conversation::load(Path::new(arg)).map(|c| {
-            *conv = c;
-            "loaded"
-        }),
-        "/save" | "/load" => Err(anyhow::anyhow!("{cmd} needs a file name")),
-        _ if line.starts_with("//") => return Action::Send(line[1..].to_string()),
-        _ => Err(anyhow::anyhow!("unknown command `{cmd}`: /help lists them")),
-    };
+    let result: Result<&str> =
+        match cmd {
+            "/exit" | "/quit" => return Action::Done,
+            "/help" => {
+                eprintln!("{HELP}");
+                return Action::Nothing;
+            }
+            "/reset" => {
+                conv.turns.clear();
+                Ok("conversation cleared")
+            }
+            "/system" => {
+                conv.system = (!arg.is_empty()).then(|| arg.to_string());
+                Ok(if arg.is_empty() {
+                    "system prompt removed"
+                } else {
+                    "system prompt set"
+                })
+            }
+            "/save" if !arg.is_empty() => conv
+                .save(Path::new(arg))
+                .map(|_| "saved")
+                .map_err(Into::into),
+            "/load" if !arg.is_empty() => Conversation::load(Path::new(arg))
+                .map_err(Into::into)
+                .map(|c| {
+                    *conv = c;
+                    "loaded"
+                }),
+            "/save" | "/load" => Err(anyhow::anyhow!("{cmd} needs a file name")),
+            _ if line.starts_with("//") => return Action::Send(line[1..].to_string()),
+            _ => Err(anyhow::anyhow!("unknown command `{cmd}`: /help lists them")),
+        };
     match result {
         Ok(done) => eprintln!("({done})"),
         Err(e) => eprintln!("({})", crate::errors::one_line(&e)),
@@ -208,38 +150,18 @@ fn command(line: &str, conv: &mut Conversation) -> Action {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let draft_model = super::draft_model(&a.draft, &a.model)?;
-    let mut drafter: Option<(Box<dyn pi2_engine::Drafter + '_>, _)> = a.draft.drafter()?;
-    let session = match &draft_model {
-        Some(dm) => super::session_beside_draft(&a.model, &a.session, dm, "", -1, "chat")?,
-        None => a.session.clone(),
-    };
-    let (path, mut opts) = super::session_model(&a.model, &session, "chat")?;
-    if let Some((_, d)) = &drafter {
-        // A checked draft returns a row of logits per token: the budget holds them.
-        opts.engine.logit_rows = d.max + 1;
-    }
+    let (dm, path, opts) = super::drafted_session(&a.model, &a.session, &a.draft, "", -1, "chat")?;
     let model = pi2_runtime::load_model(&path)?;
     let template = model.chat_template()?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
+    let mut drafter = a.draft.drafter()?;
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens (fewer where a memory
     // budget cannot hold the buffers of such batches): buffers for those.
-    let (mut engine, n_batch) = prepared.engine_within_budget(GenerateConfig::default().n_batch)?;
-    let checked = drafter.as_ref().map_or(1, |(_, d)| d.max + 1);
-    if n_batch < checked {
-        bail!("--mem-budget leaves room for batches of {n_batch} tokens, fewer than a draft of --draft-max {} and its token: lower --draft-max or raise the budget", checked - 1);
-    }
-    if let (Some(dm), Some((d, _))) = (&draft_model, &mut drafter) {
-        let base = super::engine_config(&a.model)?;
-        let budget = opts.mem_budget.is_some();
-        *d = Box::new(pi2_runtime::draft::engine(dm, &base, &engine, budget)?);
-    }
+    let want = GenerateConfig::default().n_batch;
+    let (mut engine, n_batch) = super::drafted_engine(&prepared, want, &mut drafter, dm.as_ref())?;
     let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
     let tok = &model.tokenizer;
-    let mut conv = Conversation {
-        system: a.system.clone(),
-        turns: Vec::new(),
-    };
+    let mut conv = Conversation::new(a.system.clone());
     let cfg = GenerateConfig {
         max_tokens: Some(a.n_predict),
         ignore_eos: false,
@@ -274,15 +196,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let room = engine
             .n_ctx()
             .saturating_sub(a.n_predict.min(engine.n_ctx() / 4) + 1);
-        let mut prompt = template.encode(tok, &conv.messages(), true)?;
-        let mut dropped = 0;
-        while a.context_shift && prompt.len() > room && conv.turns.len() > 1 {
-            // The oldest exchange goes (a user turn and the reply after it).
-            let n = if conv.turns.len() > 2 { 2 } else { 1 };
-            conv.turns.drain(..n);
-            dropped += n;
-            prompt = template.encode(tok, &conv.messages(), true)?;
-        }
+        let (prompt, dropped) = conv.encode_within(&template, tok, room, a.context_shift)?;
         if dropped > 0 {
             eprintln!("(context shift: dropped the {dropped} oldest turns)");
         }

@@ -1,8 +1,6 @@
 //! `pi2 convert`: a model re-laid out as hot-first neuron bundles, with predictors and thresholds
 //! (mixture-of-experts models: every expert's neurons, no predictors).
 
-use pi2_runtime::sparse::check_sparsity;
-
 fn parse_type(name: &str) -> pi2_runtime::Result<pi2_kernels::QuantType> {
     pi2_runtime::options::parse_type("--down-type", name)
 }
@@ -98,46 +96,19 @@ pub struct ConvertArgs {
     pub force: bool,
 }
 
-fn sparsity(a: &ConvertArgs) -> Result<Sparsity> {
-    if a.sparsity != "auto" {
-        let s: f32 =
-            a.sparsity.parse().ok().with_context(|| {
-                format!("--sparsity `{}`: expected auto or a number", a.sparsity)
-            })?;
-        return Ok(Sparsity::Uniform(check_sparsity(s)?));
-    }
-    if !(a.max_ppl_increase > 0.0 && a.max_ppl_increase <= 100.0) {
-        bail!(
-            "--max-ppl-increase {} is outside 0..100 (percent)",
-            a.max_ppl_increase
-        );
-    }
-    if !(16..=1 << 16).contains(&a.sensitivity_tokens) {
-        bail!(
-            "--sensitivity-tokens {} is outside 16..65536",
-            a.sensitivity_tokens
-        );
-    }
-    Ok(Sparsity::Auto {
-        max_increase: f64::from(a.max_ppl_increase) / 100.0,
-        sensitivity_tokens: a.sensitivity_tokens,
-    })
-}
-
 /// The pipeline's options from the arguments, every one checked.
 fn options(a: &ConvertArgs) -> Result<ConvertOptions> {
-    if !(a.head_share > 0.0 && a.head_share <= 1.0) {
-        bail!("--head-share {} is outside (0, 1]", a.head_share);
-    }
-    if a.head_cluster == 0 || !a.head_cluster.is_multiple_of(8) || a.head_cluster > 1 << 16 {
-        bail!(
-            "--head-cluster {} is not a multiple of 8 in 8..65536",
-            a.head_cluster
-        );
-    }
-    if !(0.5..=1.0).contains(&a.recall) {
-        bail!("--recall {} is outside 0.5..1", a.recall);
-    }
+    let sparsity = match a.sparsity.as_str() {
+        "auto" => Sparsity::Auto {
+            max_increase: f64::from(a.max_ppl_increase) / 100.0,
+            sensitivity_tokens: a.sensitivity_tokens,
+        },
+        s => Sparsity::Uniform(
+            s.parse()
+                .ok()
+                .with_context(|| format!("--sparsity `{s}`: expected auto or a number"))?,
+        ),
+    };
     let predictor = match a.predictor.as_deref() {
         None => None,
         Some("none") => Some(None),
@@ -145,9 +116,9 @@ fn options(a: &ConvertArgs) -> Result<ConvertOptions> {
             format!("unknown predictor `{k}` (lowrank, trained, none)")
         })?)),
     };
-    Ok(ConvertOptions {
+    let opts = ConvertOptions {
         chunk: a.chunk,
-        sparsity: sparsity(a)?,
+        sparsity,
         predictor,
         fit: FitConfig {
             target_recall: a.recall,
@@ -169,7 +140,9 @@ fn options(a: &ConvertArgs) -> Result<ConvertOptions> {
             ..ConvertConfig::default()
         },
         expert_threshold: a.threshold,
-    })
+    };
+    opts.check()?;
+    Ok(opts)
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {
@@ -186,7 +159,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     .collect();
     super::check_outputs(&[&a.output], &inputs, a.force)?;
     let model = load_model(&a.model)?;
-    let (tokens, name) = super::profile::calibration_tokens(&model, a.file.as_deref(), a.tokens)?;
+    let (tokens, name) = pi2_convert::calibration::tokens(&model, a.file.as_deref(), a.tokens)?;
     let profile = match (&a.profile, model.config.n_expert) {
         (Some(p), 0) => Some(Profile::load(p).with_context(|| format!("profile {}", p.display()))?),
         (None, 0) => bail!("--profile is required (make one with `pi2 profile`)"),
@@ -210,11 +183,15 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     .with_context(|| format!("{} was not written", a.output.display()));
     drop(bars);
     let done = done?;
-    if let Some(c) = &done.choice {
-        print_sensitivity(c, opts.layout.held_out);
+    if let Some(choice) = &done.choice {
+        let held_out = opts.layout.held_out;
+        println!(
+            "{}",
+            convert::describe::SensitivityTable { choice, held_out }
+        );
     }
     if let Some(r) = &done.report {
-        print_report(&r.layers, r.head);
+        println!("{r}");
     }
     if let Some(counts) = &done.experts {
         super::profile::print_expert_counts(&model, counts);
@@ -226,73 +203,4 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// The per-layer table of what `convert` chose, and the clustered head.
-fn print_report(report: &[convert::LayerReport], head: Option<convert::HeadReport>) {
-    println!("layer  threshold  fired  rank  recall  candidates");
-    for (i, r) in report.iter().enumerate() {
-        println!(
-            "{i:>5}  {:>9.4}  {:>5.3}  {:>4}  {:>6.3}  {:>10.3}",
-            r.threshold, r.fired, r.rank, r.recall, r.candidates
-        );
-    }
-    let n = report.len() as f32;
-    println!(
-        "mean   {:>9}  {:>5.3}  {:>4.0}  {:>6.3}  {:>10.3}",
-        "",
-        report.iter().map(|r| r.fired).sum::<f32>() / n,
-        report.iter().map(|r| r.rank as f32).sum::<f32>() / n,
-        report.iter().map(|r| r.recall).sum::<f32>() / n,
-        report.iter().map(|r| r.candidates).sum::<f32>() / n
-    );
-    if let Some(h) = head {
-        println!(
-            "head: {} clusters of {} rows, centroids {:.1} MB ({:.1}% of the output matrix); \
-             scoring {:.0}% of the rows, held-out calibration tokens: top-1 agreement {:.2}%, \
-             mass {:.3} ({} tokens)",
-            h.clusters,
-            h.cluster,
-            h.centroid_bytes as f64 / 1e6,
-            100.0 * h.centroid_bytes as f64 / h.output_bytes as f64,
-            100.0 * h.share,
-            100.0 * h.check.top1,
-            h.check.mass,
-            h.check.tokens
-        );
-    }
-}
-
-/// The sensitivity table and the held-out check of `--sparsity auto`.
-fn print_sensitivity(c: &convert::sensitivity::QualityChoice, held_out: f32) {
-    println!(
-        "sensitivity (KL divergence from dense, nats/token, {} tokens; one layer sparse at a time):",
-        c.sensitivity.tokens
-    );
-    let levels: Vec<String> = c
-        .sensitivity
-        .levels
-        .iter()
-        .map(|s| format!("{s:>7.2}"))
-        .collect();
-    println!("layer  {}  chosen  threshold", levels.join(" "));
-    for (l, kl) in c.sensitivity.kl.iter().enumerate() {
-        let row: Vec<String> = kl.iter().map(|v| format!("{v:>7.4}")).collect();
-        println!(
-            "{l:>5}  {}  {:>6.2}  {:>9.4}",
-            row.join(" "),
-            c.sparsity[l],
-            c.thresholds[l]
-        );
-    }
-    let mean = c.sparsity.iter().sum::<f32>() / c.sparsity.len().max(1) as f32;
-    println!(
-        "held-out perplexity (the last {:.0}% of the calibration tokens): dense {:.4}, sparse {:.4} ({:+.2}%); mean sparsity {:.3}; {} held-out checks",
-        100.0 * held_out,
-        c.dense_ppl,
-        c.sparse_ppl,
-        100.0 * (c.sparse_ppl / c.dense_ppl - 1.0),
-        mean,
-        c.budgets.len()
-    );
 }

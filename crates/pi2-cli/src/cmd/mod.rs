@@ -47,32 +47,7 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
     if a.list {
         let stamps = pi2_runtime::convert_cache::stamps_path();
         for m in pi2_catalog::MODELS {
-            let path = dir.join(m.file);
-            let here = if !path.exists() {
-                "not fetched".to_string()
-            } else {
-                match pi2_catalog::verify(m, &path, &stamps)? {
-                    pi2_catalog::Check::Verified => "present, sha256 verified".into(),
-                    pi2_catalog::Check::Changed(_) => format!(
-                        "present but CORRUPT or replaced (sha256 differs): `pi2 fetch-model {} --force`",
-                        m.name
-                    ),
-                }
-            };
-            let default = if m.name == pi2_catalog::DEFAULT {
-                " (default)"
-            } else {
-                ""
-            };
-            println!("{}{default}", m.name);
-            println!(
-                "  file     {} ({:.1} MiB, {here})",
-                path.display(),
-                m.size as f64 / (1 << 20) as f64
-            );
-            println!("  source   {}", m.source);
-            println!("  licence  {}", m.licence);
-            println!("  sha256   {}", m.sha256);
+            println!("{}", pi2_catalog::describe(m, &dir, &stamps)?);
         }
         return Ok(());
     }
@@ -93,50 +68,10 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
     Ok(())
 }
 
+pub use pi2_runtime::files::check_outputs;
+
 /// The model path from `-m` (a file, or a catalogue name fetched on first use), or the
 /// default model.
-/// Refuses outputs that would replace a file this command reads (whatever `force` says: paths
-/// compared after resolving links), or an existing file without `force`. Every command that
-/// writes files checks its outputs here before any work.
-pub fn check_outputs(
-    outputs: &[&std::path::Path],
-    inputs: &[&std::path::Path],
-    force: bool,
-) -> Result<()> {
-    let resolved: Vec<PathBuf> = inputs
-        .iter()
-        .filter_map(|p| p.canonicalize().ok())
-        .collect();
-    for out in outputs {
-        if let Ok(o) = out.canonicalize() {
-            if let Some(i) = inputs.iter().zip(&resolved).find(|(_, r)| **r == o) {
-                bail!(
-                    "{} is {} this command reads; choose another output file",
-                    out.display(),
-                    if i.0 == out {
-                        "a file".to_string()
-                    } else {
-                        format!("{} (a file)", i.0.display())
-                    }
-                );
-            }
-        }
-        if out.exists() && !force {
-            bail!("{} exists; pass --force to replace it", out.display());
-        }
-        // Checked before any work, and never created: a mistyped folder is the user's to fix.
-        let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
-        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            bail!(
-                "cannot write {}: the folder {} does not exist (create it, or choose another output)",
-                out.display(),
-                dir.display()
-            );
-        }
-    }
-    Ok(())
-}
-
 pub fn model_path(a: &ModelArgs) -> Result<PathBuf> {
     fetch::resolve(a.model.as_deref())
 }
@@ -151,26 +86,19 @@ pub fn session_model(
     let path = model_path(a)?;
     let opts = session_options(a, session, command)?;
     let mut bars = profile::Bars::default();
-    let budget = opts.mem_budget.clone().unwrap_or_default();
     Ok(pi2_runtime::open::model_file(&path, &opts, &mut |n| {
         use pi2_runtime::open::Notice;
         match n {
-            Notice::FitsInMemory { whole, budget: b } => eprintln!(
-                "pi2: the whole model ({} with this process and its KV cache) fits in --mem-budget {budget} ({}): it runs in memory, no budget applies",
-                crate::rss::human(whole),
-                crate::rss::human(b)
-            ),
-            Notice::Converting { from, to } => eprintln!(
-                "pi2: converting {} for --mem-budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
-                from.display(),
-                to.display()
-            ),
             Notice::Progress { phase, done, total } => bars.show(phase, done, total),
             Notice::Converted { seconds } => eprintln!(
                 "pi2: converted in {seconds:.0} s ({}); later runs reuse it",
                 bars.summary()
             ),
-            Notice::Catalog(_) => {}
+            other => {
+                if let Some(line) = other.line() {
+                    eprintln!("{line}");
+                }
+            }
         }
     })?)
 }
@@ -181,20 +109,6 @@ pub fn load_model(a: &ModelArgs) -> Result<Model> {
 }
 
 impl ModelArgs {
-    /// The engine options with the first of several thread counts (`pi2 bench` sweeps them).
-    pub fn engine_options_first(&self) -> Result<pi2_runtime::EngineOptions> {
-        ModelArgs {
-            threads: self
-                .threads
-                .first()
-                .map(|&t| t.max(1))
-                .into_iter()
-                .collect(),
-            ..self.clone()
-        }
-        .engine_options()
-    }
-
     /// The runtime's engine options (one thread count; `pi2 bench` sweeps its list itself).
     pub fn engine_options(&self) -> Result<pi2_runtime::EngineOptions> {
         let threads = match self.threads[..] {
@@ -238,10 +152,6 @@ pub fn engine_config(a: &ModelArgs) -> Result<EngineConfig> {
     Ok(a.engine_options()?.config()?)
 }
 
-pub fn engine<'m>(model: &'m Model, a: &ModelArgs) -> Result<Engine<'m>> {
-    Ok(Engine::new(model, &engine_config(a)?)?)
-}
-
 /// The sampler of `a` for a model of `n_vocab` tokens.
 pub fn sampler(a: &SampleArgs, n_vocab: usize) -> anyhow::Result<Sampler> {
     if let Some((t, _)) = a.logit_bias.iter().find(|b| b.0 as usize >= n_vocab) {
@@ -274,41 +184,58 @@ pub fn sampler(a: &SampleArgs, n_vocab: usize) -> anyhow::Result<Sampler> {
     Ok(Sampler::new(cfg))
 }
 
-/// The model `--draft-model` names, loaded and checked against the model's vocabulary.
-pub fn draft_model(d: &crate::args::DraftArgs, target: &ModelArgs) -> Result<Option<Model>> {
-    let Some(spec) = &d.draft_model else {
-        return Ok(None);
-    };
-    let draft = pi2_runtime::load_model(&fetch::resolve(Some(spec))?)?;
-    let target = pi2_runtime::load_model(&model_path(target)?)?;
-    pi2_runtime::draft::check(&target, &draft)?;
-    Ok(Some(draft))
-}
+/// A session's model file and options beside its drafts, and the `--draft-model` (loaded and
+/// checked against the model's vocabulary), whose memory is taken out of `--mem-budget` (its
+/// context sized for `prompt` and `n_predict` tokens, -1: the whole context); engines keep a
+/// row of logits per checked token.
+/// A draft model and the engine settings its engine starts from.
+pub type DraftModel = (Model, EngineConfig);
 
-/// The session's options with the draft model's memory taken out of `--mem-budget` (its
-/// context sized as `run` sizes the session's: the prompt, `n_predict` tokens and room for a
-/// chat template's markup).
-pub fn session_beside_draft(
+pub fn drafted_session(
     a: &ModelArgs,
     session: &sparse_args::SessionArgs,
-    draft: &Model,
+    draft: &crate::args::DraftArgs,
     prompt: &str,
     n_predict: i64,
     command: &str,
-) -> Result<sparse_args::SessionArgs> {
-    let Some(budget) = session.offload.one_budget(command)? else {
-        return Ok(session.clone());
+) -> Result<(Option<DraftModel>, PathBuf, pi2_runtime::SessionOptions)> {
+    let drafts = draft.drafter()?.map(|(_, cfg)| cfg.max);
+    let draft_model = match &draft.draft_model {
+        Some(spec) => {
+            let dm = pi2_runtime::load_model(&fetch::resolve(Some(spec))?)?;
+            pi2_runtime::draft::check(&pi2_runtime::load_model(&model_path(a)?)?, &dm)?;
+            Some((dm, engine_config(a)?))
+        }
+        None => None,
     };
-    let mut cfg = engine_config(a)?;
-    let train = draft.config.n_ctx_train;
-    let asked = if cfg.n_ctx == 0 { train } else { cfg.n_ctx };
-    cfg.n_ctx = match usize::try_from(n_predict) {
-        Ok(n) => asked.min(draft.tokenizer.encode(prompt, true, true).len() + n + 64),
-        Err(_) => asked,
-    };
-    let reserved = pi2_runtime::draft::footprint(draft, &cfg, 512);
-    let file = std::fs::metadata(model_path(a)?)?.len();
-    let mut out = session.clone();
-    out.offload.mem_budget = vec![pi2_runtime::draft::budget_less(&budget, file, reserved)?];
-    Ok(out)
+    let mut session = session.clone();
+    if let (Some((dm, cfg)), Some(budget)) = (&draft_model, session.offload.one_budget(command)?) {
+        let file = std::fs::metadata(model_path(a)?)?.len();
+        let n = usize::try_from(n_predict).ok();
+        let left = pi2_runtime::draft::budget_beside(&budget, file, dm, cfg, prompt, n)?;
+        session.offload.mem_budget = vec![left];
+    }
+    let (path, mut opts) = session_model(a, &session, command)?;
+    if let Some(max) = drafts {
+        // A checked draft returns a row of logits per token: the budget holds them.
+        opts.engine.logit_rows = max + 1;
+    }
+    Ok((draft_model, path, opts))
+}
+
+/// The engine for batches of up to `want` tokens (fewer under a budget), refused when a draft
+/// of `draft_max` tokens and its token do not fit a batch; with a draft model, its drafter.
+pub fn drafted_engine<'p>(
+    prepared: &'p pi2_runtime::Prepared<'_>,
+    want: usize,
+    drafter: &mut Option<(Box<dyn pi2_engine::Drafter + 'p>, pi2_engine::DraftConfig)>,
+    draft_model: Option<&'p DraftModel>,
+) -> Result<(Engine<'p>, usize)> {
+    let draft_max = drafter.as_ref().map_or(0, |(_, d)| d.max);
+    let (engine, n_batch) = prepared.engine_for_drafts(want, draft_max)?;
+    if let (Some((dm, base)), Some((d, _))) = (draft_model, drafter) {
+        let budget = prepared.offloads();
+        *d = Box::new(pi2_runtime::draft::engine(dm, base, &engine, budget)?);
+    }
+    Ok((engine, n_batch))
 }

@@ -4,7 +4,6 @@ use crate::args::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::perplexity::{n_chunks, perplexity, PerplexityConfig};
-use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -39,8 +38,7 @@ pub struct PerplexityArgs {
 pub fn run(mut a: PerplexityArgs) -> Result<()> {
     // llama-perplexity's context default is the model's; here -c keeps pi2's common default of
     // 4096 unless given, so pass `-c 512` to reproduce the usual numbers.
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let text = pi2_runtime::files::read_text(&a.file, "the text", 1 << 30)?;
     let (path, mut opts) = super::session_model(&a.model, &a.session, "perplexity")?;
     let model = pi2_runtime::load_model(&path)?;
     if a.model.ctx_size == 0 {
@@ -103,38 +101,21 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         last.ppl, last.stderr
     )?;
     if sparse.is_some() {
-        super::sparse_args::print_stats(engine.sparse_stats());
+        eprintln!(
+            "{}",
+            pi2_runtime::report::sparse_text(engine.sparse_stats())
+        );
     }
     let head = engine.head_stats();
-    if let (Some(top1), Some(mass)) = (head.top1_agreement(), head.mass()) {
-        eprintln!(
-            "head: top-1 agreement with the whole output matrix {:.2}%, mass on the scored rows {:.4}, over {} tokens ({:.0} rows per token)",
-            100.0 * top1,
-            mass,
-            head.checked,
-            head.rows as f64 / head.steps.max(1) as f64
-        );
+    if let Some(check) = pi2_runtime::report::head_check_text(&head) {
+        eprintln!("{check}");
     }
     let scored = last.chunk * (n_ctx - n_ctx / 2 - 1);
     let secs = t0.elapsed().as_secs_f64();
     eprintln!("perplexity: {scored} tokens scored in {secs:.1} s");
     if a.json {
-        let mut report = json!({
-            "ppl": last.ppl,
-            "stderr": last.stderr,
-            "chunks": last.chunk,
-            "n_ctx": n_ctx,
-            "tokens_scored": scored,
-            "seconds": secs,
-            "head_top1_agreement": head.top1_agreement(),
-            "head_mass": head.mass(),
-            "peak_rss_bytes": crate::rss::peak_rss_bytes(),
-        });
-        let counts = pi2_runtime::report::engine_json(&engine, scored, secs);
-        if let (Some(r), serde_json::Value::Object(c)) = (report.as_object_mut(), counts) {
-            r.extend(c);
-        }
         drop(out);
+        let report = pi2_runtime::report::perplexity_json(&engine, last, n_ctx, scored, secs);
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())

@@ -4,8 +4,7 @@
 use crate::args::ModelArgs;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use pi2_planner::cost::Mode;
-use pi2_planner::{Objective, PlanFile};
+use pi2_planner::Objective;
 use pi2_runtime::hardware::{measure, ProfileRequest};
 use pi2_runtime::plan::{solve, PlanRequest};
 use std::path::PathBuf;
@@ -116,141 +115,13 @@ pub fn profile_hw(a: ProfileHwArgs) -> Result<()> {
         progress: &progress,
     })?;
     hw.save(&out)?;
-    print_hw(&hw);
+    println!("{hw}");
     println!(
         "hardware profile {} written to {}",
         hw.fingerprint,
         out.display()
     );
     Ok(())
-}
-
-/// A table of the measured rates, and the flash fit.
-fn print_hw(hw: &pi2_planner::HardwareProfile) {
-    println!("| class | threads | step us | RAM GB/s | Q4_1 matvec GB/s | Q4_1 gather GB/s | Q8_0 axpy GB/s |");
-    println!("| ----- | ------: | ------: | -------: | ---------------: | ---------------: | -------------: |");
-    for c in &hw.classes {
-        for r in &c.rates {
-            let rate = |op, ty: &str| {
-                r.kernels
-                    .iter()
-                    .find(|k| k.op == op && k.ty == ty)
-                    .map_or(0.0, |k| k.bytes_per_sec / 1e9)
-            };
-            use pi2_planner::hw::KernelOp::*;
-            println!(
-                "| {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
-                c.name,
-                r.threads,
-                r.step_ns / 1e3,
-                r.mem_bytes_per_sec / 1e9,
-                rate(Matvec, "Q4_1"),
-                rate(Gather, "Q4_1"),
-                rate(Axpy, "Q8_0")
-            );
-        }
-    }
-    let f = &hw.flash;
-    println!(
-        "flash ({}): {:.0} us + size / {:.0} MB/s per read",
-        f.engine,
-        f.latency_us,
-        f.bytes_per_sec / 1e6
-    );
-    println!(
-        "reader handling (copy, checksum, report): {:.0} ns per request + size / {:.0} MB/s",
-        f.handling_ns_per_request,
-        f.handling_bytes_per_sec / 1e6
-    );
-}
-
-fn print_plan(p: &PlanFile, secs: f64) {
-    let k = &p.knobs;
-    let mode = match k.mode {
-        Mode::Dense => "dense (in memory)".to_string(),
-        Mode::Sparse => "sparse (in memory)".to_string(),
-        Mode::Offload => format!(
-            "offload: budget {:.1} MiB, hot share {}, cluster {}, merge gap {} K, max read {} K, depth {}",
-            k.budget as f64 / (1 << 20) as f64,
-            k.hot_share,
-            k.cluster,
-            k.merge_gap >> 10,
-            k.max_read >> 10,
-            k.io_depth
-        ),
-    };
-    eprintln!(
-        "plan: {} thread(s) on CPUs {:?}, {mode}{}",
-        k.threads,
-        p.cpus,
-        if k.mode == Mode::Sparse {
-            format!(", cluster {}", k.cluster)
-        } else {
-            String::new()
-        }
-    );
-    let pr = &p.predicted;
-    eprintln!(
-        "predicted: decode {:.2} tok/s, prefill {:.1} tok/s (batches of {}), memory {:.1} MiB{}",
-        pr.decode_tps,
-        pr.prefill_tps,
-        p.n_batch,
-        pr.memory as f64 / (1 << 20) as f64,
-        pr.hit_rate.map_or(String::new(), |h| format!(
-            ", hit rate {:.3}, {:.2} MB read per token in {:.0} reads",
-            h,
-            pr.read_bytes_per_token / 1e6,
-            pr.device_reads_per_token
-        ))
-    );
-    eprintln!(
-        "solver: {} of {} plans evaluated in {:.2} s",
-        p.evaluated, p.space_size, secs
-    );
-}
-
-fn print_explain(p: &PlanFile) {
-    let b = &p.predicted.breakdown;
-    let total = b.total();
-    eprintln!("predicted time per decoded token: {:.2} ms", total * 1e3);
-    for (name, v) in [
-        ("attention", b.attention),
-        ("predictor", b.predictor),
-        ("FFN compute", b.ffn_compute),
-        ("reads not hidden", b.io_exposed),
-        ("output head", b.output),
-        ("parallel steps", b.steps),
-        ("serial work", b.serial),
-    ] {
-        eprintln!(
-            "  {name:<17} {:>8.3} ms {:>5.1}%",
-            v * 1e3,
-            v / total * 100.0
-        );
-    }
-    if b.io_total > 0.0 {
-        eprintln!("  (device busy {:.3} ms per token)", b.io_total * 1e3);
-    }
-}
-
-/// The predicted speed of the best plan at each memory limit, as bars.
-fn print_curve(curve: &[(u64, Option<f64>)], file_bytes: u64) {
-    let top = curve
-        .iter()
-        .filter_map(|c| c.1)
-        .fold(0.0, f64::max)
-        .max(1e-9);
-    eprintln!("predicted decode speed vs memory limit:");
-    for &(l, tps) in curve {
-        let bar = tps.map_or(0, |t| (t / top * 50.0).round() as usize);
-        eprintln!(
-            "  {:>8.1} MiB ({:>3.0}%) {:<50} {}",
-            l as f64 / (1 << 20) as f64,
-            l as f64 / file_bytes as f64 * 100.0,
-            "#".repeat(bar),
-            tps.map_or("infeasible".into(), |t| format!("{t:.2} tok/s"))
-        );
-    }
 }
 
 pub fn plan(a: PlanArgs) -> Result<()> {
@@ -285,10 +156,14 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         curve: a.explain,
     };
     let solved = solve(&model, &path, &engine, &hw, &req)?;
-    print_plan(&solved.plan, solved.solve_secs);
+    eprintln!("{} in {:.2} s", solved.plan, solved.solve_secs);
     if a.explain {
-        print_explain(&solved.plan);
-        print_curve(&solved.curve, file_bytes);
+        eprint!("{}", solved.plan.predicted.breakdown);
+        let points = &solved.curve;
+        eprint!(
+            "{}",
+            pi2_planner::describe::SpeedCurve { points, file_bytes }
+        );
     }
     if let Some(o) = &a.output {
         solved.plan.save(o, a.force)?;

@@ -42,8 +42,7 @@ pub fn run(a: ProfileIoArgs) -> Result<()> {
     }
     let mut points = Vec::new();
     if !a.json {
-        println!("| read size | depth | span | MB/s | p50 us | p99 us | engine |");
-        println!("| --------: | ----: | ---: | ---: | -----: | -----: | ------ |");
+        println!("{}", pi2_io::measure::IoPoint::MARKDOWN_HEADER);
     }
     for &span in &spans {
         for &rs in &sizes {
@@ -57,16 +56,7 @@ pub fn run(a: ProfileIoArgs) -> Result<()> {
                 )
                 .with_context(|| format!("profiling {}", a.path.display()))?;
                 if !a.json {
-                    println!(
-                        "| {} | {} | {:.1} MiB | {:.1} | {:.0} | {:.0} | {} |",
-                        p.read_size,
-                        p.depth,
-                        p.span as f64 / (1 << 20) as f64,
-                        p.bytes_per_sec / 1e6,
-                        p.lat_p50_us,
-                        p.lat_p99_us,
-                        p.engine
-                    );
+                    println!("{p}");
                 }
                 points.push(serde_json::json!({
                     "read_size": p.read_size, "depth": p.depth, "span": p.span,

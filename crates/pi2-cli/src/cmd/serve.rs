@@ -63,15 +63,10 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    a.draft.drafter()?; // checks the lengths and sources
-                        // The draft model lives as long as the server; its memory comes out of the budget first.
-    let draft_model: Option<&'static _> =
-        super::draft_model(&a.draft, &a.model)?.map(|m| &*Box::leak(Box::new(m)));
-    let session = match draft_model {
-        Some(dm) => super::session_beside_draft(&a.model, &a.session, dm, "", -1, "serve")?,
-        None => a.session.clone(),
-    };
-    let (path, mut opts) = super::session_model(&a.model, &session, "serve")?;
+    // The draft model lives as long as the server; its memory comes out of the budget first.
+    let (draft_model, path, mut opts) =
+        super::drafted_session(&a.model, &a.session, &a.draft, "", -1, "serve")?;
+    let draft_model: Option<&'static _> = draft_model.map(|(m, _)| &*Box::leak(Box::new(m)));
     // Any request may check a draft: every engine's logit rows (and a budget) hold one.
     opts.engine.logit_rows = a.draft.draft_max + 1;
     pi2_server::place_slots(&mut opts.engine, a.parallel);
@@ -80,15 +75,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let model: &'static _ = Box::leak(Box::new(pi2_runtime::load_model(&path)?));
     let prepared: &'static _ = Box::leak(Box::new(pi2_runtime::prepare(model, &path, &opts)?));
     // Named after the file the user gave, not its cached conversion.
-    let named = super::model_path(&a.model)?;
-    let mut names = vec![named
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned())];
-    if let Some(given) = &a.model.model {
-        names.push(given.to_string_lossy().into_owned());
-    }
-    names.extend(a.alias.iter().cloned());
-    names.dedup();
+    let file = super::model_path(&a.model)?;
+    let names = pi2_server::model_names(&file, a.model.model.as_deref(), &a.alias);
     let cfg = pi2_server::ServerConfig {
         host: a.host.clone(),
         port: a.port,

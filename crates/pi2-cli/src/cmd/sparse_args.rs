@@ -65,43 +65,6 @@ impl SparseArgs {
     }
 }
 
-/// The measured fractions on stderr: candidates, confirmed, FFN bytes, recall per layer.
-pub fn print_stats(st: &pi2_engine::SparseStats) {
-    eprintln!(
-        "sparse: candidates {:.3}, confirmed {:.3} (FFN sparsity {:.3}), FFN bytes {:.3} of dense",
-        st.candidate_fraction(),
-        st.confirmed_fraction(),
-        1.0 - st.confirmed_fraction(),
-        st.byte_fraction()
-    );
-    if let Some(r) = st.total_recall() {
-        let per: Vec<String> = st
-            .recall()
-            .iter()
-            .map(|r| r.map_or("-".into(), |r| format!("{r:.3}")))
-            .collect();
-        eprintln!(
-            "sparse: predictor recall {r:.4}; per layer {}",
-            per.join(" ")
-        );
-    }
-}
-
-/// The clustered head's counts on stderr (nothing when it did not run).
-pub fn print_head_stats(st: &pi2_engine::HeadStats, n_vocab: usize) {
-    if st.steps == 0 {
-        return;
-    }
-    let per = |x: u64| x as f64 / st.steps as f64;
-    eprintln!(
-        "head: {:.0} rows ({:.2}% of the vocabulary) and {:.0} KB per token ({:.0} KB from flash)",
-        per(st.rows),
-        100.0 * per(st.rows) / n_vocab as f64,
-        per(st.bytes) / 1e3,
-        per(st.flash_bytes) / 1e3,
-    );
-}
-
 /// Options for running a converted model larger than memory (`run`, `bench`).
 #[derive(Args, Clone, Debug, Default)]
 pub struct OffloadArgs {

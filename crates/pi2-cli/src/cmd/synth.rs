@@ -9,7 +9,7 @@ use pi2_model::{FfnAct, GgufFile};
 use pi2_runtime::options::parse_type;
 use std::fs::File;
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct SynthArgs {
@@ -59,9 +59,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         alpha: a.alpha,
         seed: a.seed,
     };
-    if a.output.exists() && !a.force {
-        bail!("{} exists; pass --force to replace it", a.output.display());
-    }
+    super::check_outputs(&[&a.output], &[], a.force)?;
     let tok_path = crate::fetch::resolve(a.tokenizer.as_deref())?;
     let tok = GgufFile::open(&tok_path)
         .with_context(|| format!("cannot read the tokenizer source {}", tok_path.display()))?;
@@ -71,7 +69,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let free = free_bytes(&dir)?;
+    let free = pi2_io::measure::free_bytes(&dir).unwrap_or(u64::MAX / 2);
     // A file being replaced gives its room back.
     let reclaimed = std::fs::metadata(&a.output).map_or(0, |m| m.len());
     if total > free + reclaimed {
@@ -116,17 +114,4 @@ fn write(model: &StandIn, out: &mut BufWriter<File>, total: u64) -> std::io::Res
     model.write(out, &mut |n| pb.inc(n))?;
     pb.finish_and_clear();
     Ok(())
-}
-
-/// Free bytes for an unprivileged writer on the file system holding `dir`.
-fn free_bytes(dir: &Path) -> Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and a zeroed struct for the kernel to fill.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("cannot query free space of {}", dir.display()));
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
