@@ -5,7 +5,7 @@ the peak memory of a Python process under a memory budget.
     python3 bench/embedding_apis.py [--model qwen2.5-coder-0.5b] [--tokens 128] [--rounds 5] \
         [--budget 50%] [--name NAME]
 
-Interleaved rounds, each: `pi2 run -p P -n N --temp 0 --ignore-eos -t 2 --json`, the C example
+Interleaved rounds, each: `pi2 run -p P -n N --temp 0 --ignore-eos -t 2 --json` (`-b 8` under a budget), the C example
 (`examples/c/generate.c`, built by `cargo xtask c-example`) and `pi2.Model(...).generate(...)`,
 all in memory and all under `--mem-budget B` (from the plain GGUF's cached conversion, made
 once before); generation tokens per second as each reports it (prompt excluded). Then the
@@ -22,18 +22,22 @@ import pi2bench  # noqa: E402
 PY = pi2bench.ROOT / "target" / "py-venv" / "bin" / "python"
 C_EXAMPLE = pi2bench.ROOT / "target" / "c-example" / "generate"
 PROMPT = "def quicksort(xs):"
+# Under a budget the prompt batch's buffers share the neuron cache's room: all three front ends
+# size them for the same batch (`pi2 run` would otherwise size them to its prompt, and a
+# session for 64 tokens).
+BATCH = 8
 
 PY_CODE = """
 import json, sys, pi2
 model, budget, n = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
-m = pi2.Model(model, mem_budget=budget, threads=2)
+m = pi2.Model(model, mem_budget=budget, threads=2, n_batch=int(sys.argv[5]) if budget else None)
 m.generate(sys.argv[4], max_tokens=n, temperature=0, ignore_eos=True)
 print(json.dumps(m.stats()))
 """
 
 
 def pi2_run(model, n, budget):
-    extra = ["--mem-budget", budget] if budget else []
+    extra = ["--mem-budget", budget, "-b", str(BATCH)] if budget else []
     out = subprocess.run([pi2bench.pi2(), "run", "-m", model, "-p", PROMPT, "-n", str(n), "--temp", "0",
                           "--ignore-eos", "-t", "2", "--json", *extra], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["timings"]["predicted_per_second"]
@@ -42,13 +46,13 @@ def pi2_run(model, n, budget):
 def c_api(model, n, budget):
     env = dict(os.environ, PI2_IGNORE_EOS="1")
     if budget:
-        env["PI2_MEM_BUDGET"] = budget
+        env.update(PI2_MEM_BUDGET=budget, PI2_N_BATCH=str(BATCH))
     out = subprocess.run([str(C_EXAMPLE), model, PROMPT, str(n)], capture_output=True, text=True, env=env, check=True)
     return float(re.search(r"([\d.]+) tokens per second", out.stderr).group(1))
 
 
 def python(model, n, budget):
-    out = subprocess.run([str(PY), "-c", PY_CODE, model, budget or "", str(n), PROMPT], capture_output=True,
+    out = subprocess.run([str(PY), "-c", PY_CODE, model, budget or "", str(n), PROMPT, str(BATCH)], capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

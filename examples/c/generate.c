@@ -39,6 +39,8 @@ int main(int argc, char **argv) {
 
     pi2_model_options mo = pi2_model_options_default();
     mo.mem_budget = getenv("PI2_MEM_BUDGET");
+    const char *n_batch = getenv("PI2_N_BATCH");
+    if (n_batch != NULL) mo.n_batch = (uint32_t)strtoul(n_batch, NULL, 10);
     mo.verbose = true;
     pi2_model *model = NULL;
     pi2_status st = pi2_model_open(argv[1], &mo, &model);

@@ -224,8 +224,8 @@ impl NativeModel {
         let (lm, session) = py
             .detach(|| {
                 let lm = LoadedModel::open(model.as_deref().map(Path::new), &opts, &mut |n| {
-                    if verbose {
-                        eprintln!("pi2: {n:?}");
+                    if let Some(line) = n.line().filter(|_| verbose) {
+                        eprintln!("{line}");
                     }
                 })?;
                 let s = match n_batch {
@@ -548,6 +548,8 @@ fn catalogue() -> Vec<(&'static str, &'static str, u64, &'static str)> {
 
 #[pymodule(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A memory budget bounds what pi2 adds to the interpreter, not the interpreter itself.
+    pi2_runtime::offload::exclude_host_memory();
     m.add_class::<NativeModel>()?;
     m.add_class::<TextStream>()?;
     m.add_class::<Request>()?;

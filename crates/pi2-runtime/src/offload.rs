@@ -5,6 +5,7 @@ use crate::error::{Result, RuntimeError};
 use pi2_engine::{EngineConfig, Offload, OffloadConfig, SparseFfn};
 use pi2_model::Model;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The offloaded FFN under `cfg`, for an engine built with `engine` (its buffers for batches of
 /// `n_batch` tokens and the KV cache of a first batch count against the budget, later positions
@@ -132,23 +133,55 @@ const LATER_BYTES: u64 = 16 << 20;
 
 /// What this process holds outside the offload's regions, charged to the budget first so that
 /// `--mem-budget` bounds the whole process: its anonymous memory now (heap: tokenizer,
-/// metadata, parsed profile), the resident pages of its executable, and room for what decode
-/// allocates later (a token's logits and the sampler's candidates, allocator slack). Where
-/// `/proc/self` cannot be read (not Linux or Android) only the later room is counted.
+/// metadata, parsed profile) less a host's baseline ([`exclude_host_memory`]), the resident
+/// pages of the object holding pi2's code (the `pi2` executable, or the shared library an app
+/// loaded), and room for what decode allocates later (a token's logits and the sampler's
+/// candidates, allocator slack). Where `/proc/self` cannot be read (not Linux or Android) only
+/// the later room is counted.
 pub fn process_bytes(model: &Model) -> u64 {
     let later = LATER_BYTES + 16 * model.config.n_vocab as u64;
     let anon = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| status_kib(&s, "RssAnon:"))
         .unwrap_or(0);
-    let code = std::fs::read_link("/proc/self/exe")
+    let anon = anon.saturating_sub(HOST_BASELINE_KIB.load(Ordering::Relaxed));
+    let code = std::fs::read_to_string("/proc/self/maps")
         .ok()
-        .and_then(|exe| {
+        .and_then(|maps| object_path(&maps, process_bytes as *const () as usize))
+        .and_then(|object| {
             let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-            Some(mapping_rss_kib(&smaps, &exe.to_string_lossy()))
+            Some(mapping_rss_kib(&smaps, &object))
         })
         .unwrap_or(0);
     (anon + code) * 1024 + later
+}
+
+/// Anonymous memory (KiB) a host program held before it used pi2, left out of every budget.
+static HOST_BASELINE_KIB: AtomicU64 = AtomicU64::new(0);
+
+/// Leaves the anonymous memory this process holds now out of every later budget: for a host
+/// that loads pi2 into a program of its own (the Python interpreter), so that a budget bounds
+/// pi2's memory over the host's baseline. Called once, before any model is opened; later calls
+/// keep the first baseline. Returns the bytes left out.
+pub fn exclude_host_memory() -> u64 {
+    let now = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| status_kib(&s, "RssAnon:"))
+        .unwrap_or(0);
+    let _ = HOST_BASELINE_KIB.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+    HOST_BASELINE_KIB.load(Ordering::Relaxed) * 1024
+}
+
+/// The file mapped at `address` in `/proc/self/maps` (the object holding that code).
+fn object_path(maps: &str, address: usize) -> Option<String> {
+    maps.lines().find_map(|line| {
+        let mut fields = line.splitn(6, char::is_whitespace);
+        let (start, end) = fields.next()?.split_once('-')?;
+        let start = usize::from_str_radix(start, 16).ok()?;
+        let end = usize::from_str_radix(end, 16).ok()?;
+        let path = fields.nth(4)?.trim_start();
+        (start <= address && address < end && path.starts_with('/')).then(|| path.to_string())
+    })
 }
 
 /// A `Key:   123 kB` line of `/proc/self/status`.
@@ -197,6 +230,14 @@ mod tests {
                      00800000-00900000 r--p 00100000 08:01 123 /usr/bin/pi2\nRss: 40 kB\n";
         assert_eq!(mapping_rss_kib(smaps, "/usr/bin/pi2"), 640);
         assert_eq!(mapping_rss_kib(smaps, "/other"), 0);
+        let maps = "00400000-00500000 r-xp 00000000 08:01 123 /usr/lib/libpi2 x.so\n\
+                    00600000-00700000 rw-p 00000000 00:00 0 \n";
+        assert_eq!(
+            object_path(maps, 0x0040_1000).as_deref(),
+            Some("/usr/lib/libpi2 x.so")
+        );
+        assert_eq!(object_path(maps, 0x0060_0000), None);
+        assert_eq!(object_path(maps, 0x0090_0000), None);
         let spaced = "00400000-00500000 r-xp 00000000 08:01 9 /opt/my apps/pi2\nRss: 12 kB\n";
         assert_eq!(mapping_rss_kib(spaced, "/opt/my apps/pi2"), 12);
     }
