@@ -143,13 +143,17 @@ pub enum DraftSource {
     /// Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
     /// last n-gram (editing answers repeat their prompt)
     Lookup,
+    /// The model itself from what --mem-budget keeps resident (pinned and cached neurons,
+    /// resident output clusters): drafts that read nothing from flash
+    #[value(name = "self")]
+    SelfDraft,
 }
 
 /// Speculative decoding (llama.cpp's names).
 #[derive(Args, Clone, Debug)]
 pub struct DraftArgs {
-    /// Draft tokens and check them in one forward pass (`lookup`); output is distributed as
-    /// without drafts (greedy: the same text)
+    /// Draft tokens and check them in one forward pass (`lookup`, `self` under --mem-budget);
+    /// output is distributed as without drafts (greedy: the same text)
     #[arg(long = "draft", value_enum, default_value_t = DraftSource::None)]
     pub draft: DraftSource,
     /// Most tokens drafted per step (the length adapts to acceptance below it)
@@ -182,9 +186,10 @@ impl DraftArgs {
     ) -> anyhow::Result<Option<(Box<dyn pi2_engine::Drafter>, pi2_engine::DraftConfig)>> {
         let cfg = pi2_engine::DraftConfig::checked(self.draft_max, self.draft_min)?;
         Ok(match (self.draft, &self.draft_model) {
-            (DraftSource::Lookup, Some(_)) => {
-                anyhow::bail!("--draft lookup and --draft-model are two draft sources: give one")
+            (DraftSource::Lookup | DraftSource::SelfDraft, Some(_)) => {
+                anyhow::bail!("--draft and --draft-model are two draft sources: give one")
             }
+            (DraftSource::SelfDraft, None) => Some((Box::new(pi2_engine::SelfDraft), cfg)),
             (DraftSource::None, None) => None,
             (DraftSource::None, Some(_)) => Some((Box::new(NoDraft), cfg)),
             (DraftSource::Lookup, None) => Some((Box::new(pi2_engine::Lookup::default()), cfg)),

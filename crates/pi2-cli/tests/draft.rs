@@ -72,6 +72,39 @@ fn under_a_memory_budget_drafts_compute_as_in_memory_and_read_less_per_token() {
     );
 }
 
+/// `--draft self`: under a budget, drafts from what is resident are checked into plain decode's
+/// greedy tokens; without a budget it is refused in one line, as is a second draft source.
+#[test]
+fn self_drafts_under_a_budget_keep_the_tokens_and_are_refused_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let conv = common::small_conversion(dir.path());
+    let budget = ["--mem-budget", "90%", "-c", "1024"];
+    let drafted = run(&conv, "self", &budget);
+    let plain = run(&conv, "none", &budget);
+    let d = &drafted["draft"];
+    assert!(d["drafted"].as_u64().unwrap() > 0, "{d}");
+    assert_eq!(drafted["generated_ids"], plain["generated_ids"]);
+    fails_with(
+        &["run", "-m", &m(), "-p", "x", "--draft", "self"],
+        "--draft self drafts from what --mem-budget keeps resident",
+    );
+    let model = m();
+    fails_with(
+        &[
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "x",
+            "--draft",
+            "self",
+            "--draft-model",
+            &model,
+        ],
+        "two draft sources",
+    );
+}
+
 /// `--draft-model`: the same greedy text as plain decode; the model as its own draft has every
 /// draft kept; another vocabulary, two draft sources, or a draft that leaves the budget nothing
 /// are refused in one line.

@@ -492,6 +492,14 @@ fn requests_may_decode_with_prompt_lookup_drafts() {
     let no_model = ask("model");
     assert_eq!(no_model.status, 400, "{}", no_model.body);
     assert!(no_model.body.contains("--draft-model"), "{}", no_model.body);
+    // `self` drafts from what a memory budget keeps resident: not in memory.
+    let no_budget = ask("self");
+    assert_eq!(no_budget.status, 400, "{}", no_budget.body);
+    assert!(
+        no_budget.body.contains("--mem-budget"),
+        "{}",
+        no_budget.body
+    );
 }
 
 /// `serve --draft-model`: requests draft with it by default (the model as its own draft keeps

@@ -7,6 +7,7 @@
 //! keeping the guess only where the sample equals it gives tokens distributed exactly as plain
 //! decode (and, greedy, the same tokens).
 
+use crate::{Engine, EngineError};
 use pi2_model::TokenId;
 
 /// A source of drafts.
@@ -14,6 +15,61 @@ pub trait Drafter {
     /// Up to `max` tokens guessed to follow `history` (the prompt and the generated tokens);
     /// fewer or none when it has no guess.
     fn propose(&mut self, history: &[TokenId], max: usize) -> Vec<TokenId>;
+
+    /// [`Drafter::propose`] with the target's engine at hand, whose KV cache holds `history`
+    /// but its last token. A drafter that runs the target itself ([`SelfDraft`]) leaves the
+    /// engine's cache as it found it.
+    fn propose_on(
+        &mut self,
+        _engine: &mut Engine<'_>,
+        history: &[TokenId],
+        max: usize,
+    ) -> Result<Vec<TokenId>, EngineError> {
+        Ok(self.propose(history, max))
+    }
+}
+
+/// Drafts from the target model restricted to what a memory budget keeps resident (pinned and
+/// cached neurons, resident output clusters; [`Engine::forward_resident`]): greedy tokens from
+/// passes that read nothing from flash, checked by the whole model in one pass. Its KV cache
+/// is the target's own, cut back after drafting.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SelfDraft;
+
+impl Drafter for SelfDraft {
+    fn propose(&mut self, _history: &[TokenId], _max: usize) -> Vec<TokenId> {
+        Vec::new()
+    }
+
+    fn propose_on(
+        &mut self,
+        engine: &mut Engine<'_>,
+        history: &[TokenId],
+        max: usize,
+    ) -> Result<Vec<TokenId>, EngineError> {
+        let Some(&last) = history.last() else {
+            return Ok(Vec::new());
+        };
+        let base = engine.n_past();
+        let room = engine.n_ctx().saturating_sub(base + 1);
+        let mut out = Vec::with_capacity(max);
+        let mut token = last;
+        let drafted = (|| {
+            for _ in 0..max.min(room) {
+                let logits = engine.forward_resident(token)?;
+                let best = (0..logits.len())
+                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)));
+                match best.filter(|&t| logits[t].is_finite()) {
+                    Some(t) => token = t as TokenId,
+                    None => break,
+                }
+                out.push(token);
+            }
+            Ok::<_, EngineError>(())
+        })();
+        engine.truncate(base);
+        drafted.map(|()| out)
+    }
 }
 
 /// Prompt lookup (llama.cpp's `lookup` decoding): the longest recent n-gram ending the history

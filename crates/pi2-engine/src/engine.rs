@@ -167,6 +167,8 @@ pub struct Engine<'m> {
     /// The pass under way checks a draft: its batch computes the sparse FFN as one-token decode
     /// does ([`Engine::forward_decode`]).
     decode_batch: bool,
+    /// The pass under way drafts from what is resident ([`Engine::forward_resident`]).
+    resident_only: bool,
 }
 
 impl<'m> Engine<'m> {
@@ -252,6 +254,7 @@ impl<'m> Engine<'m> {
             head: HeadState::new(head, cfg.head_share, cfg.head_check),
             prepared: false,
             decode_batch: false,
+            resident_only: false,
         })
     }
 
@@ -350,17 +353,42 @@ impl<'m> Engine<'m> {
         self.forward_observed(tokens, want, None)
     }
 
-    /// [`Engine::forward`] for a batch that stands for decode steps (a draft being checked): the
-    /// sparse FFN computes each token as a one-token step would (the same neurons, from the
-    /// weights read once for the batch), where a prompt batch runs the dense FFN.
+    /// [`Engine::forward`] for a batch that stands for decode steps (a draft being checked):
+    /// each token's logits are its one-token step's, bit for bit (the sparse FFN through the
+    /// step's pipeline on the weights read once for the batch, products row by row), where a
+    /// prompt batch runs the dense FFN and shares weight loads between rows.
     pub fn forward_decode(
         &mut self,
         tokens: &[TokenId],
         want: Logits,
     ) -> Result<&[f32], EngineError> {
-        self.decode_batch = true;
+        // Each token as its one-token step computes it, bit for bit: the sparse FFN through the
+        // step's pipeline, every product row by row.
+        (self.decode_batch, self.ks.rows_alike) = (true, true);
         let done = self.forward_observed(tokens, want, None).map(<[f32]>::len);
-        self.decode_batch = false;
+        (self.decode_batch, self.ks.rows_alike) = (false, false);
+        Ok(&self.s.logits[..done?])
+    }
+
+    /// One decode step of `token` computed from what is in memory now, reading nothing for the
+    /// FFN or the output rows: a memory budget's pinned and cached neurons take part (the
+    /// others count as not firing) and the clustered head scores only its resident clusters.
+    /// A cheap guess of the next token's logits (a self-draft); the engine's counts are left as
+    /// they were. In memory it is [`Engine::forward`].
+    pub fn forward_resident(&mut self, token: TokenId) -> Result<&[f32], EngineError> {
+        let (stats, head) = (self.stats.clone(), self.head.stats);
+        let offload = self.store.offload().map(|o| o.stats().clone());
+        self.resident_only = true;
+        self.head.resident_rows = Some(self.store.output_resident_rows());
+        let done = self
+            .forward_observed(&[token], Logits::Last, None)
+            .map(<[f32]>::len);
+        self.resident_only = false;
+        self.head.resident_rows = None;
+        (self.stats, self.head.stats) = (stats, head);
+        if let (Some(o), Some(st)) = (self.store.offload_mut(), offload) {
+            o.restore_stats(st);
+        }
         Ok(&self.s.logits[..done?])
     }
 

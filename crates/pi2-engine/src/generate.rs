@@ -177,7 +177,7 @@ pub fn generate_scored(
             Some(d) if want >= cfg.draft.min.max(1) => {
                 let mut history = cached.clone();
                 history.push(next);
-                let mut d = d.propose(&history, want);
+                let mut d = d.propose_on(engine, &history, want)?;
                 d.truncate(want);
                 d
             }

@@ -267,6 +267,9 @@ pub(crate) struct HeadState<'m> {
     stored: Vec<f32>,
     dense: Vec<f32>,
     pub(crate) stats: HeadStats,
+    /// During a pass from what is resident: the output rows in memory (the first, in stored
+    /// order); only those are scored, the others get -inf.
+    pub(crate) resident_rows: Option<usize>,
 }
 
 impl<'m> HeadState<'m> {
@@ -284,6 +287,7 @@ impl<'m> HeadState<'m> {
             stored: Vec::new(),
             dense: Vec::new(),
             stats: HeadStats::default(),
+            resident_rows: None,
         }
     }
 
@@ -299,7 +303,12 @@ impl<'m> HeadState<'m> {
         logits: &mut [f32],
     ) -> Result<(), EngineError> {
         let Some(head) = self.head.take() else {
-            store.output(ks, acts, n, &[(0, logits.len() / n)], logits)?;
+            let v = logits.len() / n;
+            let r = self.resident_rows.map_or(v, |r| r.min(v));
+            if r < v {
+                logits.fill(f32::NEG_INFINITY);
+            }
+            store.output(ks, acts, n, &[(0, r)], logits)?;
             return Ok(());
         };
         let done = self.run(ks, store, &head, xn, acts, n, logits);
@@ -320,8 +329,12 @@ impl<'m> HeadState<'m> {
     ) -> Result<(), EngineError> {
         let v = h.vocab;
         let stored = crate::scratch::grow(&mut self.stored, n * v);
-        if self.share >= 1.0 {
-            store.output(ks, acts, n, &[(0, v)], stored)?;
+        if self.share >= 1.0 || self.resident_rows.is_some_and(|r| r < h.cluster) {
+            let r = self.resident_rows.map_or(v, |r| r.min(v));
+            if r < v {
+                stored.fill(f32::NEG_INFINITY);
+            }
+            store.output(ks, acts, n, &[(0, r)], stored)?;
             for t in 0..n {
                 let (src, dst) = (&stored[t * v..(t + 1) * v], &mut logits[t * v..(t + 1) * v]);
                 h.order
@@ -368,7 +381,9 @@ impl<'m> HeadState<'m> {
     /// clusters as merged row ranges.
     fn pick_clusters(&mut self, h: &ClusteredHead<'_>, n: usize) {
         let k = h.clusters();
-        let m = h.picks(self.share);
+        // From what is resident: the whole clusters among the first rows, best first.
+        let usable = self.resident_rows.map_or(k, |r| (r / h.cluster).min(k));
+        let m = h.picks(self.share).min(usable);
         self.picked.clear();
         self.picked.resize(n * k, false);
         let mut sc = Vec::with_capacity(k);
@@ -380,10 +395,10 @@ impl<'m> HeadState<'m> {
             sc.clear();
             sc.extend((0..k).map(|c| mean[c] + h.ucb * h.spread[c] * reach[c].abs()));
             self.ranking.clear();
-            self.ranking.extend(0..k as u32);
+            self.ranking.extend(0..usable as u32);
             let by_score =
                 |a: &u32, b: &u32| sc[*b as usize].total_cmp(&sc[*a as usize]).then(a.cmp(b));
-            if m < k {
+            if m < usable {
                 self.ranking.select_nth_unstable_by(m - 1, by_score);
             }
             for &c in &self.ranking[..m] {

@@ -28,7 +28,7 @@ mod sparse;
 pub mod topology;
 mod weights;
 
-pub use draft::{DraftConfig, Drafter, Lookup, MAX_DRAFT};
+pub use draft::{DraftConfig, Drafter, Lookup, SelfDraft, MAX_DRAFT};
 pub use draft_model::{vocabulary_mismatch, ModelDraft};
 pub use engine::{
     kv_bytes_full, kv_bytes_start, scratch_bytes, Engine, EngineConfig, EngineParts, Logits,

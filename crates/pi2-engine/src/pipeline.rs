@@ -49,6 +49,8 @@ pub(crate) struct Step<'a> {
     pub units: &'a [(usize, f32)],
     /// Bytes of the layer's dense FFN (statistics).
     pub dense_bytes: u64,
+    /// Only neurons resident now take part (nothing is read): a draft from what is resident.
+    pub resident_only: bool,
 }
 
 /// A pointer that tasks of one step share; each task touches only its own cluster's range.
@@ -99,6 +101,19 @@ pub(crate) fn token<R: Residency>(
     let ff = sp.layers[step.units[0].0].down_t.rows;
     let d = sp.layers[step.units[0].0].down_t.cols;
     candidates(step, s, b, d, ff);
+    if step.resident_only {
+        // A draft from what is resident: candidates that would need a read are left out.
+        let (cand, unit) = (&mut b.cand, &mut b.cand_unit);
+        let mut keep = 0;
+        for k in 0..cand.len() {
+            if res.resident(step.units[unit[k] as usize].0, cand[k] as usize) {
+                (cand[keep], unit[keep]) = (cand[k], unit[k]);
+                keep += 1;
+            }
+        }
+        cand.truncate(keep);
+        unit.truncate(keep);
+    }
     let nc = b.cand.len();
     let cl = step.cluster;
     let nclust = nc.div_ceil(cl);

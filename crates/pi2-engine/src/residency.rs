@@ -109,6 +109,11 @@ pub(crate) trait Residency: Sync {
     fn formats(&self, u: usize) -> [(QuantType, usize); 3];
     /// Starts a step: rows claimed by `locate` stay valid until the next `begin_step`.
     fn begin_step(&mut self) {}
+    /// Whether all of neuron `i` of unit `u` (gate, up and down rows) is in memory now, so a
+    /// step may use it without reading (a draft from what is resident).
+    fn resident(&self, _u: usize, _i: usize) -> bool {
+        true
+    }
     /// Candidate `k` of the step: neuron `i` of unit `u`. A gate row not resident gets its read
     /// queued in `reqs`.
     fn locate(
@@ -173,6 +178,23 @@ impl<'a> Mapped<'a> {
         }
     }
 
+    /// Layer `li`'s rows in matrices already in memory (a layer streamed whole for a batch):
+    /// gate and up rows in file order and the transposed down rows.
+    pub fn with_rows(
+        [gate, up, down_t]: [MatRef<'a>; 3],
+        li: usize,
+        sparse: &'a SparseFfn<'a>,
+        n_ff: usize,
+    ) -> Self {
+        Self {
+            gate,
+            up,
+            sparse,
+            n_ff,
+            down: Some((li, down_t)),
+        }
+    }
+
     /// Neuron `i` of unit `u` within the stacked gate and up tensors.
     fn row(&self, u: usize, i: usize) -> usize {
         (u % self.sparse.experts) * self.n_ff + i
@@ -183,7 +205,10 @@ impl Residency for Mapped<'_> {
     const ALWAYS_RESIDENT: bool = true;
 
     fn formats(&self, u: usize) -> [(QuantType, usize); 3] {
-        let down = self.sparse.layers[u].down_t.mat();
+        let down = match self.down {
+            Some((at, m)) if at == u => m,
+            _ => self.sparse.layers[u].down_t.mat(),
+        };
         [
             (self.gate.ty, self.gate.row_bytes()),
             (self.up.ty, self.up.row_bytes()),

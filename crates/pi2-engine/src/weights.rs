@@ -78,6 +78,12 @@ pub(crate) trait Store: Send {
     /// The output matrix's activation format and row bytes.
     fn output_kind(&self) -> (pi2_kernels::ActKind, usize);
 
+    /// Output rows (from the first, in stored order) that [`Store::output`] computes without
+    /// reading from flash.
+    fn output_resident_rows(&self) -> usize {
+        usize::MAX
+    }
+
     /// Layer `li` of a converted model when this store holds its whole FFN and runs it dense
     /// (faster than the sparse step where every gate row is computed anyway).
     fn dense_ffn(&self, _li: usize) -> Option<DenseFfn<'_>> {

@@ -683,3 +683,87 @@ fn the_kv_cache_grows_inside_the_budget() {
         "{msg}"
     );
 }
+
+/// A pass from what is resident (the self-draft's) reads nothing from flash (but a streamed
+/// embedding's row) and leaves the
+/// engine as it was: after drafting and cutting the cache back, every step's logits are the
+/// plain run's, bit for bit; its counts are not the run's. Greedy decoding with self-drafts
+/// keeps plain decode's tokens.
+#[test]
+fn resident_passes_read_nothing_and_leave_decode_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = converted(dir.path());
+    let m = Model::load(&path).unwrap();
+    let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+    let file = m.file.file_size();
+    let (want, minimum) = reference_and_least_budget(&m, &sp);
+    for (budget, hot_share) in [(minimum, 0.0), (minimum + file / 8, 0.5), (4 * file, 0.5)] {
+        let e = common::sparse_engine(&m, &cfg(), &sp, None).unwrap();
+        let oc = OffloadConfig {
+            budget,
+            hot_share,
+            ..Default::default()
+        };
+        let o = offload(&m, &sp, &path, &e, oc).unwrap();
+        let mut e = common::sparse_engine(&m, &cfg(), &sp, Some(o)).unwrap();
+        e.truncate(0);
+        let mut got = vec![e.forward(&PROMPT, Logits::Last).unwrap().to_vec()];
+        for &t in &DECODE {
+            let base = e.n_past();
+            let (read, stats) = (
+                e.offload().unwrap().reader_stats().bytes_read,
+                e.sparse_stats().clone(),
+            );
+            let mut token = t;
+            for _ in 0..3 {
+                let l = e.forward_resident(token).unwrap();
+                assert_eq!(l.len(), m.config.n_vocab);
+                token = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
+            }
+            // Only the drafted tokens' embedding rows, where the embedding streams (a page each).
+            let o = e.offload().unwrap();
+            let rows = if o.streams_embedding() { 3 * 4096 } else { 0 };
+            assert!(
+                o.reader_stats().bytes_read - read <= rows,
+                "budget {budget}"
+            );
+            assert_eq!(e.sparse_stats().token_layers, stats.token_layers);
+            assert_eq!(e.truncate(base), base);
+            got.push(e.forward(&[t], Logits::Last).unwrap().to_vec());
+        }
+        common::assert_same_logits(&want, &got, &format!("budget {budget} hot {hot_share}"));
+
+        // Greedy generation with self-drafts: plain decode's tokens.
+        let gen = |e: &mut Engine<'_>, drafts: bool| {
+            let mut sampler = pi2_engine::Sampler::new(pi2_engine::SamplerConfig {
+                temperature: 0.0,
+                ..Default::default()
+            });
+            let cfg = pi2_engine::GenerateConfig {
+                max_tokens: Some(24),
+                ignore_eos: true,
+                n_batch: 8,
+                draft: pi2_engine::DraftConfig { max: 4, min: 1 },
+            };
+            let mut d = pi2_engine::SelfDraft;
+            let drafter = drafts.then_some(&mut d as &mut dyn pi2_engine::Drafter);
+            e.truncate(0);
+            let g = pi2_engine::generate_drafted(
+                e,
+                &mut sampler,
+                &mut Vec::new(),
+                &PROMPT,
+                &cfg,
+                drafter,
+                |_| true,
+            )
+            .unwrap();
+            (g.tokens, g.drafted)
+        };
+        let (plain, _) = gen(&mut e, false);
+        let (drafted, n) = gen(&mut e, true);
+        // Small budgets may hold no output cluster: nothing to draft from.
+        assert!(n > 0 || budget < 4 * file, "no drafts at budget {budget}");
+        assert_eq!(plain, drafted, "budget {budget}");
+    }
+}

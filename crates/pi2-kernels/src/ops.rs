@@ -383,7 +383,8 @@ fn compute_rows(
     if w.packed {
         return rows_packed(ks, w, acts, r0, r1, write);
     }
-    by_block_type!(ks, w.ty, k => rows_blocks(k, w, acts.blocks(), n, r0, r1, write), float => {
+    let pairs = !ks.rows_alike;
+    by_block_type!(ks, w.ty, k => rows_blocks(k, w, acts.blocks(), n, pairs, r0, r1, write), float => {
         for r in r0..r1 {
             for t in 0..n {
                 write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
@@ -453,11 +454,13 @@ fn rows_packed(
 
 /// Block-format rows: groups of four rows share each activation load, and pairs of tokens share
 /// each unpacked weight block; the group's weights stay in L1 while every token passes.
+#[allow(clippy::too_many_arguments)]
 fn rows_blocks<B: QuantBlock>(
     k: &RowKernels<B>,
     w: &MatRef<'_>,
     x: &[B::Act],
     n: usize,
+    pairs: bool,
     r0: usize,
     r1: usize,
     write: &mut dyn FnMut(usize, usize, f32),
@@ -470,7 +473,7 @@ fn rows_blocks<B: QuantBlock>(
     while r + 4 <= r1 {
         let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
         let mut t = 0;
-        while t + 2 <= n {
+        while pairs && t + 2 <= n {
             let v = (k.dot4x2)(rs, [xt(t), xt(t + 1)]);
             for (i, pair) in v.into_iter().enumerate() {
                 write(t, r + i, pair[0]);
@@ -478,10 +481,11 @@ fn rows_blocks<B: QuantBlock>(
             }
             t += 2;
         }
-        if t < n {
+        while t < n {
             for (i, v) in (k.dot4)(rs, xt(t)).into_iter().enumerate() {
                 write(t, r + i, v);
             }
+            t += 1;
         }
         r += 4;
     }

@@ -264,6 +264,17 @@ proptest! {
             let Some(ks) = KernelSet::for_tier(tier) else { continue };
             let mut out = vec![0.0; n * rows];
             pi2_kernels::matmul(&ks, &w, &acts, &mut out);
+            // With rows alike, every token row equals its one-row product bit for bit.
+            let alike = KernelSet { rows_alike: true, ..ks };
+            let mut rows_out = vec![0.0; n * rows];
+            pi2_kernels::matmul(&alike, &w, &acts, &mut rows_out);
+            for t in 0..n {
+                let mut one = ActBuf::new();
+                one.quantize(ty.act_kind(), &xs[t * cols..(t + 1) * cols], cols);
+                let mut single = vec![0.0; rows];
+                pi2_kernels::matmul(&ks, &w, &one, &mut single);
+                prop_assert!(single[..] == rows_out[t * rows..(t + 1) * rows], "{ty} {tier:?} token {t}: rows alike differ from one row");
+            }
             for t in 0..n {
                 for r in 0..rows {
                     let want = dot_row(&scalar, ty, w.row(r), acts.row(t));

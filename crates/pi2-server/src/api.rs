@@ -189,27 +189,27 @@ impl CompletionRequest {
     }
 
     /// How this request drafts: its `draft` field, else the server's `default`; `model` needs
-    /// a server started with `--draft-model` (`has_model`).
-    pub fn drafts(&self, default: Drafts, has_model: bool) -> Result<Drafts, ApiError> {
-        let d = match self.draft.as_deref() {
-            None => default,
-            Some("none") => Drafts::None,
-            Some("lookup") => Drafts::Lookup,
-            Some("model") if has_model => Drafts::Model,
-            Some("model") => {
-                return Err(ApiError::bad(
-                    "`draft`: `model` needs a server started with --draft-model",
-                )
-                .param("draft"))
-            }
-            Some(other) => {
-                return Err(ApiError::bad(format!(
-                    "`draft` is `lookup`, `model` or `none`, not `{other}`"
-                ))
-                .param("draft"))
-            }
-        };
-        Ok(d)
+    /// a server started with `--draft-model` (`has_model`), `self` one under a memory budget
+    /// (`offloads`: without one every neuron is resident and a self-draft costs a whole step).
+    pub fn drafts(
+        &self,
+        default: Drafts,
+        has_model: bool,
+        offloads: bool,
+    ) -> Result<Drafts, ApiError> {
+        let refuse = |msg: String| Err(ApiError::bad(msg).param("draft"));
+        match self.draft.as_deref() {
+            None => Ok(default),
+            Some("none") => Ok(Drafts::None),
+            Some("lookup") => Ok(Drafts::Lookup),
+            Some("model") if has_model => Ok(Drafts::Model),
+            Some("model") => refuse("`draft`: `model` needs a server started with --draft-model".into()),
+            Some("self") if offloads => Ok(Drafts::SelfDraft),
+            Some("self") => refuse("`draft`: `self` drafts from what a memory budget keeps resident and needs a server started with --mem-budget (use `lookup`)".into()),
+            Some(other) => refuse(format!(
+                "`draft` is `lookup`, `model`, `self` or `none`, not `{other}`"
+            )),
+        }
     }
 
     /// The completion prompt's text.
@@ -307,6 +307,8 @@ pub enum Drafts {
     Lookup,
     /// The server's draft model.
     Model,
+    /// The model itself from what is resident under the budget.
+    SelfDraft,
 }
 
 impl Drafts {
@@ -315,6 +317,7 @@ impl Drafts {
             Drafts::None => "none",
             Drafts::Lookup => "lookup",
             Drafts::Model => "model",
+            Drafts::SelfDraft => "self",
         }
     }
 }

@@ -175,6 +175,12 @@ impl ServerConfig {
         if let Err(e) = pi2_engine::DraftConfig::checked(self.draft_max, 1) {
             return bad("--draft-max", e.to_string());
         }
+        if self.draft == Drafts::SelfDraft && !prepared.offloads() {
+            return bad(
+                "--draft",
+                "self drafts from what --mem-budget keeps resident; in memory every neuron is resident and a draft costs a whole step (use lookup)".into(),
+            );
+        }
         if self.parallel > 1 && prepared.offloads() {
             return bad(
                 "--parallel",
@@ -242,6 +248,7 @@ pub fn serve(
     state.max_body = cfg.max_body;
     state.draft = cfg.draft;
     state.draft_model = cfg.draft_model.is_some();
+    state.offloads = prepared.offloads();
     state.draft_max = cfg.draft_max;
     state.slots = cfg.parallel;
     state.context_shift = cfg.context_shift;

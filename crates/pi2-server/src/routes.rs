@@ -196,7 +196,7 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         stops: req.stops()?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         stream: req.streams(),
-        drafts: req.drafts(s.draft, s.draft_model)?,
+        drafts: req.drafts(s.draft, s.draft_model, s.offloads)?,
         draft_max: s.draft_max,
         grammar,
         logprobs,

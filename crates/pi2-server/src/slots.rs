@@ -233,6 +233,7 @@ impl Slot<'_> {
             grammar: job.grammar.clone(),
             logprobs: job.logprobs,
         };
+        let mut self_draft = pi2_engine::SelfDraft;
         let result = generate_pieces(
             &mut self.engine,
             &mut self.cached,
@@ -241,6 +242,7 @@ impl Slot<'_> {
             &req,
             match (job.drafts, &mut self.draft) {
                 (crate::api::Drafts::Model, Some(d)) => Some(d as &mut dyn Drafter),
+                (crate::api::Drafts::SelfDraft, _) => Some(&mut self_draft as &mut dyn Drafter),
                 _ => None,
             },
             &mut |piece| {

@@ -27,6 +27,8 @@ pub struct AppState {
     pub draft: crate::api::Drafts,
     pub draft_model: bool,
     pub draft_max: usize,
+    /// Engines read from flash (a memory budget): self-drafts are possible.
+    pub offloads: bool,
     /// The largest body read, and how long it may take to arrive.
     pub max_body: usize,
     pub body_timeout: std::time::Duration,
@@ -61,6 +63,7 @@ impl AppState {
             api_key,
             draft: crate::api::Drafts::None,
             draft_model: false,
+            offloads: false,
             draft_max: 16,
             max_body: 2 << 20,
             body_timeout: std::time::Duration::from_secs(30),

@@ -216,6 +216,9 @@ pub fn drafted_session(
         session.offload.mem_budget = vec![left];
     }
     let (path, mut opts) = session_model(a, &session, command)?;
+    if draft.draft == crate::args::DraftSource::SelfDraft && opts.mem_budget.is_none() {
+        bail!("--draft self drafts from what --mem-budget keeps resident; in memory every neuron is resident and a draft costs a whole step (use --draft lookup)");
+    }
     if let Some(max) = drafts {
         // A checked draft returns a row of logits per token: the budget holds them.
         opts.engine.logit_rows = max + 1;

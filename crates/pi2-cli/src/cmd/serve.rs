@@ -8,7 +8,7 @@ use clap::Args;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The default for requests (each may say `"draft": "lookup"` or `"none"`)
+    /// The default for requests (each may say `"draft": "lookup"`, `"self"` or `"none"`)
     #[command(flatten)]
     pub draft: DraftArgs,
     /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
@@ -92,6 +92,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         cors_origin: a.cors_origin.clone(),
         draft: match (a.draft.draft, draft_model) {
             (DraftSource::Lookup, _) => pi2_server::Drafts::Lookup,
+            (DraftSource::SelfDraft, _) => pi2_server::Drafts::SelfDraft,
             (DraftSource::None, Some(_)) => pi2_server::Drafts::Model,
             (DraftSource::None, None) => pi2_server::Drafts::None,
         },

@@ -4,6 +4,7 @@
 use super::{Engine, Input};
 use crate::error::EngineError;
 use crate::pipeline::Step;
+use crate::residency::Mapped;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
 use crate::weights::SparseCall;
 use crate::{attention, ffn, moe};
@@ -197,6 +198,21 @@ impl Engine<'_> {
         if self.sparse.is_some() && n == 1 {
             return self.sparse_token(li, l, &[(li, 1.0)]);
         }
+        let through_cache =
+            |o: Option<&crate::Offload>| o.is_none_or(|o| o.batch_through_cache(li, n));
+        if self.sparse.is_some() && self.decode_batch && through_cache(self.store.offload()) {
+            // A checked draft: each token through the decode step's own pipeline (its logits
+            // are its step's, bit for bit); under a budget the neurons one token reads stay
+            // cached for the next, so the batch reads about the union of what its tokens need.
+            let d = self.model.config.n_embd;
+            for t in 0..n {
+                swap_rows(&mut self.s, t, d);
+                let done = self.sparse_token(li, l, &[(li, 1.0)]);
+                swap_rows(&mut self.s, t, d);
+                done?;
+            }
+            return Ok(());
+        }
         let next = (li + 1 < c.n_layer).then_some(li + 1);
         let mats = self.store.ffn(li, next)?;
         if let Some(sp) = self.sparse.filter(|sp| sp.batches_too || self.decode_batch) {
@@ -210,6 +226,39 @@ impl Engine<'_> {
                 true => mats.down,
                 false => sl.down_t.mat(),
             };
+            if self.decode_batch {
+                // A checked draft whose layer was staged whole (cheaper than its tokens' misses):
+                // each token through the decode step's own pipeline on the staged rows, so it
+                // computes what its one-token step computes, bit for bit (the batch kernel sums
+                // in another order: greedy text could flip at a near tie).
+                let step = Step {
+                    ks: &self.ks,
+                    act: c.ffn_act,
+                    sparse: sp,
+                    use_predictor: sp.use_predictor,
+                    cluster: self.cluster,
+                    layer: li,
+                    units: &[(li, 1.0)],
+                    dense_bytes,
+                    resident_only: false,
+                };
+                let mut rows = Mapped::with_rows([mats.gate, mats.up, down_t], li, sp, c.n_ff);
+                let d = c.n_embd;
+                for t in 0..n {
+                    swap_rows(&mut self.s, t, d);
+                    let done = crate::pipeline::token(
+                        &step,
+                        &mut self.s,
+                        &mut self.step,
+                        &mut rows,
+                        &mut self.stats,
+                        None,
+                    );
+                    swap_rows(&mut self.s, t, d);
+                    done?;
+                }
+                return Ok(());
+            }
             ffn::sparse_batch(
                 &self.ks,
                 &mut self.s,
@@ -257,6 +306,7 @@ impl Engine<'_> {
             layer: li,
             units,
             dense_bytes: l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f),
+            resident_only: self.resident_only,
         };
         self.store.sparse_token(SparseCall {
             step: &step,
@@ -266,5 +316,17 @@ impl Engine<'_> {
             record: self.record.as_mut(),
             sparse: sp,
         })
+    }
+}
+
+/// Swaps token row `t` of the residual stream and its normalized copy with row 0 (the row a
+/// one-token step reads and adds to).
+fn swap_rows(s: &mut crate::scratch::Scratch, t: usize, d: usize) {
+    if t == 0 {
+        return;
+    }
+    for v in [&mut s.x, &mut s.xn] {
+        let (first, rest) = v.split_at_mut(t * d);
+        first[..d].swap_with_slice(&mut rest[..d]);
     }
 }

@@ -352,6 +352,11 @@ impl Offload {
         self.cache.reset_stats();
     }
 
+    /// Puts back counts taken before passes that are not to be counted (drafts).
+    pub(crate) fn restore_stats(&mut self, stats: OffloadStats) {
+        self.stats = stats;
+    }
+
     /// The read engine (`pread-direct`, ...) and why direct I/O is off, if it is.
     pub fn engine(&self) -> (&'static str, Option<&str>) {
         (self.reader.engine_name(), self.fallback.as_deref())

@@ -21,6 +21,21 @@ impl Residency for Offload {
         self.cache.begin_step();
     }
 
+    fn resident(&self, u: usize, i: usize) -> bool {
+        let hot = &self.hot[u];
+        if i < hot.n {
+            return true;
+        }
+        let need = match i < hot.n_gate {
+            true => UPDOWN,
+            false => GATE | UPDOWN,
+        };
+        let key = (u * self.n_ff + i) as u32;
+        self.cache
+            .peek(key)
+            .is_some_and(|slot| self.cache.parts(slot) & need == need)
+    }
+
     fn locate(
         &mut self,
         u: usize,

@@ -88,6 +88,10 @@ impl Store for Offloaded<'_> {
         (out.ty.act_kind(), out.row_bytes())
     }
 
+    fn output_resident_rows(&self) -> usize {
+        self.offload.output_resident_rows()
+    }
+
     fn sparse_token(&mut self, call: SparseCall<'_, '_>) -> Result<(), EngineError> {
         crate::pipeline::token(
             call.step,

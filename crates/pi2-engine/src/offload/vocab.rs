@@ -165,6 +165,14 @@ impl Offload {
         self.vocab.streamed_rows() > 0
     }
 
+    /// Output rows held in memory (the first, in stored order): every row when none stream.
+    pub(crate) fn output_resident_rows(&self) -> usize {
+        match self.streams_output() {
+            true => self.vocab.resident,
+            false => usize::MAX,
+        }
+    }
+
     /// Logits of `n` token rows (`acts`, quantized for the output matrix) into `logits`
     /// (`n` rows of the vocabulary): resident rows from the mapping `out`, the rest streamed.
     pub(crate) fn lm_head(

@@ -45,6 +45,7 @@ pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
         q5_k: super::avx2_k::rows(),
         q6_k: super::avx2_k::rows(),
         x8: x8_kernels(flavour),
+        rows_alike: false,
     }
 }
 

@@ -44,6 +44,7 @@ pub(super) fn kernel_set(tier: Tier) -> KernelSet {
         q6_k: super::avx2_k::rows(),
         // The interleaved kernels are 256-bit: eight rows of 32-bit lanes.
         x8: avx2::x8_kernels(flavour),
+        rows_alike: false,
     }
 }
 

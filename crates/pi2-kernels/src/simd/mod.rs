@@ -219,6 +219,10 @@ pub struct KernelSet {
     pub q3_k: RowKernels<BlockQ3K>,
     /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
     pub x8: X8Kernels,
+    /// Every token row of a multiplication computed as a one-row multiplication computes it,
+    /// bit for bit (rows of a checked draft then equal their one-token steps); otherwise
+    /// pairs of rows share weight loads and round differently.
+    pub rows_alike: bool,
 }
 
 /// The interleaved-group kernels of one tier, one per packable format.
@@ -301,6 +305,7 @@ impl KernelSet {
             q2_k: RowKernels::reference(),
             q3_k: RowKernels::reference(),
             x8: X8Kernels::reference(),
+            rows_alike: false,
         }
     }
 

@@ -38,6 +38,7 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         q5_k: super::neon_k::rows(dot),
         q6_k: super::neon_k::rows(dot),
         x8: super::neon_x8::x8_kernels(dot),
+        rows_alike: false,
     }
 }
 
