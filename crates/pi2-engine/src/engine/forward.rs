@@ -198,9 +198,8 @@ impl Engine<'_> {
         if self.sparse.is_some() && n == 1 {
             return self.sparse_token(li, l, &[(li, 1.0)]);
         }
-        let through_cache =
-            |o: Option<&crate::Offload>| o.is_none_or(|o| o.batch_through_cache(li, n));
-        if self.sparse.is_some() && self.decode_batch && through_cache(self.store.offload()) {
+        let through_cache = (self.store.offload()).is_none_or(|o| o.batch_through_cache(li, n));
+        if self.sparse.is_some() && self.decode_batch && through_cache {
             // A checked draft: each token through the decode step's own pipeline (its logits
             // are its step's, bit for bit); under a budget the neurons one token reads stay
             // cached for the next, so the batch reads about the union of what its tokens need.
