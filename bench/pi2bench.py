@@ -4,7 +4,7 @@ in docs/measurements/ (plots drawn from those files by bench/plot.py).
 
 Scripts import it as `import pi2bench` (they live beside it).
 """
-import datetime, json, os, statistics, subprocess, sys, time, venv
+import contextlib, datetime, json, os, statistics, subprocess, sys, time, venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +140,41 @@ def capped(cmd, cap_bytes, env=None, stderr_too=False):
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def capped_process(cmd, cap_bytes, env=None):
+    """Starts cmd inside a fresh cgroup v1 memory cap of cap_bytes (page cache dropped first)
+    and yields the running process (stderr piped); kills it on leaving."""
+    cg = cgroup_root() / f"pi2bench{os.getpid()}"
+    cg.mkdir()
+    proc = None
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(cap_bytes))
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        pre = lambda: Path(cg / "cgroup.procs").write_text(str(os.getpid()))
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=pre, env=env)
+        yield proc
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def peak_rss(pid):
+    """Peak resident memory of a running process, bytes (VmHWM)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
 
 
 def size(spec, file_bytes):

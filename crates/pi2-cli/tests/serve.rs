@@ -391,21 +391,6 @@ fn under_a_memory_budget_the_server_answers_as_run_does() {
     assert_eq!(v["choices"][0]["text"], want.as_str());
     let hit = metric(&s.addr, "pi2_neuron_cache_hit_ratio");
     assert!((0.0..=1.0).contains(&hit), "{hit}");
-    // One neuron cache per budget: slots cannot share it.
-    common::fails_with(
-        &[
-            "serve",
-            "-m",
-            &conv,
-            "--mem-budget",
-            "50%",
-            "--parallel",
-            "2",
-            "--port",
-            "0",
-        ],
-        "--parallel 1",
-    );
 }
 
 /// Runs a Python script from tests/serve/ against a running server, with the interpreter CI

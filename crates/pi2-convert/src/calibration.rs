@@ -17,6 +17,12 @@ const CHAT: &str = include_str!("../calibration/chat.jsonl");
 /// Tokens per segment of one genre.
 pub const SEGMENT: usize = 256;
 
+/// The built-in calibration's source code (Python's standard library, PSF licence): also a
+/// realistic text for editing workloads.
+pub fn builtin_code() -> &'static str {
+    CODE
+}
+
 /// Chat question-and-answer pairs rendered per conversation.
 const PAIRS_PER_CHAT: usize = 24;
 

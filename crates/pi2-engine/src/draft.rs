@@ -7,7 +7,7 @@
 //! keeping the guess only where the sample equals it gives tokens distributed exactly as plain
 //! decode (and, greedy, the same tokens).
 
-use crate::{Engine, EngineError};
+use crate::{Decoder, EngineError};
 use pi2_model::TokenId;
 
 /// A source of drafts.
@@ -21,7 +21,7 @@ pub trait Drafter {
     /// engine's cache as it found it.
     fn propose_on(
         &mut self,
-        _engine: &mut Engine<'_>,
+        _engine: &mut dyn Decoder<'_>,
         history: &[TokenId],
         max: usize,
     ) -> Result<Vec<TokenId>, EngineError> {
@@ -30,7 +30,7 @@ pub trait Drafter {
 }
 
 /// Drafts from the target model restricted to what a memory budget keeps resident (pinned and
-/// cached neurons, resident output clusters; [`Engine::forward_resident`]): greedy tokens from
+/// cached neurons, resident output clusters; [`crate::Engine::forward_resident`]): greedy tokens from
 /// passes that read nothing from flash, checked by the whole model in one pass. Its KV cache
 /// is the target's own, cut back after drafting.
 #[derive(Clone, Copy, Debug, Default)]
@@ -43,7 +43,7 @@ impl Drafter for SelfDraft {
 
     fn propose_on(
         &mut self,
-        engine: &mut Engine<'_>,
+        engine: &mut dyn Decoder<'_>,
         history: &[TokenId],
         max: usize,
     ) -> Result<Vec<TokenId>, EngineError> {

@@ -19,8 +19,10 @@ use pi2_sparse::FfnObserver;
 
 mod forward;
 mod memory;
+mod sequences;
 
 pub use memory::{kv_bytes_full, kv_bytes_start, scratch_bytes};
+pub use sequences::SequenceCache;
 
 /// One token-layer of sparse decode: the candidate neurons (gate rows computed) and the
 /// confirmed ones (up and down rows computed), as file-order indices.
@@ -169,6 +171,12 @@ pub struct Engine<'m> {
     decode_batch: bool,
     /// The pass under way drafts from what is resident ([`Engine::forward_resident`]).
     resident_only: bool,
+    /// KV bytes and positions of this engine's other sequences, kept outside it
+    /// ([`Engine::set_parked_kv`]).
+    parked_kv: (usize, usize),
+    /// The pass under way evaluates a prompt: even a lone token runs the batch FFN
+    /// ([`Engine::forward_prompt`]).
+    prompt_pass: bool,
 }
 
 impl<'m> Engine<'m> {
@@ -255,6 +263,8 @@ impl<'m> Engine<'m> {
             prepared: false,
             decode_batch: false,
             resident_only: false,
+            parked_kv: (0, 0),
+            prompt_pass: false,
         })
     }
 
@@ -351,6 +361,17 @@ impl<'m> Engine<'m> {
     /// Run `tokens` at the next positions; returns logits rows (`n_vocab` each) as asked.
     pub fn forward(&mut self, tokens: &[TokenId], want: Logits) -> Result<&[f32], EngineError> {
         self.forward_observed(tokens, want, None)
+    }
+
+    /// Evaluates prompt `tokens` at the next positions; returns the last token's logits. As
+    /// [`Engine::forward`], except that a lone token runs as a prompt batch does (the dense FFN
+    /// of a sparse model), not as a decode step: a prompt gives the same logits whether its
+    /// start was cached or not.
+    pub fn forward_prompt(&mut self, tokens: &[TokenId]) -> Result<&[f32], EngineError> {
+        self.prompt_pass = true;
+        let done = self.forward(tokens, Logits::Last).map(<[f32]>::len);
+        self.prompt_pass = false;
+        Ok(&self.s.logits[..done?])
     }
 
     /// [`Engine::forward`] for a batch that stands for decode steps (a draft being checked):

@@ -39,6 +39,12 @@ pub enum EngineError {
     Io(#[from] pi2_io::IoError),
     #[error("offloaded FFN: {0}")]
     Offload(String),
+    /// The KV caches outgrew what the memory budget can give them: nothing runs over it.
+    #[error("memory budget full: {0}")]
+    MemoryFull(String),
+    /// A step shared by several sequences failed; each of them gets this copy of why.
+    #[error("{0}")]
+    Shared(String),
     #[error("output head: {0}")]
     Head(String),
     #[error("speculative decoding: {0}")]
@@ -71,4 +77,15 @@ pub enum EngineError {
     CoreSpec { spec: String, msg: String },
     #[error("cannot pin a thread to CPU {cpu}: {msg}")]
     Pin { cpu: usize, msg: String },
+}
+
+impl EngineError {
+    /// This error for another sequence of the same failed step: a full memory budget stays
+    /// one (callers answer it as "busy"), anything else is its message.
+    pub fn shared(&self) -> EngineError {
+        match self {
+            EngineError::MemoryFull(m) => EngineError::MemoryFull(m.clone()),
+            e => EngineError::Shared(e.to_string()),
+        }
+    }
 }

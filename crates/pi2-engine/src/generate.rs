@@ -3,9 +3,10 @@
 //! checked draft of several (speculative decoding).
 
 use crate::draft::{DraftConfig, DraftLength, Drafter};
-use crate::engine::{Engine, Logits};
+use crate::engine::Logits;
 use crate::guide::TokenLogprob;
 use crate::sampler::Sampler;
+use crate::Decoder;
 use crate::EngineError;
 use pi2_model::TokenId;
 use std::time::{Duration, Instant};
@@ -69,7 +70,7 @@ impl Default for GenerateConfig {
 /// are reused (chat turns); the rest is evaluated in batches of `cfg.n_batch`. `on_token` sees
 /// each new token and returns false to stop.
 pub fn generate(
-    engine: &mut Engine<'_>,
+    engine: &mut dyn Decoder<'_>,
     sampler: &mut Sampler,
     cached: &mut Vec<TokenId>,
     prompt: &[TokenId],
@@ -87,7 +88,7 @@ pub fn generate(
 /// cache is cut back to what was kept. The tokens come out distributed as plain decode's
 /// (greedy: the same tokens, up to the batch's rounding against one-token steps).
 pub fn generate_drafted(
-    engine: &mut Engine<'_>,
+    engine: &mut dyn Decoder<'_>,
     sampler: &mut Sampler,
     cached: &mut Vec<TokenId>,
     prompt: &[TokenId],
@@ -105,7 +106,7 @@ pub fn generate_drafted(
 /// generation when it is complete ([`StopReason::EndOfGeneration`]) and fails it with
 /// [`EngineError::Constraint`] when it breaks.
 pub fn generate_scored(
-    engine: &mut Engine<'_>,
+    engine: &mut dyn Decoder<'_>,
     sampler: &mut Sampler,
     cached: &mut Vec<TokenId>,
     prompt: &[TokenId],
@@ -136,7 +137,7 @@ pub fn generate_scored(
     let mut logits = Vec::new();
     for part in rest.chunks(cfg.n_batch.max(1)) {
         logits.clear();
-        logits.extend_from_slice(engine.forward(part, Logits::Last)?);
+        logits.extend_from_slice(engine.forward_prompt(part)?);
         cached.extend_from_slice(part);
     }
     let prompt_time = t0.elapsed();

@@ -6,6 +6,7 @@
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, repetition penalty).
 
 mod attention;
+mod decoder;
 mod draft;
 mod draft_model;
 mod engine;
@@ -24,15 +25,17 @@ mod pipeline;
 mod residency;
 mod sampler;
 mod scratch;
+mod shared;
 mod sparse;
 pub mod topology;
 mod weights;
 
+pub use decoder::Decoder;
 pub use draft::{DraftConfig, Drafter, Lookup, SelfDraft, MAX_DRAFT};
 pub use draft_model::{vocabulary_mismatch, ModelDraft};
 pub use engine::{
     kv_bytes_full, kv_bytes_start, scratch_bytes, Engine, EngineConfig, EngineParts, Logits,
-    NeuronStep, MAX_CTX,
+    NeuronStep, SequenceCache, MAX_CTX,
 };
 pub use error::EngineError;
 pub use generate::{
@@ -45,6 +48,7 @@ pub use neurons::fires;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
+pub use shared::{BatchStats, SharedEngine, SharedSequence};
 pub use sparse::{
     check_thresholds, load_sparse, profile_activation, transposed, unit_frequencies,
     verify_checksums, Blob, PredictorWeights, SparseFfn, SparseLayer, SparseStats, Weight,

@@ -4,14 +4,12 @@
 
 mod common;
 
-use pi2_convert::{self as convert, ConvertConfig};
 use pi2_engine::{Engine, EngineConfig, Logits, Offload, OffloadConfig, SparseFfn};
 use pi2_io::FaultPlan;
 use pi2_io::IoEngine;
 use pi2_kernels::QuantType;
 use pi2_model::synth::{build, SynthSpec};
 use pi2_model::{GgufFile, Model};
-use pi2_sparse::PredictorKind;
 use std::path::{Path, PathBuf};
 
 fn spec() -> SynthSpec {
@@ -50,26 +48,7 @@ fn converted(dir: &Path) -> PathBuf {
 }
 
 fn converted_from(dir: &Path, spec: &SynthSpec, head: bool) -> PathBuf {
-    let bytes = build(spec).to_bytes();
-    let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
-    let (profile, th, samples) = common::profile_and_samples(&m, &cfg(), 0.4, 50);
-    let cc = ConvertConfig {
-        sparsity: 0.4,
-        predictor: Some(PredictorKind::Lowrank),
-        down_type: Some(QuantType::Q8_0),
-        head: head.then(|| convert::head::HeadConfig {
-            cluster: 8,
-            share: 0.25,
-            ..Default::default()
-        }),
-        ..ConvertConfig::default()
-    };
-    let (w, _) = convert::convert(&m, &profile, &th, samples, &cc).unwrap();
-    let input = dir.join("in.gguf");
-    std::fs::write(&input, &bytes).unwrap();
-    let out = dir.join("bundled.gguf");
-    convert::write_file(&w, &out, &input, false).unwrap();
-    out
+    common::converted_model(dir, spec, &cfg(), head)
 }
 
 /// Dense prefill of the prompt, then sparse decode: the logits of every step.
@@ -82,13 +61,7 @@ fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
     Ok(out)
 }
 
-/// Each unit's neuron firing frequencies from the converted file's profile.
-fn frequencies(m: &Model) -> Option<Vec<Vec<f32>>> {
-    pi2_engine::load_sparse(m)
-        .unwrap()
-        .and_then(|(_, p)| p)
-        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect())
-}
+use common::frequencies;
 
 fn offload(
     m: &Model,

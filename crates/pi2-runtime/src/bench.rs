@@ -33,6 +33,28 @@ pub struct BenchOptions {
     pub offload_only: bool,
     /// With one budget: the ablation ladder, one mechanism added per mode.
     pub ablation: bool,
+    /// Also measure speculative decoding: each generation length as greedy generation on an
+    /// editing workload, without drafts and with these, up to `draft_max` tokens a pass.
+    pub draft: Option<DraftKind>,
+    pub draft_max: usize,
+}
+
+/// Where a bench's drafts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftKind {
+    /// Prompt lookup.
+    Lookup,
+    /// The model from what a memory budget keeps resident.
+    SelfDraft,
+}
+
+impl DraftKind {
+    fn name(self) -> &'static str {
+        match self {
+            DraftKind::Lookup => "lookup",
+            DraftKind::SelfDraft => "self",
+        }
+    }
 }
 
 /// One measured row.
@@ -142,6 +164,16 @@ pub fn bench(
 ) -> Result<Vec<BenchRow>> {
     if o.reps == 0 {
         return Err(RuntimeError::option("--repetitions", "must be at least 1"));
+    }
+    if o.draft.is_some() {
+        pi2_engine::DraftConfig::checked(o.draft_max, 1)
+            .map_err(|e| RuntimeError::option("--draft-max", e.to_string()))?;
+    }
+    if o.draft == Some(DraftKind::SelfDraft) && o.budgets.is_empty() && session.plan.is_none() {
+        return Err(RuntimeError::option(
+            "--draft",
+            "self drafts from what --mem-budget keeps resident: give --mem-budget (in memory a draft costs a whole step; use lookup)",
+        ));
     }
     let setup = setup(model, path, session, o)?;
     let threads = match (&setup.applied, o.threads.is_empty()) {
@@ -336,13 +368,22 @@ fn ladder(model: &Model, sp: &SparseFfn<'_>, b: &Budget) -> Vec<Budget> {
 fn thread_config(s: &Setup<'_>, o: &BenchOptions, t: usize) -> Result<EngineConfig> {
     let mut cfg = s.base.clone();
     cfg.threads = t;
-    let longest = o
+    if o.draft.is_some() {
+        // A checked draft's rows of logits (counted by a budget).
+        cfg.logit_rows = cfg.logit_rows.max(o.draft_max + 1);
+    }
+    let mut longest = o
         .n_prompt
         .iter()
         .chain(&o.n_gen)
         .copied()
         .max()
         .unwrap_or(0);
+    if o.draft.is_some() {
+        // The editing prompt, the generation and a checked draft beyond it.
+        let gen = o.n_gen.iter().copied().max().unwrap_or(0);
+        longest = longest.max(editing_prompt(s.model).len() + gen + o.draft_max + 1);
+    }
     if let Some(ap) = &s.applied {
         // The plan's memory was accounted for its context.
         if ap.plan.n_ctx <= longest {
@@ -429,8 +470,13 @@ fn engines<'s>(
 /// Every test at `t` threads.
 fn bench_threads(s: &Setup<'_>, o: &BenchOptions, t: usize) -> Result<Vec<BenchRow>> {
     let cfg = thread_config(s, o, t)?;
-    // Generation runs one token per pass: only prompts need batch buffers.
-    let max_batch = o.n_prompt.iter().copied().max().unwrap_or(0).max(1);
+    // Generation runs one token per pass: only prompts and checked drafts need batch buffers.
+    let checked = if o.draft.is_some() {
+        o.draft_max + 1
+    } else {
+        1
+    };
+    let max_batch = o.n_prompt.iter().copied().max().unwrap_or(0).max(checked);
     // Measured before the first offload, so later ones do not count earlier regions.
     let process = crate::offload::process_bytes(s.model);
     let mut engines = engines(s, &cfg, max_batch, process)?;
@@ -477,7 +523,137 @@ fn bench_threads(s: &Setup<'_>, o: &BenchOptions, t: usize) -> Result<Vec<BenchR
             ));
         }
     }
+    if let Some(kind) = o.draft {
+        for &ng in o.n_gen.iter().filter(|&&n| n > 0) {
+            rows.extend(bench_drafts(s, o, &mut engines, ng, kind, max_batch)?);
+        }
+    }
     Ok(rows)
+}
+
+/// The editing workload drafts are measured on: a 40-line source file and the start of its
+/// copy with one change (a plain completion, so every model's template fits it).
+fn editing_prompt(model: &Model) -> Vec<u32> {
+    let lines: Vec<&str> = pi2_convert::calibration::builtin_code().lines().collect();
+    let start = (200..lines.len())
+        .find(|&i| lines[i].starts_with("def "))
+        .unwrap_or(0);
+    let code = lines[start..(start + 40).min(lines.len())].join("\n");
+    let text = format!(
+        "Here is a Python file:\n```python\n{code}\n```\nThe same file with every `self` \
+         parameter renamed to `this`:\n```python\n"
+    );
+    model.tokenizer.encode(&text, true, false)
+}
+
+/// Greedy generation of `ng` tokens on the editing workload in every mode, without drafts and
+/// with `kind`'s, interleaved repetition by repetition: rows `genN` and `genN+KIND`, their
+/// stats with the draft's counts.
+fn bench_drafts(
+    s: &Setup<'_>,
+    o: &BenchOptions,
+    engines: &mut [Engine<'_>],
+    ng: usize,
+    kind: DraftKind,
+    n_batch: usize,
+) -> Result<Vec<BenchRow>> {
+    let prompt = editing_prompt(s.model);
+    let mut samples = vec![[Vec::new(), Vec::new()]; engines.len()];
+    let mut stats = vec![[serde_json::Value::Null, serde_json::Value::Null]; engines.len()];
+    for rep in 0..=o.reps {
+        for (k, e) in engines.iter_mut().enumerate() {
+            if skips_drafts(s, k, kind) {
+                continue;
+            }
+            for (d, drafts) in [false, true].into_iter().enumerate() {
+                let g =
+                    generate_greedy(e, &prompt, ng, drafts.then_some(kind), o.draft_max, n_batch)?;
+                let secs = g.predicted_time.as_secs_f64();
+                let mut st = crate::report::engine_json(e, g.tokens.len(), secs);
+                st["draft"] = serde_json::json!({
+                    "drafted": g.drafted,
+                    "accepted": g.accepted,
+                    "acceptance": g.accepted as f64 / g.drafted.max(1) as f64,
+                    "tokens_per_pass": g.tokens.len() as f64 / g.decode_passes.max(1) as f64,
+                });
+                stats[k][d] = st;
+                if rep > 0 {
+                    samples[k][d].push(g.tokens.len() as f64 / secs);
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (k, e) in engines.iter().enumerate() {
+        if skips_drafts(s, k, kind) {
+            continue;
+        }
+        for d in 0..2 {
+            let mut r = row(
+                s,
+                e,
+                0,
+                ng,
+                &samples[k][d],
+                stats[k][d].clone(),
+                s.modes[k],
+                None,
+            );
+            r.test = match d {
+                0 => format!("gen{ng}"),
+                _ => format!("gen{ng}+{}", kind.name()),
+            };
+            rows.push(r);
+        }
+    }
+    Ok(rows)
+}
+
+/// Self-drafts only where a budget keeps part of the model resident (in memory every draft
+/// costs a whole step).
+fn skips_drafts(s: &Setup<'_>, mode: usize, kind: DraftKind) -> bool {
+    kind == DraftKind::SelfDraft && !matches!(s.modes[mode].0, Ffn::Offload(_))
+}
+
+/// `n` greedy tokens after `prompt` (end of generation ignored), with drafts of `kind`.
+fn generate_greedy(
+    e: &mut Engine<'_>,
+    prompt: &[u32],
+    n: usize,
+    kind: Option<DraftKind>,
+    draft_max: usize,
+    n_batch: usize,
+) -> Result<pi2_engine::Generation> {
+    let mut sampler = pi2_engine::Sampler::new(pi2_engine::SamplerConfig {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    let cfg = pi2_engine::GenerateConfig {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        n_batch,
+        draft: pi2_engine::DraftConfig {
+            max: draft_max.max(1),
+            min: 1,
+        },
+    };
+    let (mut lookup, mut own) = (pi2_engine::Lookup::default(), pi2_engine::SelfDraft);
+    let drafter: Option<&mut dyn pi2_engine::Drafter> = match kind {
+        None => None,
+        Some(DraftKind::Lookup) => Some(&mut lookup),
+        Some(DraftKind::SelfDraft) => Some(&mut own),
+    };
+    e.truncate(0);
+    let g = pi2_engine::generate_drafted(
+        e,
+        &mut sampler,
+        &mut Vec::new(),
+        prompt,
+        &cfg,
+        drafter,
+        |_| true,
+    )?;
+    Ok(g)
 }
 
 fn time_prompt(e: &mut Engine<'_>, toks: &[u32]) -> Result<f64> {

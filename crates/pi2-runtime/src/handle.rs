@@ -7,7 +7,7 @@ use crate::error::{Result, RuntimeError};
 use crate::text::{StopStrings, Utf8Stream};
 use crate::{Prepared, SessionOptions};
 use pi2_engine::{
-    generate_scored, DraftConfig, Engine, GenerateConfig, Generation, Lookup, Sampler,
+    generate_scored, Decoder, DraftConfig, Engine, GenerateConfig, Generation, Lookup, Sampler,
     SamplerConfig, StopReason, TokenLogprob,
 };
 use pi2_grammar::{Grammar, GrammarSpec, Vocabulary};
@@ -286,7 +286,7 @@ pub struct TextOutcome {
 /// the prompt), passing text to `on_text` in whole UTF-8 characters with stop strings cut; the
 /// callback returns `false` to stop. The engine's batch buffers hold `n_batch` tokens.
 pub fn generate_text(
-    engine: &mut Engine<'_>,
+    engine: &mut dyn Decoder<'_>,
     cached: &mut Vec<TokenId>,
     n_batch: usize,
     prompt: &[TokenId],
@@ -302,7 +302,7 @@ pub fn generate_text(
 /// With `req.draft_max` > 0 drafts come from `drafter` (a draft model's, say), or without one
 /// from prompt lookup.
 pub fn generate_pieces(
-    engine: &mut Engine<'_>,
+    engine: &mut dyn Decoder<'_>,
     cached: &mut Vec<TokenId>,
     n_batch: usize,
     prompt: &[TokenId],
@@ -412,8 +412,9 @@ pub fn generate_pieces(
     let generation = match generation {
         Ok(g) => g,
         Err(e) => {
-            // The cache may hold half a batch: the next generation starts afresh.
-            engine.truncate(0);
+            // The cache may hold half a batch: the next generation starts afresh (and a budget
+            // too full for it gets its memory back).
+            engine.release();
             cached.clear();
             return Err(e.into());
         }

@@ -303,10 +303,7 @@ fn bench_runs_both_heads_unless_the_dense_head_is_asked_for() {
         n_prompt: vec![0],
         n_gen: vec![2],
         reps: 1,
-        threads: Vec::new(),
-        budgets: Vec::new(),
-        offload_only: false,
-        ablation: false,
+        ..Default::default()
     };
     let heads = |head_share: Option<f32>| -> Vec<&'static str> {
         let mut s = options();
@@ -317,4 +314,59 @@ fn bench_runs_both_heads_unless_the_dense_head_is_asked_for() {
     assert_eq!(heads(None), ["dense", "clustered", "dense", "clustered"]);
     // `--dense-head`: the whole output matrix only.
     assert_eq!(heads(Some(1.0)), ["dense", "dense"]);
+}
+
+/// `bench` with drafts adds greedy generation rows on the editing workload, without drafts and
+/// with them, for every mode (self-drafts only where a budget keeps part of the model
+/// resident, and not without a budget at all).
+#[test]
+fn bench_measures_drafted_generation_beside_plain() {
+    use pi2_runtime::bench::{BenchOptions, DraftKind};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, conv) = model_files(dir.path());
+    let m = Model::load(&conv).unwrap();
+    let o = BenchOptions {
+        n_prompt: vec![0],
+        n_gen: vec![4],
+        reps: 1,
+        draft: Some(DraftKind::Lookup),
+        draft_max: 4,
+        ..BenchOptions::default()
+    };
+    let mut s = options();
+    s.engine.head_share = Some(1.0);
+    let rows = pi2_runtime::bench::bench(&m, &conv, &s, &o, |_| {}).unwrap();
+    let tests: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.test.as_str(), r.ffn.as_str()))
+        .collect();
+    assert_eq!(
+        tests,
+        [
+            ("tg4", "dense"),
+            ("tg4", "sparse"),
+            ("gen4", "dense"),
+            ("gen4+lookup", "dense"),
+            ("gen4", "sparse"),
+            ("gen4+lookup", "sparse"),
+        ]
+    );
+    for r in rows.iter().filter(|r| r.test.starts_with("gen")) {
+        assert!(
+            r.avg_ts > 0.0 && r.stats["draft"]["drafted"].is_u64(),
+            "{r:?}"
+        );
+    }
+    let refused = pi2_runtime::bench::bench(
+        &m,
+        &conv,
+        &s,
+        &BenchOptions {
+            draft: Some(DraftKind::SelfDraft),
+            ..o
+        },
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(refused.to_string().contains("--mem-budget"), "{refused}");
 }

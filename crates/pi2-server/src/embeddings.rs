@@ -144,6 +144,7 @@ async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiEr
     match rx.recv().await {
         Some(Event::Embedding(v)) => Ok(v),
         Some(Event::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
+        Some(Event::Busy(m)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),
         _ => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the embedding ended without a vector",

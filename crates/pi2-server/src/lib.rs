@@ -5,9 +5,11 @@
 //! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and a chat page at `/`;
 //! - llama-server's `POST /tokenize`, `POST /detokenize` and `GET /props`.
 //!
-//! Requests go through one bounded queue to `parallel` slots, each an engine on its own thread
-//! that keeps its conversation's KV cache; a full queue answers 503 at once, and a client that
-//! leaves stops its generation at the next token.
+//! Requests go through one bounded queue to `parallel` slots, each on its own thread keeping
+//! its conversation's KV cache: in memory each slot has its own engine; under a memory budget
+//! the slots share one engine and its budget, their decode steps batched (continuous
+//! batching). A full queue answers 503 at once, and a client that leaves stops its generation
+//! at the next token.
 
 pub mod api;
 pub mod conn;
@@ -181,10 +183,10 @@ impl ServerConfig {
                 "self drafts from what --mem-budget keeps resident; in memory every neuron is resident and a draft costs a whole step (use lookup)".into(),
             );
         }
-        if self.parallel > 1 && prepared.offloads() {
+        if self.parallel > 1 && prepared.offloads() && self.draft_model.is_some() {
             return bad(
                 "--parallel",
-                "each slot would need its own neuron cache inside --mem-budget; use --parallel 1 with a budget".into(),
+                "slots under --mem-budget share one engine and its budget, which holds no draft model per slot: use --draft lookup or self, or --parallel 1 with --draft-model".into(),
             );
         }
         Ok(())
@@ -202,16 +204,18 @@ pub fn model_names(file: &Path, given: Option<&Path>, aliases: &[String]) -> Vec
     names
 }
 
-/// Threads and cores for the slots' engines where the user chose no cores: slots share the
-/// cores (`threads` defaults to cores / parallel); and with a core to spare (one slot, `threads`
+/// Threads and cores for the slots' engines where the user chose no cores: slots with their
+/// own engines share the cores (`threads` defaults to cores / parallel; slots `shared` under a
+/// memory budget run one engine on them all); and with a core to spare (one engine, `threads`
 /// below the cores), the compute threads are pinned to the fastest cores, so that the HTTP
 /// thread and local clients, woken every token, run beside them instead of displacing them.
-pub fn place_slots(engine: &mut pi2_runtime::EngineOptions, parallel: usize) {
+pub fn place_slots(engine: &mut pi2_runtime::EngineOptions, parallel: usize, shared: bool) {
     if engine.cores.is_some() {
         return;
     }
     let cpus = pi2_engine::topology::Topology::detect().cpus();
     let n = cpus.len().max(1);
+    let parallel = if shared { 1 } else { parallel };
     if engine.threads.is_none() && parallel > 1 {
         engine.threads = Some((n / parallel).max(1));
     }

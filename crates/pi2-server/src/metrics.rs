@@ -23,6 +23,9 @@ pub struct Metrics {
     predicted_us: AtomicU64,
     busy_us: AtomicU64,
     processing: AtomicI64,
+    /// Batched decode steps of slots sharing one engine, and the tokens they carried.
+    batch_steps: AtomicU64,
+    batch_tokens: AtomicU64,
     /// Per slot: its engine's offload counters after its last request.
     offload: Mutex<Vec<Option<OffloadStats>>>,
     slots: usize,
@@ -71,6 +74,12 @@ impl Metrics {
         self.busy_us.fetch_add(busy.as_micros() as u64, Relaxed);
     }
 
+    /// The shared engine's batched steps so far.
+    pub fn set_batches(&self, steps: u64, tokens: u64) {
+        self.batch_steps.fetch_max(steps, Relaxed);
+        self.batch_tokens.fetch_max(tokens, Relaxed);
+    }
+
     pub fn set_offload(&self, slot: usize, stats: &OffloadStats) {
         if let Some(s) = self.offload.lock().get_mut(slot) {
             *s = Some(stats.clone());
@@ -104,7 +113,7 @@ impl Metrics {
             (
                 "requests_rejected_total",
                 C,
-                "Requests refused because the queue was full (503).",
+                "Requests refused with 503: the queue full, or the memory budget too full for their KV cache.",
                 get(&self.rejected),
             ),
             (
@@ -186,6 +195,20 @@ impl Metrics {
                 self.slots as f64,
             ),
         ];
+        if get(&self.batch_steps) > 0.0 {
+            rows.push((
+                "decode_batches_total",
+                C,
+                "Decode steps the slots sharing one engine ran as one batch.",
+                get(&self.batch_steps),
+            ));
+            rows.push((
+                "decode_batch_tokens_total",
+                C,
+                "Tokens those batched steps carried (over the batches: the mean batch).",
+                get(&self.batch_tokens),
+            ));
+        }
         let offload = self.offload.lock();
         if offload.iter().any(Option::is_some) {
             // The slots' neuron counters summed, read as one cache.
@@ -198,6 +221,9 @@ impl Metrics {
                 sum.updown_hits += s.updown_hits;
                 sum.updown_reads += s.updown_reads;
                 sum.decode_bytes += s.decode_bytes;
+                sum.stage_bytes += s.stage_bytes;
+                sum.attn_bytes += s.attn_bytes;
+                sum.out_bytes += s.out_bytes;
             }
             rows.push((
                 "neuron_cache_hit_ratio",
@@ -210,6 +236,12 @@ impl Metrics {
                 C,
                 "Bytes of neuron rows decode read from flash.",
                 sum.decode_bytes as f64,
+            ));
+            rows.push((
+                "flash_read_bytes_total",
+                C,
+                "Bytes read from flash: neuron rows, layers read whole (prompts, batches), attention and output rows.",
+                (sum.decode_bytes + sum.stage_bytes + sum.attn_bytes + sum.out_bytes) as f64,
             ));
         }
         let mut out = String::new();

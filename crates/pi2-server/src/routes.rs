@@ -312,6 +312,7 @@ async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, A
                 return Ok(Json(v).into_response());
             }
             Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
+            Event::Busy(m) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),
             Event::Embedding(_) => {}
         }
     }
@@ -415,6 +416,12 @@ impl Streamed {
                 self.ended = true;
                 vec![data(
                     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m).body(),
+                )]
+            }
+            Event::Busy(m) => {
+                self.ended = true;
+                vec![data(
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m).body(),
                 )]
             }
             Event::Embedding(_) => Vec::new(),

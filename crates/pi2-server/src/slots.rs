@@ -1,11 +1,16 @@
-//! Slots: one engine per slot on its own thread, fed from one bounded queue. A slot keeps its
-//! conversation's KV cache between requests (the next request reuses the common prefix), and
-//! stops generating as soon as its client is gone.
+//! Slots: each on its own thread, fed from one bounded queue. In memory each slot has its own
+//! engine; under a memory budget the slots share one engine (one neuron cache, one budget, a KV
+//! cache per slot) whose decode steps run as one batch ([`pi2_engine::SharedEngine`]). A slot
+//! keeps its conversation's KV cache between requests (the next request reuses the common
+//! prefix), and stops generating as soon as its client is gone.
 
 use crate::api::{Finish, Summary};
 use crate::metrics::Metrics;
 use crate::sched::Scheduler;
-use pi2_engine::{Drafter, Engine, ModelDraft, SamplerConfig, TokenLogprob};
+use pi2_engine::{
+    Decoder, Drafter, Engine, EngineError, ModelDraft, SamplerConfig, SharedEngine, SharedSequence,
+    TokenLogprob,
+};
 use pi2_grammar::Grammar;
 use pi2_model::TokenId;
 use pi2_runtime::handle::{generate_pieces, Finish as RunFinish, TextRequest};
@@ -23,6 +28,9 @@ pub enum Event {
     Done(Summary),
     /// The engine failed; the message says why.
     Failed(String),
+    /// The memory budget cannot hold this request's KV cache beside the other slots': retry
+    /// when they are done (503).
+    Busy(String),
     /// An embedding job's vector.
     Embedding(Vec<f32>),
 }
@@ -87,9 +95,11 @@ impl Queue {
     }
 }
 
-/// Starts `parallel` slots over `prepared`, each with its own engine (made on the slot's
-/// thread; with `draft_model`, a draft engine beside it), behind a queue of `queue` jobs. Returns once every engine is ready, or the first
-/// error making one; with the queue comes the engines' context size.
+/// Starts `parallel` slots over `prepared` behind a queue of `queue` jobs: in memory each with
+/// its own engine (made on the slot's thread; with `draft_model`, a draft engine beside it),
+/// under a memory budget (more than one slot) all on one shared engine. Returns once every
+/// engine is ready, or the first error making one; with the queue comes the engines' context
+/// size.
 pub fn start(
     prepared: &'static Prepared<'static>,
     draft_model: Option<&'static pi2_model::Model>,
@@ -99,28 +109,43 @@ pub fn start(
     metrics: Arc<Metrics>,
 ) -> Result<(Queue, usize), pi2_runtime::RuntimeError> {
     let sched = Arc::new(Scheduler::new(parallel, queue));
+    let shared = match parallel > 1 && prepared.offloads() {
+        true => {
+            let (engine, n_batch) = prepared.engine_within_budget(n_batch)?;
+            Some((SharedEngine::new(engine), n_batch))
+        }
+        false => None,
+    };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     for id in 0..parallel {
         let sched = sched.clone();
         let ready = ready_tx.clone();
         let metrics = metrics.clone();
+        let shared = shared.as_ref().map(|(e, b)| (e.sequence(), *b));
         std::thread::Builder::new()
             .name(format!("pi2-slot-{id}"))
-            .spawn(move || match slot_engines(prepared, draft_model, n_batch) {
-                Ok((engine, draft, n_batch)) => {
-                    let _ = ready.send(Ok(engine.n_ctx()));
-                    Slot {
-                        id,
-                        engine,
-                        draft,
-                        cached: Vec::new(),
-                        n_batch,
-                        metrics,
+            .spawn(move || {
+                let made = match shared {
+                    Some((seq, n_batch)) => Ok((SlotEngine::Shared(seq), None, n_batch)),
+                    None => slot_engines(prepared, draft_model, n_batch)
+                        .map(|(e, d, b)| (SlotEngine::Own(Box::new(e)), d, b)),
+                };
+                match made {
+                    Ok((engine, draft, n_batch)) => {
+                        let _ = ready.send(Ok(engine.decoder_ref().n_ctx()));
+                        Slot {
+                            id,
+                            engine,
+                            draft,
+                            cached: Vec::new(),
+                            n_batch,
+                            metrics,
+                        }
+                        .serve(&sched)
                     }
-                    .serve(&sched)
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
                 }
             })
             .map_err(|e| {
@@ -140,6 +165,64 @@ pub fn start(
         }
     }
     Ok((Queue { sched }, n_ctx))
+}
+
+/// A slot's engine: its own, or its sequence of the engine the slots share.
+enum SlotEngine {
+    Own(Box<Engine<'static>>),
+    Shared(SharedSequence<'static>),
+}
+
+impl SlotEngine {
+    fn decoder(&mut self) -> &mut dyn Decoder<'static> {
+        match self {
+            SlotEngine::Own(e) => &mut **e,
+            SlotEngine::Shared(s) => s,
+        }
+    }
+
+    fn decoder_ref(&self) -> &dyn Decoder<'static> {
+        match self {
+            SlotEngine::Own(e) => &**e,
+            SlotEngine::Shared(s) => s,
+        }
+    }
+
+    /// Runs `f` on the engine with this slot's KV cache in it.
+    fn with_engine<R>(&mut self, f: impl FnOnce(&mut Engine<'static>) -> R) -> R {
+        match self {
+            SlotEngine::Own(e) => f(e),
+            SlotEngine::Shared(s) => s.run(f),
+        }
+    }
+
+    /// Reports the offload's counters to `metrics` (a shared engine's are everyone's:
+    /// reported once, as slot 0's) and a shared engine's batched steps.
+    fn report(&self, id: usize, metrics: &Metrics) {
+        match self {
+            SlotEngine::Own(e) => {
+                if let Some(o) = e.offload() {
+                    metrics.set_offload(id, o.stats());
+                }
+            }
+            SlotEngine::Shared(s) => {
+                let st = s.shared().batch_stats();
+                metrics.set_batches(st.steps, st.tokens);
+                s.shared().with_engine(|e| {
+                    if let Some(o) = e.offload() {
+                        metrics.set_offload(0, o.stats());
+                    }
+                });
+            }
+        }
+    }
+
+    /// The generation ended: batched steps stop waiting for this slot.
+    fn idle(&self) {
+        if let SlotEngine::Shared(s) = self {
+            s.idle();
+        }
+    }
 }
 
 /// A slot's engine, its draft model's (if any), and the prompt batch they hold.
@@ -166,7 +249,7 @@ fn slot_engines(
 
 struct Slot<'p> {
     id: usize,
-    engine: Engine<'p>,
+    engine: SlotEngine,
     /// The draft model's engine (`--draft-model`).
     draft: Option<ModelDraft<'p>>,
     /// The tokens the engine's KV cache holds.
@@ -186,10 +269,9 @@ impl Slot<'_> {
             }
             self.metrics.processing(1);
             let last = self.run(&job);
+            self.engine.idle();
             self.metrics.processing(-1);
-            if let Some(o) = self.engine.offload() {
-                self.metrics.set_offload(self.id, o.stats());
-            }
+            self.engine.report(self.id, &self.metrics);
             // Last, so that a client reading `/metrics` after its answer sees it counted.
             if let Some(ev) = last {
                 let _ = job.events.blocking_send(ev);
@@ -203,20 +285,14 @@ impl Slot<'_> {
         if let Some(pooling) = job.embed {
             // The evaluation leaves the cache empty.
             self.cached.clear();
-            return Some(
-                match pi2_runtime::embed::embed(
-                    &mut self.engine,
-                    &job.prompt,
-                    self.n_batch,
-                    pooling,
-                ) {
-                    Ok(v) => Event::Embedding(v),
-                    Err(e) => {
-                        self.metrics.failed();
-                        Event::Failed(e.to_string())
-                    }
-                },
-            );
+            let n_batch = self.n_batch;
+            let done = self
+                .engine
+                .with_engine(|e| pi2_runtime::embed::embed(e, &job.prompt, n_batch, pooling));
+            return Some(match done {
+                Ok(v) => Event::Embedding(v),
+                Err(e) => self.failure(e),
+            });
         }
         let events = &job.events;
         let (mut held, mut held_scores) = (String::new(), Vec::new());
@@ -235,7 +311,7 @@ impl Slot<'_> {
         };
         let mut self_draft = pi2_engine::SelfDraft;
         let result = generate_pieces(
-            &mut self.engine,
+            self.engine.decoder(),
             &mut self.cached,
             self.n_batch,
             &job.prompt,
@@ -261,10 +337,7 @@ impl Slot<'_> {
         );
         let out = match result {
             Ok(out) => out,
-            Err(e) => {
-                self.metrics.failed();
-                return Some(Event::Failed(e.to_string()));
-            }
+            Err(e) => return Some(self.failure(e)),
         };
         let finish = match out.finish {
             RunFinish::Cancelled => {
@@ -290,5 +363,18 @@ impl Slot<'_> {
         };
         self.metrics.completed(&summary, started.elapsed());
         Some(Event::Done(summary))
+    }
+
+    /// What a failed job answers: a memory budget too full for its KV cache is "busy" (503),
+    /// anything else a failure.
+    fn failure(&self, e: pi2_runtime::RuntimeError) -> Event {
+        if let pi2_runtime::RuntimeError::Engine(EngineError::MemoryFull(m)) = &e {
+            self.metrics.rejected();
+            return Event::Busy(format!(
+                "the memory budget is full ({m}); retry when other requests are done"
+            ));
+        }
+        self.metrics.failed();
+        Event::Failed(e.to_string())
     }
 }

@@ -61,6 +61,14 @@ pub struct BenchArgs {
     /// the whole model in memory) and report its predicted speed beside the measured one
     #[arg(long)]
     pub plan: Option<String>,
+    /// Also measure speculative decoding: each generation length as greedy generation on a
+    /// built-in editing workload (a 40-line file to repeat with one change), rows genN without
+    /// drafts and genN+SOURCE with them (`self` in the modes under --mem-budget)
+    #[arg(long = "draft", value_enum, default_value_t = crate::args::DraftSource::None)]
+    pub draft: crate::args::DraftSource,
+    /// Most tokens drafted per pass (the length adapts to acceptance below it)
+    #[arg(long = "draft-max", default_value_t = 16)]
+    pub draft_max: usize,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -90,6 +98,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         budgets: a.offload.mem_budget.clone(),
         offload_only: a.offload_only,
         ablation: a.ablation,
+        draft: match a.draft {
+            crate::args::DraftSource::None => None,
+            crate::args::DraftSource::Lookup => Some(pi2_runtime::bench::DraftKind::Lookup),
+            crate::args::DraftSource::SelfDraft => Some(pi2_runtime::bench::DraftKind::SelfDraft),
+        },
+        draft_max: a.draft_max,
     };
     let planned = a.plan.is_some();
     let mut first = true;

@@ -69,7 +69,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let draft_model: Option<&'static _> = draft_model.map(|(m, _)| &*Box::leak(Box::new(m)));
     // Any request may check a draft: every engine's logit rows (and a budget) hold one.
     opts.engine.logit_rows = a.draft.draft_max + 1;
-    pi2_server::place_slots(&mut opts.engine, a.parallel);
+    // Under a budget the slots share one engine.
+    let shared = opts.mem_budget.is_some();
+    pi2_server::place_slots(&mut opts.engine, a.parallel, shared);
     let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
     // The server runs until the process ends: the model and session live as long.
     let model: &'static _ = Box::leak(Box::new(pi2_runtime::load_model(&path)?));

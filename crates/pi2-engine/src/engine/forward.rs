@@ -23,8 +23,10 @@ impl Engine<'_> {
         let n = input.len(c.n_embd);
         let pos0 = self.kv.len;
         // The KV cache grows inside a budget: room comes from the neuron memory.
-        let kv = self.kv.bytes_at(pos0 + n, n, c.kv_dim());
-        self.store.charge_kv(kv as u64, pos0 + n)?;
+        let (parked, parked_positions) = self.parked_kv;
+        let kv = self.kv.bytes_at(pos0 + n, n, c.kv_dim()) + parked;
+        self.store
+            .charge_kv(kv as u64, pos0 + n + parked_positions)?;
         let (first_layer, resumed) = match input {
             Input::Tokens(tokens) => {
                 self.embed(tokens)?;
@@ -68,7 +70,7 @@ impl Engine<'_> {
     }
 
     /// Embedding rows of `tokens` into `s.x`, scaled as the model says.
-    fn embed(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
+    pub(super) fn embed(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
         let c = &self.model.config;
         let x = grow(&mut self.s.x, tokens.len() * c.n_embd);
         self.store.embed(tokens, x)?;
@@ -80,7 +82,7 @@ impl Engine<'_> {
 
     /// Final norm and LM head for the rows from `first_logit` on, into `s.logits`. An
     /// observer sees every row's normalized state.
-    fn head<'o>(
+    pub(super) fn head<'o>(
         &mut self,
         n: usize,
         first_logit: usize,
@@ -119,7 +121,7 @@ impl Engine<'_> {
 
     /// Layer `li`'s FFN on the normalised stream, its output (normalised again where the
     /// layer says so) added to the residual stream.
-    fn ffn_layer<'o>(
+    pub(super) fn ffn_layer<'o>(
         &mut self,
         li: usize,
         l: &LayerWeights,
@@ -170,7 +172,7 @@ impl Engine<'_> {
                 &mut self.routes,
                 n,
             );
-            if n == 1 && self.sparse.is_some() {
+            if n == 1 && self.sparse.is_some() && !self.prompt_pass {
                 // The chosen experts as units of the sparse FFN.
                 let units: Vec<(usize, f32)> = self
                     .routes
@@ -195,7 +197,7 @@ impl Engine<'_> {
             ffn::dense_permuted(&self.ks, c.ffn_act, &d, &mut self.s, n);
             return Ok(());
         }
-        if self.sparse.is_some() && n == 1 {
+        if self.sparse.is_some() && n == 1 && !self.prompt_pass {
             return self.sparse_token(li, l, &[(li, 1.0)]);
         }
         let through_cache = (self.store.offload()).is_none_or(|o| o.batch_through_cache(li, n));
@@ -320,7 +322,7 @@ impl Engine<'_> {
 
 /// Swaps token row `t` of the residual stream and its normalized copy with row 0 (the row a
 /// one-token step reads and adds to).
-fn swap_rows(s: &mut crate::scratch::Scratch, t: usize, d: usize) {
+pub(super) fn swap_rows(s: &mut crate::scratch::Scratch, t: usize, d: usize) {
     if t == 0 {
         return;
     }

@@ -44,7 +44,7 @@ impl Offload {
         }
         if need > 0 {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-            return Err(EngineError::Offload(format!(
+            return Err(EngineError::MemoryFull(format!(
                 "the context has reached {positions} tokens, whose KV cache ({:.1} MiB) no longer \
                  fits the memory budget of {:.1} MiB beside the least neuron cache: raise \
                  --mem-budget (by about {:.1} MiB per 1000 tokens more) or start a new conversation",

@@ -73,3 +73,44 @@ pub fn sparse_engine<'m>(
     };
     Engine::with_parts(m, cfg, parts)
 }
+
+/// `spec`'s synthetic model converted (40% sparsity, a low-rank predictor, Q8_0 down rows, a
+/// clustered head of 8-row clusters if `head`) and written in `dir`; calibrated with `cfg`.
+#[allow(dead_code)] // not every test crate converts
+pub fn converted_model(
+    dir: &std::path::Path,
+    spec: &pi2_model::synth::SynthSpec,
+    cfg: &EngineConfig,
+    head: bool,
+) -> std::path::PathBuf {
+    use pi2_convert::{self as convert, ConvertConfig};
+    let bytes = pi2_model::synth::build(spec).to_bytes();
+    let m = Model::from_file(pi2_model::GgufFile::from_bytes(&bytes).unwrap()).unwrap();
+    let (profile, th, samples) = profile_and_samples(&m, cfg, 0.4, 50);
+    let cc = ConvertConfig {
+        sparsity: 0.4,
+        predictor: Some(pi2_sparse::PredictorKind::Lowrank),
+        down_type: Some(pi2_kernels::QuantType::Q8_0),
+        head: head.then(|| convert::head::HeadConfig {
+            cluster: 8,
+            share: 0.25,
+            ..Default::default()
+        }),
+        ..ConvertConfig::default()
+    };
+    let (w, _) = convert::convert(&m, &profile, &th, samples, &cc).unwrap();
+    let input = dir.join("in.gguf");
+    std::fs::write(&input, &bytes).unwrap();
+    let out = dir.join("bundled.gguf");
+    convert::write_file(&w, &out, &input, false).unwrap();
+    out
+}
+
+/// Each unit's neuron firing frequencies from a converted file's profile.
+#[allow(dead_code)] // not every test crate offloads
+pub fn frequencies(m: &Model) -> Option<Vec<Vec<f32>>> {
+    pi2_engine::load_sparse(m)
+        .unwrap()
+        .and_then(|(_, p)| p)
+        .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect())
+}
