@@ -165,6 +165,11 @@ impl<'m> ClusteredHead<'m> {
         self.vocab.div_ceil(self.cluster)
     }
 
+    /// The centroid and direction matrices every token scores.
+    pub fn probes(&self) -> [MatRef<'_>; 2] {
+        [Self::rows(&self.centroids), Self::rows(&self.directions)]
+    }
+
     /// The share of rows scored exactly that the file was converted for.
     pub fn share(&self) -> f32 {
         self.share

@@ -142,6 +142,9 @@ pub struct CostModel<'a> {
     compute: Mutex<HashMap<ComputeKey, Arc<Vec<f64>>>>,
 }
 
+/// Replays memoized at once (the search visits one budget's hot shares before the next).
+const REPLAYS_KEPT: usize = 8;
+
 impl<'a> CostModel<'a> {
     pub fn new(
         hw: &'a HardwareProfile,
@@ -183,7 +186,13 @@ impl<'a> CostModel<'a> {
             .split(budget, hot_share)
             .and_then(|split| replay(self.model, &split));
         let r = Arc::new(r.map_err(|e| e.to_string()));
-        self.replays.lock().unwrap().insert(key, r.clone());
+        let mut kept = self.replays.lock().unwrap();
+        // A replay holds every recorded step's misses (tens of MB on a real model): keep the
+        // few the search is working through, not every budget's.
+        if kept.len() >= REPLAYS_KEPT {
+            kept.clear();
+        }
+        kept.insert(key, r.clone());
         r
     }
 
@@ -315,7 +324,11 @@ impl<'a> CostModel<'a> {
             // `+ 0.0`: an empty sum is -0.0, which reports print as "-0.000 ms".
             m.predictor.iter().flatten().map(mv).sum::<f64>() + 0.0
         };
-        let output = mv(&m.output);
+        // A clustered head scores its probes and computes its share of the rows.
+        let output = match &m.head {
+            Some(h) => h.probes.iter().map(mv).sum::<f64>() + h.share * mv(&m.output),
+            None => mv(&m.output),
+        };
         // Per layer: q/k/v, attention heads, o; the predictor's two products; the FFN's two
         // (dense: gate+up, down; sparse: one cluster pipeline). Plus the output head.
         let pred_steps = if mode == Mode::Dense { 0 } else { 2 };
@@ -444,12 +457,25 @@ impl<'a> CostModel<'a> {
             .iter()
             .flatten()
             .map(|mat| mat.bytes() as usize);
-        let chunk = s.output_chunk_rows.max(1);
-        let output = (0..s.output_rows)
-            .step_by(chunk)
-            .map(|first| chunk.min(s.output_rows - first) * m.output.row_bytes);
         let embedding = Some(s.embedding_row_bytes).filter(|&b| b > 0);
-        self.read_cost(attention.chain(output).chain(embedding), knobs)
+        let Some(h) = &m.head else {
+            let chunk = s.output_chunk_rows.max(1);
+            let output = (0..s.output_rows)
+                .step_by(chunk)
+                .map(|first| chunk.min(s.output_rows - first) * m.output.row_bytes);
+            return self.read_cost(attention.chain(output).chain(embedding), knobs);
+        };
+        // A clustered head reads only the chosen clusters that are not resident: one read of
+        // a cluster's rows per choice, as often as calibration chose each.
+        let (secs, bytes, reads) = self.read_cost(attention.chain(embedding), knobs);
+        let chosen = h.chosen_among_last(s.output_rows);
+        let (one, one_bytes, one_reads) =
+            self.read_cost(std::iter::once(h.cluster * m.output.row_bytes), knobs);
+        (
+            secs + chosen * one,
+            bytes + (chosen * one_bytes as f64).round() as u64,
+            reads + (chosen * one_reads as f64).round() as u64,
+        )
     }
 
     /// Seconds, bytes and device reads of whole reads of these sizes, cut at `max_read`.

@@ -52,6 +52,32 @@ pub struct Step {
     pub confirmed: Vec<u32>,
 }
 
+/// A clustered output head: per token the centroids and directions are scored, then the rows
+/// of the best clusters (`share` of the rows) computed; a cluster not resident is read when
+/// chosen.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeadShape {
+    /// Share of the output rows computed per token.
+    pub share: f64,
+    /// Rows per cluster.
+    pub cluster: usize,
+    /// Per cluster in stored order (hottest first: the resident ones first), the share of
+    /// tokens that choose it.
+    pub frequency: Vec<f32>,
+    /// The centroid and direction matrices, scored every token.
+    pub probes: Vec<MatShape>,
+}
+
+impl HeadShape {
+    /// Expected clusters chosen per token among the last `rows` stored output rows (those not
+    /// resident).
+    pub fn chosen_among_last(&self, rows: usize) -> f64 {
+        let k = self.frequency.len();
+        let last = rows.div_ceil(self.cluster.max(1)).min(k);
+        self.frequency[k - last..].iter().map(|&f| f as f64).sum()
+    }
+}
+
 /// What the planner knows about a model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelProfile {
@@ -69,6 +95,9 @@ pub struct ModelProfile {
     /// Per layer: the predictor's matrices (empty when there is none).
     pub predictor: Vec<Vec<MatShape>>,
     pub output: MatShape,
+    /// A converted model's clustered output head (absent: every output row is computed).
+    #[serde(default)]
+    pub head: Option<HeadShape>,
     pub ffn: Vec<FfnLayer>,
     /// Recorded decode steps, token-major (every layer of token 0, then token 1, ...).
     pub steps: Vec<Step>,

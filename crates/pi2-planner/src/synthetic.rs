@@ -47,6 +47,7 @@ pub fn toy_model(n_layer: usize, n_ff: usize, tokens: usize) -> ModelProfile {
         attention: (0..n_layer).map(|_| vec![mat(128); 4]).collect(),
         predictor: (0..n_layer).map(|_| vec![mat(16)]).collect(),
         output: mat(1000),
+        head: None,
         ffn: (0..n_layer)
             .map(|l| {
                 let base = 4096 + (l * n_ff * 3 * 136) as u64;

@@ -166,6 +166,59 @@ fn streamed_weights_add_their_reads() {
     }
 }
 
+/// A clustered head computes its share of the output rows (plus its probes) and reads only the
+/// chosen clusters that are not resident, as often as calibration chose them.
+#[test]
+fn a_clustered_head_costs_its_share_and_its_chosen_clusters() {
+    let mut m = toy_model(2, 64, 2);
+    let hw = toy_hardware(1, 1.0, 100.0);
+    let base = ToyResidency::for_model(&m, 1 << 20);
+    let budget = base.min_budget();
+    let streamed = StreamedWeights {
+        output_rows: 800,
+        output_chunk_rows: 300,
+        ..Default::default()
+    };
+    let res = Streaming(ToyResidency::for_model(&m, 1 << 20), streamed);
+    let whole = CostModel::new(&hw, &m, &res, 0, 16)
+        .evaluate(&knobs(Mode::Offload, budget))
+        .unwrap();
+    // 1000 rows in 125 clusters of 8; the last 100 clusters (800 rows) are not resident; 64 of
+    // them are each chosen by 1/64 of tokens: one cluster read per token.
+    let mut frequency = vec![0.5f32; 25];
+    frequency.extend(vec![0.0f32; 36]);
+    frequency.extend(vec![1.0f32 / 64.0; 64]);
+    let probe = pi2_planner::model::MatShape {
+        ty: m.output.ty.clone(),
+        rows: 125,
+        row_bytes: m.output.row_bytes,
+    };
+    m.head = Some(pi2_planner::model::HeadShape {
+        share: 0.25,
+        cluster: 8,
+        frequency,
+        probes: vec![probe.clone(), probe],
+    });
+    let res = Streaming(ToyResidency::for_model(&m, 1 << 20), streamed);
+    let head = CostModel::new(&hw, &m, &res, 0, 16)
+        .evaluate(&knobs(Mode::Offload, budget))
+        .unwrap();
+    let read = |bytes: f64| 100e-6 + bytes * 1e-9;
+    let (w, h) = (&whole.breakdown, &head.breakdown);
+    // Reads: three output chunks against one 8-row cluster.
+    let saved = 2.0 * read(300.0 * 136.0) + read(200.0 * 136.0) - read(8.0 * 136.0);
+    assert!(close(w.io_total - h.io_total, saved), "{w:?} {h:?}");
+    assert!(close(
+        whole.read_bytes_per_token - head.read_bytes_per_token,
+        (800.0 - 8.0) * 136.0
+    ));
+    // Compute: a quarter of the rows and two 125-row probes, against 1000 rows.
+    assert!(
+        close(h.output / w.output, (250.0 + 250.0) / 1000.0),
+        "{w:?} {h:?}"
+    );
+}
+
 #[test]
 fn merge_gap_trades_reads_for_bytes() {
     let m = toy_model(2, 512, 8);

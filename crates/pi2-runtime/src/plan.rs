@@ -166,6 +166,10 @@ pub fn model_profile(
             confirmed: s.confirmed,
         })
         .collect();
+    // The recording engine's copies of the weights are freed; give their pages back, or a
+    // budget applied next would count them as this process's own memory.
+    drop(e);
+    crate::offload::return_freed_memory();
     // Where each neuron's rows lie (`pi2_model::bundle`).
     let mut ffn = Vec::new();
     for l in &model.weights.layers {
@@ -215,6 +219,12 @@ pub fn model_profile(
             })
             .collect(),
         output: mat_shape(model.weights.output.mat(f)),
+        head: head.as_ref().map(|h| pi2_planner::model::HeadShape {
+            share: f64::from(h.share()),
+            cluster: h.cluster(),
+            frequency: h.frequency().to_vec(),
+            probes: h.probes().map(mat_shape).to_vec(),
+        }),
         ffn,
         steps,
     };
@@ -464,7 +474,11 @@ pub fn apply(
             emulate,
             curve: false,
         };
-        solve(model, path, engine, &hw, &req)?.plan
+        let p = solve(model, path, engine, &hw, &req)?.plan;
+        // The search's replays are freed; give their pages back before a budget counts this
+        // process's memory.
+        crate::offload::return_freed_memory();
+        p
     } else {
         let p = PlanFile::load(Path::new(spec))?;
         if emulate.is_some() && p.device.emulated.as_deref() != emulate {

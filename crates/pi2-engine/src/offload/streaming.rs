@@ -22,16 +22,27 @@ impl Offload {
         [g, u, (l.down, d_at, n * l.down.row_bytes)]
     }
 
+    /// Starts staging unit `u` whole into buffer `b`: its pinned rows (the first rows of each
+    /// matrix, the file keeping neurons hottest first) are copied from memory, the rest read.
     fn read_stage(&mut self, u: usize, b: usize) -> Result<(), IoError> {
         let parts = self.stage_parts(u);
-        let base = self.stage[b].as_mut_ptr();
-        let reqs = parts.map(|(p, at, len)| Request {
-            offset: p.offset,
-            len,
-            // SAFETY: inside the staging buffer (sized for the largest unit).
-            dst: unsafe { base.add(at) },
-            tag: Tag::Stage.encode(),
-        });
+        let hot = &self.hot[u];
+        let pinned = [(0, hot.n_gate), (hot.up_at, hot.n), (hot.down_at, hot.n)];
+        let stage = &mut self.stage[b];
+        let mut reqs = Vec::with_capacity(3);
+        for ((p, at, len), (hot_at, rows)) in parts.into_iter().zip(pinned) {
+            let kept = (rows * p.row_bytes).min(len);
+            stage[at..at + kept].copy_from_slice(&hot.buf[hot_at..hot_at + kept]);
+            if kept < len {
+                reqs.push(Request {
+                    offset: p.offset + kept as u64,
+                    len: len - kept,
+                    // SAFETY: inside the staging buffer (sized for the largest unit).
+                    dst: unsafe { stage.as_mut_ptr().add(at + kept) },
+                    tag: Tag::Stage.encode(),
+                });
+            }
+        }
         self.stage_unit[b] = Some(u);
         self.stats.stage_bytes += reqs.iter().map(|r| r.len as u64).sum::<u64>();
         // SAFETY: the buffer is not read until `wait_stage` has received every completion.
