@@ -48,7 +48,7 @@ impl Default for HeadConfig {
         Self {
             cluster: 16,
             scale_power: 0.5,
-            share: 0.25,
+            share: 0.4,
             ucb: 0.5,
         }
     }

@@ -174,7 +174,7 @@ impl Default for ConvertOptions {
         Self {
             chunk: 512,
             sparsity: Sparsity::Auto {
-                max_increase: 0.03,
+                max_increase: 0.015,
                 sensitivity_tokens: 256,
             },
             predictor: None,

@@ -45,7 +45,7 @@ pub struct ConvertArgs {
     pub sparsity: String,
     /// With --sparsity auto: the largest perplexity increase over the dense model allowed on the
     /// held-out calibration tokens, in percent
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 1.5)]
     pub max_ppl_increase: f32,
     /// With --sparsity auto: calibration tokens each layer's sensitivity is measured on
     #[arg(long, default_value_t = 256)]
@@ -81,7 +81,7 @@ pub struct ConvertArgs {
     #[arg(long, default_value_t = 16)]
     pub head_cluster: usize,
     /// Share of the output rows the clustered head computes exactly by default, in (0, 1]
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = 0.4)]
     pub head_share: f32,
     /// Neuron order in the file: `coactivation` (hot first, and inside bands of 512 of that
     /// order each neuron next to the one it fires with most often: fewer pages read per
