@@ -195,6 +195,23 @@ impl Metrics {
                 self.slots as f64,
             ),
         ];
+        rows.extend(self.engine_rows());
+        let mut out = String::new();
+        for (name, kind, help, v) in rows {
+            let _ = writeln!(
+                out,
+                "# HELP pi2_{name} {help}\n# TYPE pi2_{name} {kind}\npi2_{name} {v}"
+            );
+        }
+        out
+    }
+
+    /// Rows of what the engines did: batched steps of shared slots, and the offload's reads.
+    fn engine_rows(&self) -> Vec<Row> {
+        let get = |a: &AtomicU64| a.load(Relaxed) as f64;
+        const C: &str = "counter";
+        const G: &str = "gauge";
+        let mut rows = Vec::new();
         if get(&self.batch_steps) > 0.0 {
             rows.push((
                 "decode_batches_total",
@@ -244,13 +261,9 @@ impl Metrics {
                 (sum.decode_bytes + sum.stage_bytes + sum.attn_bytes + sum.out_bytes) as f64,
             ));
         }
-        let mut out = String::new();
-        for (name, kind, help, v) in rows {
-            let _ = writeln!(
-                out,
-                "# HELP pi2_{name} {help}\n# TYPE pi2_{name} {kind}\npi2_{name} {v}"
-            );
-        }
-        out
+        rows
     }
 }
+
+/// A metric: name, kind, help and value.
+type Row = (&'static str, &'static str, &'static str, f64);
