@@ -115,24 +115,17 @@ def cgroup_root():
     sys.exit("no cgroup v1 memory controller (cgroup v1 and root are needed for memory caps)")
 
 
-def capped(cmd, cap_bytes, env=None, stderr_too=False):
-    """Runs cmd inside a fresh cgroup v1 memory cap of cap_bytes, the page cache dropped first.
-    Returns (stdout (and stderr after it when `stderr_too`) or None, peak bytes of the group,
-    error line or None)."""
+@contextlib.contextmanager
+def _cgroup(cap_bytes):
+    """A fresh cgroup v1 memory cap of cap_bytes, the page cache dropped; yields (the group's
+    folder, a preexec_fn that moves a child into it); removed on leaving."""
     cg = cgroup_root() / f"pi2bench{os.getpid()}"
     cg.mkdir()
     try:
         (cg / "memory.limit_in_bytes").write_text(str(cap_bytes))
         subprocess.run(["sync"], check=True)
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        pre = lambda: Path(cg / "cgroup.procs").write_text(str(os.getpid()))
-        out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pre, env=env)
-        peak = int((cg / "memory.max_usage_in_bytes").read_text())
-        if out.returncode != 0:
-            # Killed by the cap (-9) or refused: a row that says so, not the end of the sweep.
-            last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-            return None, peak, f"exit {out.returncode}: {last[:200]}"
-        return out.stdout + (out.stderr if stderr_too else ""), peak, None
+        yield cg, lambda: Path(cg / "cgroup.procs").write_text(str(os.getpid()))
     finally:
         for _ in range(50):
             try:
@@ -140,33 +133,34 @@ def capped(cmd, cap_bytes, env=None, stderr_too=False):
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def capped(cmd, cap_bytes, env=None, stderr_too=False):
+    """Runs cmd inside a fresh cgroup v1 memory cap of cap_bytes, the page cache dropped first.
+    Returns (stdout (and stderr after it when `stderr_too`) or None, peak bytes of the group,
+    error line or None)."""
+    with _cgroup(cap_bytes) as (cg, pre):
+        out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pre, env=env)
+        peak = int((cg / "memory.max_usage_in_bytes").read_text())
+    if out.returncode != 0:
+        # Killed by the cap (-9) or refused: a row that says so, not the end of the sweep.
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        return None, peak, f"exit {out.returncode}: {last[:200]}"
+    return out.stdout + (out.stderr if stderr_too else ""), peak, None
 
 
 @contextlib.contextmanager
 def capped_process(cmd, cap_bytes, env=None):
     """Starts cmd inside a fresh cgroup v1 memory cap of cap_bytes (page cache dropped first)
     and yields the running process (stderr piped); kills it on leaving."""
-    cg = cgroup_root() / f"pi2bench{os.getpid()}"
-    cg.mkdir()
-    proc = None
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(cap_bytes))
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        pre = lambda: Path(cg / "cgroup.procs").write_text(str(os.getpid()))
+    with _cgroup(cap_bytes) as (_, pre):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=pre, env=env)
-        yield proc
-    finally:
-        if proc is not None:
+        try:
+            yield proc
+        finally:
             proc.kill()
             proc.wait()
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def peak_rss(pid):

@@ -13,30 +13,11 @@ use pi2_model::{GgufFile, Model};
 use std::path::{Path, PathBuf};
 
 fn spec() -> SynthSpec {
-    SynthSpec {
-        n_embd: 64,
-        n_ff: 192,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        weight_type: QuantType::Q4_1,
-        embd_type: QuantType::F32,
-        ..SynthSpec::default()
-    }
+    common::offload_spec()
 }
 
 fn cfg() -> EngineConfig {
-    EngineConfig {
-        threads: 2,
-        n_ctx: 64,
-        cluster: 8,
-        // Offloaded tensors keep the file's row layout; so does the in-memory reference, as
-        // the interleaved copies' kernels sum in another order (not bit for bit); and the
-        // reference runs the sparse step that offloaded decode runs.
-        repack: false,
-        dense_resident: false,
-        ..EngineConfig::default()
-    }
+    common::offload_cfg(64)
 }
 
 const PROMPT: [u32; 4] = [5, 17, 42, 3];

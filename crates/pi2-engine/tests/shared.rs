@@ -9,33 +9,15 @@ use pi2_engine::{
     generate_drafted, Decoder, Engine, EngineConfig, GenerateConfig, Logits, Offload,
     OffloadConfig, Sampler, SamplerConfig, SharedEngine, SparseFfn,
 };
-use pi2_kernels::QuantType;
 use pi2_model::synth::SynthSpec;
 use pi2_model::{Model, TokenId};
 
 fn spec() -> SynthSpec {
-    SynthSpec {
-        n_embd: 64,
-        n_ff: 192,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        weight_type: QuantType::Q4_1,
-        embd_type: QuantType::F32,
-        ..SynthSpec::default()
-    }
+    common::offload_spec()
 }
 
 fn cfg() -> EngineConfig {
-    EngineConfig {
-        threads: 2,
-        n_ctx: 96,
-        cluster: 8,
-        // The offloaded rows keep the file's layout; so does the in-memory reference.
-        repack: false,
-        dense_resident: false,
-        ..EngineConfig::default()
-    }
+    common::offload_cfg(96)
 }
 
 const PROMPTS: [&[TokenId]; 3] = [&[5, 17, 42, 3], &[9, 9, 120, 64, 31, 2], &[77]];

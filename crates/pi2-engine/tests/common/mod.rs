@@ -114,3 +114,34 @@ pub fn frequencies(m: &Model) -> Option<Vec<Vec<f32>>> {
         .and_then(|(_, p)| p)
         .map(|p| p.layers.iter().map(|l| l.frequency.clone()).collect())
 }
+
+/// The small synthetic model the offload tests convert and read from flash.
+#[allow(dead_code)] // not every test crate offloads
+pub fn offload_spec() -> pi2_model::synth::SynthSpec {
+    pi2_model::synth::SynthSpec {
+        n_embd: 64,
+        n_ff: 192,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        weight_type: pi2_kernels::QuantType::Q4_1,
+        embd_type: pi2_kernels::QuantType::F32,
+        ..pi2_model::synth::SynthSpec::default()
+    }
+}
+
+/// An engine configuration whose offloaded decode can be compared bit for bit with in-memory
+/// sparse decode: offloaded tensors keep the file's row layout, and so does the reference (the
+/// interleaved copies' kernels sum in another order); the reference runs the sparse step that
+/// offloaded decode runs.
+#[allow(dead_code)] // not every test crate offloads
+pub fn offload_cfg(n_ctx: usize) -> EngineConfig {
+    EngineConfig {
+        threads: 2,
+        n_ctx,
+        cluster: 8,
+        repack: false,
+        dense_resident: false,
+        ..EngineConfig::default()
+    }
+}
