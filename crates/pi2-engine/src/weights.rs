@@ -238,10 +238,15 @@ impl Store for Resident<'_> {
                 down_transposed: l.down_transposed,
             });
         }
-        let [gate, up, down] = match &self.packed {
+        let [gate, up, mut down] = match &self.packed {
             Some(p) => p.ffn(li, [&l.gate, &l.up, &l.down], f),
             None => [&l.gate, &l.up, &l.down].map(|t| t.mat(f)),
         };
+        if l.down_dense.is_some() {
+            // The packed down of a converted layer is the source's matrix (its dense path's);
+            // a batch asking for the FFN's matrices gets the file's transposed rows.
+            down = l.down.mat(f);
+        }
         Ok(FfnMats {
             gate,
             up,
