@@ -14,9 +14,12 @@ engines run inside a cgroup v1 memory cap of that size after the page cache is d
   GGUF, which runs the cached conversion (made once before the sweep, outside the caps).
 Both are also run without a cap, the file in the page cache (the in-memory lines). Quality:
 perplexity on held-out text (a genre the calibration does not contain) of what decode computes
-(the conversion's sparse FFN and clustered head, scored in memory with `--sparse`: offloaded
-decode gives the same logits bit for bit at every budget, so one figure holds for every capped
-point) against the dense model.
+(the conversion's sparse FFN and clustered head, scored in memory with `--sparse`) against the
+dense model: what offloaded decode computes at every budget where no layer is wholly pinned; a
+wholly pinned layer runs the dense FFN instead, closer to the dense model, so the figure bounds
+the loss at every capped point. `--dense-line` adds pi2's plain dense decode (the plain GGUF
+mapped, no budget) inside each cap: what the one command must not be slower than where the
+model fits.
 
 Writes docs/measurements/offload-NAME.json and .svg (bench/plot.py) and prints a table. Needs
 root (cgroups, drop_caches).
@@ -88,6 +91,8 @@ def main():
     ap.add_argument("--chunks", type=int, default=16, help="chunks of 512 tokens scored for quality")
     ap.add_argument("--name", help="measurement name (default: the model file's stem)")
     ap.add_argument("--cache-dir", help="PI2_CACHE_DIR for the conversion (default: pi2's own)")
+    ap.add_argument("--dense-line", action="store_true",
+                    help="also run pi2's plain dense decode (no budget) inside every cap")
     a = ap.parse_args()
     model = pi2bench.model_path(a.model)
     file_bytes = os.path.getsize(model)
@@ -109,6 +114,8 @@ def main():
     for b, cap in caps:
         steps[("llama.cpp", b)] = lambda cap=cap: llama_run(model, a.tokens, a.threads, cap)
         steps[("pi2", b)] = lambda cap=cap: pi2_run(model, cap, a.tokens, a.threads, cap, env)
+        if a.dense_line:
+            steps[("pi2 dense", b)] = lambda cap=cap: pi2_run(model, None, a.tokens, a.threads, cap, env)
     raw = pi2bench.interleaved(a.rounds, steps)
     points = []
     for (engine, where), runs in raw.items():
@@ -136,8 +143,8 @@ def main():
 def table(points):
     by = {(p["engine"], p["cap"]): p for p in points}
     print("| cap | llama.cpp t/s | pi2 t/s | pi2 / llama.cpp | pi2 MB read/token | "
-          "peak cgroup MiB llama.cpp / pi2 |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
+          "peak cgroup MiB llama.cpp / pi2 | pi2 plain dense t/s |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
     for cap in dict.fromkeys(p["cap"] for p in points):
         l, p = by.get(("llama.cpp", cap)), by.get(("pi2", cap))
         lt = l["tps"]["median"] if l and l["tps"] else float("nan")
@@ -145,8 +152,10 @@ def table(points):
         b = p.get("bytes_read_per_token") or {}
         mb = b.get("total", float("nan")) / 1e6
         peak = lambda x: f"{x['peak_cgroup_bytes'] / 2**20:.0f}" if x and x["peak_cgroup_bytes"] else "-"
-        errs = "; ".join(e for x in (l, p) if x for e in x["errors"])
-        print(f"| {cap} | {lt:.2f} | {pt:.2f} | {pt / lt:.2f}x | {mb:.1f} | {peak(l)} / {peak(p)} |"
+        d = by.get(("pi2 dense", cap))
+        dt = f"{d['tps']['median']:.2f}" if d and d["tps"] else "-"
+        errs = "; ".join(e for x in (l, p, d) if x for e in x["errors"])
+        print(f"| {cap} | {lt:.2f} | {pt:.2f} | {pt / lt:.2f}x | {mb:.1f} | {peak(l)} / {peak(p)} | {dt} |"
               f"{' ' + errs if errs else ''}")
 
 

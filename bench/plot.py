@@ -18,19 +18,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLOURS = {"pi2": "#1f77b4", "llama.cpp": "#d62728"}
+COLOURS = {"pi2": "#1f77b4", "llama.cpp": "#d62728", "pi2 dense": "#7f7f7f"}
 
 
 def caps(data, ax):
-    for engine in ("llama.cpp", "pi2"):
+    for engine in ("llama.cpp", "pi2", "pi2 dense"):
         pts = sorted((p["cap_share"], p["tps"]) for p in data["points"]
                      if p["engine"] == engine and p["cap_share"] and p["tps"])
         if pts:
             xs = [100 * x for x, _ in pts]
             med = [t["median"] for _, t in pts]
             err = [[t["median"] - t["min"] for _, t in pts], [t["max"] - t["median"] for _, t in pts]]
+            what = "plain dense (no budget)" if engine == "pi2 dense" else engine
             ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=COLOURS[engine],
-                        label=f"{engine} inside the cap")
+                        label=f"{what} inside the cap")
         mem = next((p["tps"] for p in data["points"] if p["engine"] == engine and p["cap"] == "memory"
                     and p["tps"]), None)
         if mem:

@@ -223,6 +223,11 @@ impl<'m> Engine<'m> {
             None => ClusteredHead::load(model, parts.offload.is_none() && cfg.repack)?
                 .map(|h| HeadRef::Own(Box::new(h))),
         };
+        // Dense where resident: a sparse FFN that computes every gate row anyway, unless the
+        // caller records which neurons fire (only the sparse step knows).
+        let dense = cfg.dense_resident
+            && !cfg.record_neurons
+            && parts.sparse.is_some_and(|sp| !sp.use_predictor);
         let store: Box<dyn Store + 'm> = match parts.offload {
             Some(o) => {
                 if parts.sparse.is_none() {
@@ -233,21 +238,14 @@ impl<'m> Engine<'m> {
                 if o.units() != c.n_layer * c.n_expert.max(1) || o.n_ff() != c.n_ff {
                     return Err(EngineError::Offload("built for another model".into()));
                 }
-                Box::new(Offloaded::new(model, o))
+                Box::new(Offloaded::new(model, o, dense))
             }
-            None => {
-                // Dense where resident: a sparse FFN that computes every gate row anyway,
-                // unless the caller records which neurons fire (only the sparse step knows).
-                let dense = cfg.dense_resident
-                    && !cfg.record_neurons
-                    && parts.sparse.is_some_and(|sp| !sp.use_predictor);
-                Box::new(Resident::new(
-                    model,
-                    cfg.repack,
-                    parts.sparse.is_some(),
-                    dense,
-                ))
-            }
+            None => Box::new(Resident::new(
+                model,
+                cfg.repack,
+                parts.sparse.is_some(),
+                dense,
+            )),
         };
         let (inv_freq, inv_freq_local) = rope_frequencies(model);
         Ok(Self {

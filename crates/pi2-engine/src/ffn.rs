@@ -57,15 +57,17 @@ pub(crate) fn dense<'o>(
 }
 
 /// A converted layer's dense FFN of the `n` tokens of `s.xn`, added to `s.x`: gate and up in
-/// the file's neuron order, their coefficients put back in the source's order (`perm`), then
-/// the source's down matrix. The same products as the plain model's dense FFN, row for row.
-pub(crate) fn dense_permuted(
+/// the file's neuron order; with the source's down matrix, their coefficients put back in the
+/// source's order (the same products as the plain model's dense FFN, row for row), else the
+/// file's transposed down rows accumulated per neuron.
+pub(crate) fn dense_converted(
     ks: &KernelSet,
     act: FfnAct,
     d: &crate::weights::DenseFfn<'_>,
     s: &mut Scratch,
     n: usize,
 ) {
+    use crate::weights::DenseDown;
     let (dim, ff) = (d.gate.cols, d.gate.rows);
     let gate_out = grow(&mut s.gate, n * ff);
     let up_out = grow(&mut s.up, n * ff);
@@ -77,18 +79,25 @@ pub(crate) fn dense_permuted(
         [(d.gate, gate_out), (d.up, up_out)],
     );
     gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
+    let (down, perm) = match &d.down {
+        DenseDown::Transposed(down_t) => {
+            accumulate_down_t(ks, down_t, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
+            return;
+        }
+        DenseDown::Source { down, perm } => (down, perm),
+    };
     // The up buffer holds the coefficients in the source's order.
     for (file, src) in s.gate[..n * ff]
         .chunks_exact(ff)
         .zip(s.up[..n * ff].chunks_exact_mut(ff))
     {
-        for (&j, &v) in d.perm.iter().zip(file) {
+        for (&j, &v) in perm.iter().zip(file) {
             src[j as usize] = v;
         }
     }
-    s.acts.quantize(d.down.ty.act_kind(), &s.up[..n * ff], ff);
+    s.acts.quantize(down.ty.act_kind(), &s.up[..n * ff], ff);
     let o = grow(&mut s.o, n * dim);
-    matmul(ks, &d.down, &s.acts, o);
+    matmul(ks, down, &s.acts, o);
     s.x[..n * dim]
         .iter_mut()
         .zip(&s.o[..n * dim])

@@ -25,14 +25,22 @@ pub(crate) struct FfnMats<'a> {
     pub down_transposed: bool,
 }
 
-/// A converted layer run dense: gate and up in the file's neuron order, the source's down
-/// matrix in the source's order, and the file's permutation (file neuron `j` is source neuron
-/// `perm[j]`) that puts the coefficients back in the source's order between them.
+/// A converted layer run dense: gate and up in the file's neuron order, then the down
+/// projection either from the source's down matrix (the coefficients put back in the source's
+/// order first) or from the file's transposed down rows (an offload's pinned layer).
 pub(crate) struct DenseFfn<'a> {
     pub gate: MatRef<'a>,
     pub up: MatRef<'a>,
-    pub down: MatRef<'a>,
-    pub perm: &'a [u32],
+    pub down: DenseDown<'a>,
+}
+
+/// Where a dense converted layer's down projection comes from.
+pub(crate) enum DenseDown<'a> {
+    /// The source's down matrix and the file's permutation (file neuron `j` is source neuron
+    /// `perm[j]`).
+    Source { down: MatRef<'a>, perm: &'a [u32] },
+    /// The file's transposed down rows, one per neuron in file order.
+    Transposed(MatRef<'a>),
 }
 
 /// What one sparse decode step of a unit list needs from the store, besides the rows.
@@ -195,8 +203,7 @@ impl Store for Resident<'_> {
         Some(DenseFfn {
             gate,
             up,
-            down,
-            perm,
+            down: DenseDown::Source { down, perm },
         })
     }
 

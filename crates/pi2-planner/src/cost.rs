@@ -401,6 +401,37 @@ impl<'a> CostModel<'a> {
         v
     }
 
+    /// FFN compute of every recorded step's layer run dense (memoized).
+    fn dense_compute(&self, r: &ThreadRates, k: &Knobs) -> Arc<Vec<f64>> {
+        let dense = Knobs {
+            mode: Mode::Dense,
+            ..k.clone()
+        };
+        self.step_compute(r, &dense)
+    }
+
+    /// Whether layer `li` may run dense when all its rows are pinned: offloading a layer
+    /// without a predictor (whose sparse step computes every gate row anyway).
+    fn may_run_dense(&self, k: &Knobs, li: usize) -> bool {
+        k.mode == Mode::Offload && self.model.predictor[li].is_empty()
+    }
+
+    /// Per layer, whether it runs dense when all its rows are pinned: it may, and its dense FFN
+    /// computes faster on this device than its recorded sparse steps do on average.
+    pub fn dense_layers(&self, k: &Knobs) -> Result<Vec<bool>, PlanError> {
+        let r = self.rates(k)?;
+        let m = self.model;
+        let (sparse, dense) = (self.step_compute(r, k), self.dense_compute(r, k));
+        let mut sums = vec![(0.0, 0.0); m.n_layer];
+        for ((s, &sp), &de) in m.steps.iter().zip(sparse.iter()).zip(dense.iter()) {
+            let sum = &mut sums[s.layer as usize];
+            (sum.0, sum.1) = (sum.0 + sp, sum.1 + de);
+        }
+        Ok((0..m.n_layer)
+            .map(|li| self.may_run_dense(k, li) && sums[li].1 < sums[li].0)
+            .collect())
+    }
+
     /// Seconds per decoded token that no completion of a partial plan can beat: compute with
     /// no reads; once the memory split is known, reads at pure transfer speed.
     pub fn decode_lower_bound(&self, k: &Knobs, split_known: bool) -> Result<f64, PlanError> {
@@ -429,7 +460,17 @@ impl<'a> CostModel<'a> {
         } else {
             None
         };
-        let compute = self.step_compute(r, k);
+        // Whichever way a layer runs: a wholly pinned layer without a predictor runs dense.
+        let compute: Vec<f64> = (self.step_compute(r, k).iter())
+            .zip(self.dense_compute(r, k).iter())
+            .zip(&m.steps)
+            .map(
+                |((&sparse, &dense), s)| match self.may_run_dense(k, s.layer as usize) {
+                    true => sparse.min(dense),
+                    false => sparse,
+                },
+            )
+            .collect();
         ffn += compute.iter().sum::<f64>();
         if let Some(io) = io {
             // The same sampling as `evaluate`: a simulated step is at least its compute and at
@@ -551,7 +592,19 @@ impl<'a> CostModel<'a> {
                 }
                 let scale = m.steps.len() as f64 / io.step_secs.len().max(1) as f64 / tokens;
                 let (stream_secs, stream_bytes, stream_reads) = self.streamed(&rep.streamed, k);
-                b.ffn_compute = compute.iter().sum::<f64>() / tokens;
+                // A wholly pinned layer runs dense where that is faster.
+                let dense = self.dense_compute(r, k);
+                let faster = self.dense_layers(k)?;
+                b.ffn_compute = (compute.iter().zip(dense.iter()).zip(&m.steps))
+                    .map(|((&sparse, &dense), s)| {
+                        let li = s.layer as usize;
+                        match faster[li] && rep.whole_layers[li] {
+                            true => dense,
+                            false => sparse,
+                        }
+                    })
+                    .sum::<f64>()
+                    / tokens;
                 b.io_exposed = exposed * scale + stream_secs;
                 b.io_total = total_io * scale + stream_secs;
                 hit_rate = Some(rep.hit_rate());

@@ -69,6 +69,14 @@ impl fmt::Display for PlanFile {
             "plan: {} thread(s) on CPUs {:?}, {mode}",
             k.threads, self.cpus
         )?;
+        if k.mode == Mode::Offload && !self.dense_layers.is_empty() {
+            let dense = self.dense_layers.iter().filter(|&&d| d).count();
+            let n = self.dense_layers.len();
+            writeln!(
+                f,
+                "dense where wholly pinned: {dense} of {n} layers (faster here)"
+            )?;
+        }
         let p = &self.predicted;
         let reads = p.hit_rate.map_or(String::new(), |h| {
             let mb = p.read_bytes_per_token / 1e6;

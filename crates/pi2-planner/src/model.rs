@@ -213,6 +213,8 @@ pub struct Replay {
     pub rows_read: u64,
     /// What the split streams every token.
     pub streamed: StreamedWeights,
+    /// Per layer: every row pinned (without a predictor the engine runs such a layer dense).
+    pub whole_layers: Vec<bool>,
 }
 
 impl Replay {
@@ -234,9 +236,17 @@ pub fn replay(m: &ModelProfile, split: &ResidencySplit) -> Result<Replay, PlanEr
     // The replay needs the cache's bookkeeping, not its bytes: one-byte slots.
     let mut cache = SlotCache::new(n_layer * n_ff, n_ff, 1, slots, Lru::default())
         .map_err(|e| PlanError::Unrunnable(e.to_string()))?;
+    let whole_layers = (0..n_layer)
+        .map(|li| {
+            let hot = split.hot_counts.get(li).copied().unwrap_or(0);
+            let gate = split.hot_gate_counts.get(li).copied().unwrap_or(0);
+            hot >= n_ff && gate.max(hot) >= n_ff
+        })
+        .collect();
     let mut out = Replay {
         steps: Vec::with_capacity(m.steps.len()),
         streamed: split.streamed,
+        whole_layers,
         ..Default::default()
     };
     let mut slot_of = Vec::new();

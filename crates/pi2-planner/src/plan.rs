@@ -307,6 +307,10 @@ pub struct PlanFile {
     pub device: PlanDevice,
     pub constraints: Constraints,
     pub knobs: Knobs,
+    /// Per layer, whether it runs dense when all its rows are pinned (where the device computes
+    /// it faster so); empty in plans that predate the choice.
+    #[serde(default)]
+    pub dense_layers: Vec<bool>,
     /// CPUs the threads are pinned to (thread `i` on `cpus[i]`).
     pub cpus: Vec<usize>,
     /// Context length and prefill batch the memory was accounted for.

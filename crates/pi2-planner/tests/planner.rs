@@ -91,6 +91,48 @@ fn offloaded_decode_by_hand() {
     assert_eq!(p.memory, res.min_budget());
 }
 
+#[test]
+fn a_wholly_pinned_layer_runs_dense_where_that_is_faster() {
+    // One layer of 64 neurons without a predictor: every neuron a candidate, 19 confirmed.
+    let mut m = toy_model(1, 64, 1);
+    m.predictor = vec![vec![]];
+    m.steps[0].candidates = (0..64).collect();
+    let res = ToyResidency::for_model(&m, 1 << 20);
+    let whole = res.min_budget() + 64 * res.neuron_bytes;
+    let row = 136e-9;
+    let offload = |hot_share| Knobs {
+        hot_share,
+        ..knobs(Mode::Offload, whole)
+    };
+    // Gathered rows at a quarter of the streaming speed: the sparse step (64 gate and 19 up
+    // rows gathered, 19 down rows added) costs 351 rows' time, the dense FFN 192.
+    let mut slow_gather = toy_hardware(1, 1.0, 100.0);
+    for rate in &mut slow_gather.classes[0].rates[0].kernels {
+        if rate.op == pi2_planner::hw::KernelOp::Gather {
+            rate.bytes_per_sec /= 4.0;
+        }
+    }
+    let cm = CostModel::new(&slow_gather, &m, &res, 0, 16);
+    assert_eq!(cm.dense_layers(&offload(1.0)).unwrap(), vec![true]);
+    let b = cm.evaluate(&offload(1.0)).unwrap().breakdown;
+    assert!(close(b.ffn_compute, 192.0 * row), "{b:?}");
+    // Not wholly pinned: the sparse step.
+    let b = cm.evaluate(&offload(0.5)).unwrap().breakdown;
+    assert!(close(b.ffn_compute, 351.0 * row), "{b:?}");
+
+    // Every kernel at one speed: the sparse step (102 rows) is faster, so it stays.
+    let even = toy_hardware(1, 1.0, 100.0);
+    let cm = CostModel::new(&even, &m, &res, 0, 16);
+    assert_eq!(cm.dense_layers(&offload(1.0)).unwrap(), vec![false]);
+    let b = cm.evaluate(&offload(1.0)).unwrap().breakdown;
+    assert!(close(b.ffn_compute, 102.0 * row), "{b:?}");
+
+    // With a predictor the layer keeps the sparse step.
+    let with_predictor = toy_model(1, 64, 1);
+    let cm = CostModel::new(&slow_gather, &with_predictor, &res, 0, 16);
+    assert_eq!(cm.dense_layers(&offload(1.0)).unwrap(), vec![false]);
+}
+
 /// The toy split with these weights read from flash every token.
 struct Streaming(ToyResidency, StreamedWeights);
 
@@ -439,6 +481,7 @@ fn a_plan() -> PlanFile {
         },
         constraints: c,
         knobs: sol.knobs,
+        dense_layers: vec![true; m.n_layer],
         cpus: vec![0, 1],
         n_ctx: 256,
         n_batch: 16,

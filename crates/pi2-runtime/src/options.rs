@@ -265,6 +265,8 @@ impl OffloadOptions {
                 .as_deref()
                 .map(parse_emulate)
                 .transpose()?,
+            // Without a plan every wholly pinned layer runs dense (`--sparse` turns it off).
+            dense_layers: None,
         })
     }
 }

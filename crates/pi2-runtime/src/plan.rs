@@ -424,6 +424,7 @@ pub fn solve(
         },
         constraints: cons,
         knobs: sol.knobs.clone(),
+        dense_layers: cm.dense_layers(&sol.knobs)?,
         cpus,
         n_ctx,
         n_batch: req.n_batch,
@@ -530,6 +531,8 @@ pub fn apply(
                 .as_deref()
                 .map(parse_emulate)
                 .transpose()?,
+            // Older plans say nothing: every wholly pinned layer runs dense.
+            dense_layers: (!plan.dense_layers.is_empty()).then(|| plan.dense_layers.clone()),
         }),
         _ => None,
     };

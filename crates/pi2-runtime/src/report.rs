@@ -17,6 +17,8 @@ pub fn sparse_json(st: &SparseStats) -> Value {
         "ffn_bytes_per_token": st.ffn_bytes as f64 / tokens,
         "ffn_bytes_fraction": st.byte_fraction(),
         "recall": st.total_recall(),
+        // Decoded token-layers run dense instead (their whole FFN in memory).
+        "dense_token_layers": st.dense_token_layers,
     })
 }
 
@@ -215,6 +217,13 @@ pub fn sparse_text(st: &SparseStats) -> String {
         1.0 - st.confirmed_fraction(),
         st.byte_fraction()
     );
+    if st.dense_token_layers > 0 {
+        let all = st.dense_token_layers + st.token_layers;
+        out += &format!(
+            "; {} of {all} token-layers ran dense, wholly in memory",
+            st.dense_token_layers
+        );
+    }
     if let Some(r) = st.total_recall() {
         let per: Vec<String> = st
             .recall()

@@ -213,7 +213,10 @@ impl Engine<'_> {
         let set = self.sets.as_ref().and_then(|s| s.layer(li));
         let set = set.filter(|_| !self.prompt_pass);
         if let Some(d) = self.store.dense_ffn(li).filter(|_| set.is_none()) {
-            ffn::dense_permuted(&self.ks, c.ffn_act, &d, &mut self.s, n);
+            ffn::dense_converted(&self.ks, c.ffn_act, &d, &mut self.s, n);
+            if !self.prompt_pass {
+                self.stats.dense_token_layers += n as u64;
+            }
             return Ok(());
         }
         if self.sparse.is_some() && n == 1 && !self.prompt_pass {

@@ -72,6 +72,10 @@ pub struct OffloadConfig {
     /// Read from an emulated device of this speed ([`pi2_io::emulated`]) instead of the file's
     /// real device.
     pub emulate: Option<pi2_io::FaultPlan>,
+    /// Per layer, whether it runs dense when every row of it is pinned (a plan says where that
+    /// is faster on the device); `None`: every such layer. Either way only with
+    /// [`crate::EngineConfig::dense_resident`] and no predictor.
+    pub dense_layers: Option<Vec<bool>>,
 }
 
 impl Default for OffloadConfig {
@@ -86,6 +90,7 @@ impl Default for OffloadConfig {
             reader: ReaderConfig::default(),
             faults: None,
             emulate: None,
+            dense_layers: None,
         }
     }
 }
@@ -165,6 +170,7 @@ pub struct Offload {
     frequency: Option<Vec<Vec<f32>>>,
     direct: bool,
     fallback: Option<String>,
+    dense_layers: Option<Vec<bool>>,
 }
 
 impl Offload {
@@ -281,6 +287,7 @@ impl Offload {
             frequency: frequency.map(|f| f.to_vec()),
             direct,
             fallback,
+            dense_layers: cfg.dense_layers.clone(),
         })
     }
 

@@ -5,7 +5,7 @@
 
 use super::Offload;
 use crate::error::EngineError;
-use crate::weights::{output_rows, FfnMats, SparseCall, Store};
+use crate::weights::{output_rows, DenseDown, DenseFfn, FfnMats, SparseCall, Store};
 use pi2_kernels::{ActBuf, KernelSet, MatRef};
 use pi2_model::{Model, TokenId};
 
@@ -15,14 +15,17 @@ pub(crate) struct Offloaded<'m> {
     pub offload: Offload,
     /// Logits of one range for several rows, before they are scattered into place.
     tmp: Vec<f32>,
+    /// Units whose every row is pinned run dense (see `EngineConfig::dense_resident`).
+    dense: bool,
 }
 
 impl<'m> Offloaded<'m> {
-    pub(crate) fn new(model: &'m Model, offload: Offload) -> Self {
+    pub(crate) fn new(model: &'m Model, offload: Offload, dense: bool) -> Self {
         Self {
             model,
             offload,
             tmp: Vec::new(),
+            dense,
         }
     }
 }
@@ -47,6 +50,18 @@ impl Store for Offloaded<'_> {
         }
         let (f, l) = (&self.model.file, &self.model.weights.layers[li]);
         Ok([&l.wq, &l.wk, &l.wv, &l.wo].map(|w| w.mat(f)))
+    }
+
+    fn dense_ffn(&self, li: usize) -> Option<DenseFfn<'_>> {
+        if !self.dense || self.model.config.n_expert > 0 {
+            return None;
+        }
+        let [gate, up, down] = self.offload.pinned_mats(li, self.model.config.n_embd)?;
+        Some(DenseFfn {
+            gate,
+            up,
+            down: DenseDown::Transposed(down),
+        })
     }
 
     fn ffn(&mut self, unit: usize, next: Option<usize>) -> Result<FfnMats<'_>, EngineError> {

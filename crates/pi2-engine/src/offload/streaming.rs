@@ -182,4 +182,23 @@ impl Offload {
         });
         (g, up, dn)
     }
+
+    /// Unit `u`'s gate, up and transposed down matrices when every row of it is pinned and
+    /// it runs dense so (its FFN computed from memory, [`super::OffloadConfig::dense_layers`]).
+    pub(crate) fn pinned_mats(&self, u: usize, d: usize) -> Option<[MatRef<'_>; 3]> {
+        let (hot, l) = (self.hot.get(u)?, &self.layers[u]);
+        let chosen = (self.dense_layers.as_ref()).is_none_or(|d| d.get(u) == Some(&true));
+        if !chosen || hot.n < self.n_ff || hot.n_gate < self.n_ff {
+            return None;
+        }
+        let n = self.n_ff;
+        let block = |p: &super::layout::Part, at: usize| {
+            MatRef::new(p.ty, n, d, &hot.buf[at..at + n * p.row_bytes]).expect("checked at load")
+        };
+        Some([
+            block(&l.gate, 0),
+            block(&l.up, hot.up_at),
+            block(&l.down, hot.down_at),
+        ])
+    }
 }

@@ -277,6 +277,9 @@ pub struct SparseStats {
     pub layer_true_found: Vec<u64>,
     pub layer_candidates: Vec<u64>,
     pub layer_tokens: Vec<u64>,
+    /// Decoded token-layers of a sparse model run dense instead, their whole FFN in memory
+    /// (`EngineConfig::dense_resident`).
+    pub dense_token_layers: u64,
 }
 
 impl SparseStats {
