@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Neuron sets per sequence (GRIFFIN) against the per-token threshold and the hot-first order,
-measured on held-out text (experiment of commit NEURON_SETS_COMMIT; the mode was removed after).
+measured on held-out text. The mode was removed after these measurements (docs/sparsity.md): run
+this script with the `pi2` binary of commit 32b6e32 (`--pi2 PATH`), which has `--neuron-sets`.
 
     python3 bench/neuron_sets.py --converted CONVERTED.gguf --name NAME \
         [--text testdata/corpus/rust_book.txt] [--chunks 8] [--shares 0.5,0.7,0.8,0.9,0.95]
@@ -10,7 +11,9 @@ restricted to the s of each layer's neurons the first half (the prompt) used mos
 threshold still applying inside the set; `PI2_SETS_STATIC=1` restricts to the s hottest neurons
 of the calibration instead (the file's first s neurons); `PI2_SETS_RECALL=1` restricts nothing
 and counts which share of the neurons that fire falls in either set (the hit rate each would give
-as the resident set of a cache). Writes docs/measurements/neuron-sets-NAME.json.
+as the resident set of a cache). `--token-sparsities` adds the per-token threshold at those mean
+sparsities (`--sparse --sparsity S`: the converted file's profile thresholds), to compare the
+two at equal compute. Writes docs/measurements/neuron-sets-NAME.json.
 """
 import argparse, json, os, re, subprocess, sys
 from pathlib import Path
@@ -36,6 +39,7 @@ def main():
     ap.add_argument("--text", default=str(ROOT / "testdata/corpus/rust_book.txt"))
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--shares", default="0.5,0.7,0.8,0.9,0.95")
+    ap.add_argument("--token-sparsities", default="")
     ap.add_argument("--pi2", default=str(ROOT / "target/release/pi2"))
     a = ap.parse_args()
     rows = []
@@ -43,7 +47,12 @@ def main():
     token, _ = perplexity(a.pi2, a.converted, a.text, a.chunks, ["--sparse"], {})
     rows.append({"mode": "per-token threshold (what decode computes)", "share": None,
                  "ppl": token["ppl"], "ffn_sparsity": token["sparse"]["ffn_sparsity"]})
-    for s in [float(x) for x in a.shares.split(",")]:
+    for t in [float(x) for x in a.token_sparsities.split(",") if x]:
+        out, _ = perplexity(a.pi2, a.converted, a.text, a.chunks, ["--sparse", "--sparsity", str(t)], {})
+        rows.append({"mode": "per-token threshold", "share": None, "sparsity": t, "ppl": out["ppl"],
+                     "ffn_sparsity": out["sparse"]["ffn_sparsity"]})
+        print(json.dumps(rows[-1]), flush=True)
+    for s in [float(x) for x in a.shares.split(",") if x]:
         for mode, env in (("per-sequence set", {}), ("static hot set", {"PI2_SETS_STATIC": "1"})):
             out, _ = perplexity(a.pi2, a.converted, a.text, a.chunks, ["--neuron-sets", str(s)], env)
             rows.append({"mode": mode, "share": s, "ppl": out["ppl"],

@@ -70,10 +70,6 @@ pub struct EngineConfig {
     /// Rows of logits one forward pass returns at most (1 for generation; a checked draft
     /// returns one per drafted token and one more): memory budgets charge them.
     pub logit_rows: usize,
-    /// Neuron sets per sequence ([`crate::NeuronSets`]): decode of a sparse model computes only
-    /// this share of each layer's neurons, those its prompt used most (`None`: every neuron
-    /// may take part).
-    pub neuron_sets: Option<f32>,
 }
 
 impl Default for EngineConfig {
@@ -92,7 +88,6 @@ impl Default for EngineConfig {
             head_check: false,
             dense_resident: true,
             logit_rows: 1,
-            neuron_sets: None,
         }
     }
 }
@@ -182,8 +177,6 @@ pub struct Engine<'m> {
     /// The pass under way evaluates a prompt: even a lone token runs the batch FFN
     /// ([`Engine::forward_prompt`]).
     prompt_pass: bool,
-    /// This sequence's neuron sets, when decode keeps to them.
-    sets: Option<crate::NeuronSets>,
 }
 
 impl<'m> Engine<'m> {
@@ -270,10 +263,6 @@ impl<'m> Engine<'m> {
             resident_only: false,
             parked_kv: (0, 0),
             prompt_pass: false,
-            sets: cfg
-                .neuron_sets
-                .filter(|_| parts.sparse.is_some() && c.n_expert == 0)
-                .map(|share| crate::NeuronSets::new(share, c.n_layer, c.n_ff)),
         })
     }
 
@@ -364,19 +353,7 @@ impl<'m> Engine<'m> {
     /// the tokens kept: `n` (at most those held), or 0 when sliding-window layers no longer
     /// hold the window position `n` needs (the caller evaluates those tokens again).
     pub fn truncate(&mut self, n: usize) -> usize {
-        if n == 0 {
-            // A new sequence: its neuron sets come from its own prompt.
-            if let Some(sets) = &mut self.sets {
-                sets.clear();
-            }
-        }
         self.kv.truncate(n)
-    }
-
-    /// Whether decode keeps to neuron sets chosen from each sequence's prompt
-    /// ([`EngineConfig::neuron_sets`]).
-    pub fn has_neuron_sets(&self) -> bool {
-        self.sets.is_some()
     }
 
     /// Run `tokens` at the next positions; returns logits rows (`n_vocab` each) as asked.
@@ -392,9 +369,6 @@ impl<'m> Engine<'m> {
         self.prompt_pass = true;
         let done = self.forward(tokens, Logits::Last).map(<[f32]>::len);
         self.prompt_pass = false;
-        if let Some(sets) = &mut self.sets {
-            sets.choose();
-        }
         Ok(&self.s.logits[..done?])
     }
 

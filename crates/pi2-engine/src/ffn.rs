@@ -144,9 +144,6 @@ pub(crate) fn project_pair(
     }
 }
 
-pub static RECALL: [std::sync::atomic::AtomicU64; 3] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 3];
-
 /// The sparse FFN over a batch with the same result as running the token path per token,
 /// computed as masked dense work: all gate and up rows (GEMM, so every neuron's activation is
 /// known and the predictor's recall is measured), coefficients zeroed outside
@@ -163,7 +160,6 @@ pub(crate) fn sparse_batch(
     [gate, up, down_t]: [MatRef<'_>; 3],
     dense_bytes: u64,
     act: FfnAct,
-    set: Option<&[bool]>,
 ) {
     let (d, ff) = (gate.cols, gate.rows);
     let predictor = use_predictor.then_some(()).and(sl.predictor.as_ref());
@@ -185,17 +181,7 @@ pub(crate) fn sparse_batch(
             let k = t * ff + i;
             let a = act.gate(s.gate[k]);
             let fires = fires(a, sl.threshold);
-            let probe = std::env::var_os("PI2_SETS_RECALL").is_some();
-            if probe && fires {
-                if let Some(set) = set {
-                    RECALL[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    RECALL[1].fetch_add(set[i] as u64, std::sync::atomic::Ordering::Relaxed);
-                    let keep = set.iter().filter(|&&m| m).count();
-                    RECALL[2].fetch_add((i < keep) as u64, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            let cand = predictor.is_none_or(|p| is_candidate(p, act, s.pred_s[k]))
-                && (probe || set.is_none_or(|set| set[i]));
+            let cand = predictor.is_none_or(|p| is_candidate(p, act, s.pred_s[k]));
             nc += cand as u64;
             active += fires as u64;
             found += (fires && cand) as u64;

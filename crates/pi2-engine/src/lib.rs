@@ -17,7 +17,6 @@ mod guide;
 mod head;
 mod kv;
 mod moe;
-mod neuron_sets;
 mod neurons;
 pub mod offload;
 mod packed;
@@ -45,7 +44,6 @@ pub use generate::{
 pub use guide::{TokenConstraint, TokenLogprob};
 pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
-pub use neuron_sets::NeuronSets;
 pub use neurons::fires;
 pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};

@@ -1,7 +1,5 @@
 //! Perplexity with llama-perplexity's method: split the tokens into `n_ctx` chunks, evaluate each
 //! from an empty cache, score the second half of each chunk (position j predicts token j+1).
-//! An engine keeping to neuron sets evaluates each chunk's first half as the prompt they are
-//! chosen from, so the second half is scored as decode after that prompt computes it.
 
 use crate::engine::{Engine, Logits};
 use crate::EngineError;
@@ -91,13 +89,6 @@ pub fn perplexity(
         }
         engine.truncate(0);
         let mut start = 0;
-        if engine.has_neuron_sets() {
-            while start < first {
-                let end = (start + n_batch).min(first);
-                engine.forward_prompt(&chunk_tokens[start..end])?;
-                start = end;
-            }
-        }
         while start < n_ctx {
             let end = (start + n_batch).min(n_ctx);
             let want = if end > first {
@@ -118,17 +109,6 @@ pub fn perplexity(
             start = end;
         }
         let (ppl, stderr) = acc.estimate();
-        let r: Vec<u64> = crate::ffn::RECALL
-            .iter()
-            .map(|a| a.load(std::sync::atomic::Ordering::Relaxed))
-            .collect();
-        if r[0] > 0 {
-            eprintln!(
-                "recall seq {:.3} static {:.3}",
-                r[1] as f64 / r[0] as f64,
-                r[2] as f64 / r[0] as f64
-            );
-        }
         let step = PerplexityStep {
             chunk: c + 1,
             ppl,

@@ -51,8 +51,6 @@ pub(crate) struct Step<'a> {
     pub dense_bytes: u64,
     /// Only neurons resident now take part (nothing is read): a draft from what is resident.
     pub resident_only: bool,
-    /// The sequence's neuron set of this layer: only its neurons are candidates.
-    pub set: Option<&'a [bool]>,
 }
 
 /// A pointer that tasks of one step share; each task touches only its own cluster's range.
@@ -183,9 +181,6 @@ fn candidates(step: &Step<'_>, s: &mut Scratch, b: &mut StepBuffers, d: usize, f
                 );
             }
             None => b.cand.extend(0..ff as u32),
-        }
-        if let Some(set) = step.set {
-            b.cand.retain(|&i| set[i as usize]);
         }
         b.cand_unit.resize(b.cand.len(), j as u32);
     }

@@ -33,9 +33,6 @@ pub struct EngineOptions {
     pub dense_resident: bool,
     /// Rows of logits a forward pass returns at most (`pi2_engine::EngineConfig::logit_rows`).
     pub logit_rows: usize,
-    /// Neuron sets per sequence: decode computes only this share of each layer's neurons,
-    /// those the prompt used most (`pi2_engine::EngineConfig::neuron_sets`).
-    pub neuron_sets: Option<f32>,
 }
 
 impl Default for EngineOptions {
@@ -47,7 +44,6 @@ impl Default for EngineOptions {
             cores: None,
             repack: true,
             head_share: None,
-            neuron_sets: None,
             head_check: false,
             dense_resident: true,
             logit_rows: 1,
@@ -128,15 +124,8 @@ impl EngineOptions {
                 format!("{share} is outside (0, 1]: the share of output rows scored exactly"),
             ));
         }
-        if let Some(share) = self.neuron_sets.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
-            return Err(RuntimeError::option(
-                "--neuron-sets",
-                format!("{share} is outside (0, 1]: the share of each layer's neurons a sequence's set holds"),
-            ));
-        }
         Ok(EngineConfig {
             threads,
-            neuron_sets: self.neuron_sets,
             n_ctx: self.n_ctx,
             tier,
             cpus,

@@ -136,7 +136,6 @@ pub fn session_options(
     Ok(pi2_runtime::SessionOptions {
         engine: pi2_runtime::EngineOptions {
             head_share: session.sparse.head_share(),
-            neuron_sets: session.sparse.neuron_sets,
             // `--sparse` asks for the sparse step even where a layer could run dense.
             dense_resident: !session.sparse.sparse,
             ..model.engine_options()?

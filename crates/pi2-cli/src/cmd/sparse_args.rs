@@ -40,10 +40,6 @@ pub struct SparseArgs {
     /// (0, 1] (default: the share the file was converted for)
     #[arg(long, conflicts_with = "dense_head")]
     pub head_share: Option<f32>,
-    /// Neuron sets per sequence: decode computes (and reads) only this share of each layer's
-    /// neurons, those the prompt used most, in (0, 1]
-    #[arg(long, conflicts_with = "dense")]
-    pub neuron_sets: Option<f32>,
 }
 
 impl SparseArgs {

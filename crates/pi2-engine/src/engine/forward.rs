@@ -134,12 +134,12 @@ impl Engine<'_> {
         let s = &mut self.s;
         rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
         let Some(post) = &l.post_ffn_norm else {
-            return self.ffn_scored(li, l, n, observer);
+            return self.ffn_output(li, l, n, observer);
         };
         // Every FFN path adds into the stream: run it on zeros to get the output alone.
         grow(&mut s.resid, nd).copy_from_slice(&s.x[..nd]);
         s.x[..nd].fill(0.0);
-        self.ffn_scored(li, l, n, observer)?;
+        self.ffn_output(li, l, n, observer)?;
         let s = &mut self.s;
         for (x, r) in s.x[..nd]
             .chunks_exact_mut(c.n_embd)
@@ -147,22 +147,6 @@ impl Engine<'_> {
         {
             rms_norm_in_place(x, post.f32s(f), c.rms_eps);
             x.iter_mut().zip(r).for_each(|(x, r)| *x += r);
-        }
-        Ok(())
-    }
-
-    /// [`Self::ffn_output`]; a prompt's coefficients (every neuron's, left in `s.gate` by the
-    /// batch paths) are scored for the sequence's neuron sets.
-    fn ffn_scored<'o>(
-        &mut self,
-        li: usize,
-        l: &LayerWeights,
-        n: usize,
-        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
-    ) -> Result<(), EngineError> {
-        self.ffn_output(li, l, n, observer)?;
-        if let Some(sets) = self.sets.as_mut().filter(|_| self.prompt_pass) {
-            sets.observe(li, &self.s.gate[..n * self.model.config.n_ff], n);
         }
         Ok(())
     }
@@ -208,11 +192,8 @@ impl Engine<'_> {
                 observer,
             );
         }
-        // A converted layer held whole runs dense where that is faster (no predictor), unless
-        // decode keeps to the sequence's neuron set.
-        let set = self.sets.as_ref().and_then(|s| s.layer(li));
-        let set = set.filter(|_| !self.prompt_pass);
-        if let Some(d) = self.store.dense_ffn(li).filter(|_| set.is_none()) {
+        // A converted layer held whole runs dense where that is faster (no predictor).
+        if let Some(d) = self.store.dense_ffn(li) {
             ffn::dense_converted(&self.ks, c.ffn_act, &d, &mut self.s, n);
             if !self.prompt_pass {
                 self.stats.dense_token_layers += n as u64;
@@ -264,7 +245,6 @@ impl Engine<'_> {
                     units: &[(li, 1.0)],
                     dense_bytes,
                     resident_only: false,
-                    set,
                 };
                 let mut rows = Mapped::with_rows([mats.gate, mats.up, down_t], li, sp, c.n_ff);
                 let d = c.n_embd;
@@ -294,7 +274,6 @@ impl Engine<'_> {
                 [mats.gate, mats.up, down_t],
                 dense_bytes,
                 c.ffn_act,
-                set,
             );
             return Ok(());
         }
@@ -332,7 +311,6 @@ impl Engine<'_> {
             units,
             dense_bytes: l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f),
             resident_only: self.resident_only,
-            set: self.sets.as_ref().and_then(|s| s.layer(li)),
         };
         self.store.sparse_token(SparseCall {
             step: &step,
