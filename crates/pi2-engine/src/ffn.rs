@@ -59,11 +59,13 @@ pub(crate) fn dense<'o>(
 /// A converted layer's dense FFN of the `n` tokens of `s.xn`, added to `s.x`: gate and up in
 /// the file's neuron order; with the source's down matrix, their coefficients put back in the
 /// source's order (the same products as the plain model's dense FFN, row for row), else the
-/// file's transposed down rows accumulated per neuron.
+/// file's transposed down rows accumulated per neuron, only the neurons that fire at
+/// `threshold` when given (the sparse step's function, summed in another order).
 pub(crate) fn dense_converted(
     ks: &KernelSet,
     act: FfnAct,
     d: &crate::weights::DenseFfn<'_>,
+    threshold: Option<f32>,
     s: &mut Scratch,
     n: usize,
 ) {
@@ -78,14 +80,18 @@ pub(crate) fn dense_converted(
         dim,
         [(d.gate, gate_out), (d.up, up_out)],
     );
-    gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
     let (down, perm) = match &d.down {
         DenseDown::Transposed(down_t) => {
+            match threshold {
+                Some(t) => gated_confirmed(act, t, &mut s.gate[..n * ff], &s.up[..n * ff]),
+                None => gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]),
+            }
             accumulate_down_t(ks, down_t, &s.gate[..n * ff], n, &mut s.partials, &mut s.x);
             return;
         }
         DenseDown::Source { down, perm } => (down, perm),
     };
+    gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
     // The up buffer holds the coefficients in the source's order.
     for (file, src) in s.gate[..n * ff]
         .chunks_exact(ff)

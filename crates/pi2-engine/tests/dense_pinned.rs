@@ -1,7 +1,8 @@
-//! Dense where it fits: under a memory budget, a layer whose every row is pinned runs the dense
-//! FFN from its pinned rows (no gate-row pipeline), the same FFN as the sparse step with every
-//! neuron confirmed; a layer not wholly pinned runs the sparse step; `dense_resident: false`
-//! keeps the sparse step everywhere (and offloaded decode equal to in-memory decode bit for bit).
+//! Dense where it fits: under a memory budget, a layer a plan names whose every row is pinned
+//! runs the dense FFN from its pinned rows (no gate-row pipeline), computing the sparse step's
+//! function (its threshold) in another order; a layer not wholly pinned runs the sparse step;
+//! without a plan, or with `dense_resident: false`, every layer runs the sparse step (offloaded
+//! decode equal to in-memory decode bit for bit, whatever the budget).
 
 mod common;
 
@@ -20,6 +21,7 @@ fn run(e: &mut Engine<'_>) -> Vec<Vec<f32>> {
     out
 }
 
+/// Every layer named dense-where-pinned, as a plan would.
 fn offloaded<'m>(
     m: &'m Model,
     sp: &'m SparseFfn<'m>,
@@ -27,7 +29,8 @@ fn offloaded<'m>(
     cfg: &EngineConfig,
     budget: u64,
 ) -> Engine<'m> {
-    offloaded_with(m, sp, path, cfg, budget, None)
+    let every = Some(vec![true; m.config.n_layer]);
+    offloaded_with(m, sp, path, cfg, budget, every)
 }
 
 fn offloaded_with<'m>(
@@ -109,10 +112,36 @@ fn wholly_pinned_layers_run_dense_and_the_rest_sparse() {
     );
     assert_eq!(e.sparse_stats().token_layers, DECODE.len() as u64);
 
-    // Asked for the sparse step everywhere: in-memory decode's logits bit for bit.
+    // Asked for the sparse step everywhere, or no plan: in-memory decode's logits bit for bit.
     let mut e = offloaded(&m, &sp, &path, &sparse_cfg, roomy);
     common::assert_same_logits(&want, &run(&mut e), "sparse step under a roomy budget");
     assert_eq!(e.sparse_stats().dense_token_layers, 0);
+    let mut e = offloaded_with(&m, &sp, &path, &dense_cfg, roomy, None);
+    common::assert_same_logits(&want, &run(&mut e), "no plan under a roomy budget");
+    assert_eq!(e.sparse_stats().dense_token_layers, 0);
+
+    // With the file's thresholds the dense layers drop what the sparse step drops.
+    let (mut file_sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+    file_sp.use_predictor = false;
+    let sparse_want = run(&mut common::sparse_engine(&m, &sparse_cfg, &file_sp, None).unwrap());
+    let mut e = offloaded(&m, &file_sp, &path, &dense_cfg, roomy);
+    let got = run(&mut e);
+    assert_eq!(
+        e.sparse_stats().dense_token_layers,
+        DECODE.len() as u64 * n_layer
+    );
+    for (step, (w, g)) in sparse_want.iter().zip(&got).enumerate() {
+        let diff = common::max_rel_diff(w, g);
+        assert!(
+            diff < 1e-3,
+            "step {step}: thresholded dense differs by {diff}"
+        );
+    }
+    let unthresholded = common::max_rel_diff(&sparse_want[4], &want[4]);
+    assert!(
+        unthresholded > 1e-2,
+        "the thresholds dropped nothing ({unthresholded})"
+    );
 
     // A budget that pins only part of a layer: that layer runs the sparse step.
     let (kv, scratch) = (

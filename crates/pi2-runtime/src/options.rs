@@ -254,7 +254,8 @@ impl OffloadOptions {
                 .as_deref()
                 .map(parse_emulate)
                 .transpose()?,
-            // Without a plan every wholly pinned layer runs dense (`--sparse` turns it off).
+            // Without a plan every layer runs the sparse step: the text is the same at every
+            // budget (a plan runs wholly pinned layers dense where that is faster).
             dense_layers: None,
         })
     }

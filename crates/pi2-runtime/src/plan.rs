@@ -531,7 +531,7 @@ pub fn apply(
                 .as_deref()
                 .map(parse_emulate)
                 .transpose()?,
-            // Older plans say nothing: every wholly pinned layer runs dense.
+            // Older plans say nothing: no layer runs dense.
             dense_layers: (!plan.dense_layers.is_empty()).then(|| plan.dense_layers.clone()),
         }),
         _ => None,

@@ -192,9 +192,14 @@ impl Engine<'_> {
                 observer,
             );
         }
-        // A converted layer held whole runs dense where that is faster (no predictor).
+        // A converted layer held whole runs dense where that is faster (no predictor). From an
+        // offload's pinned rows it computes what the sparse step would (the layer's threshold),
+        // except for a prompt batch, which runs dense as a staged layer's would.
         if let Some(d) = self.store.dense_ffn(li) {
-            ffn::dense_converted(&self.ks, c.ffn_act, &d, &mut self.s, n);
+            let as_decode = !self.prompt_pass
+                && (n == 1 || self.decode_batch || self.sparse.is_some_and(|sp| sp.batches_too));
+            let threshold = (self.sparse.filter(|_| as_decode)).map(|sp| sp.layers[li].threshold);
+            ffn::dense_converted(&self.ks, c.ffn_act, &d, threshold, &mut self.s, n);
             if !self.prompt_pass {
                 self.stats.dense_token_layers += n as u64;
             }

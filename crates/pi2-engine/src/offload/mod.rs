@@ -73,7 +73,8 @@ pub struct OffloadConfig {
     /// real device.
     pub emulate: Option<pi2_io::FaultPlan>,
     /// Per layer, whether it runs dense when every row of it is pinned (a plan says where that
-    /// is faster on the device); `None`: every such layer. Either way only with
+    /// is faster on the device), computing what the sparse step would; `None`: none does, so
+    /// decode's text does not depend on how a budget splits. Only with
     /// [`crate::EngineConfig::dense_resident`] and no predictor.
     pub dense_layers: Option<Vec<bool>>,
 }

@@ -187,7 +187,7 @@ impl Offload {
     /// it runs dense so (its FFN computed from memory, [`super::OffloadConfig::dense_layers`]).
     pub(crate) fn pinned_mats(&self, u: usize, d: usize) -> Option<[MatRef<'_>; 3]> {
         let (hot, l) = (self.hot.get(u)?, &self.layers[u]);
-        let chosen = (self.dense_layers.as_ref()).is_none_or(|d| d.get(u) == Some(&true));
+        let chosen = (self.dense_layers.as_ref()).is_some_and(|d| d.get(u) == Some(&true));
         if !chosen || hot.n < self.n_ff || hot.n_gate < self.n_ff {
             return None;
         }
