@@ -41,6 +41,9 @@ pub struct HeadConfig {
     pub share: f32,
     /// Weight of a cluster's reach along its direction in its selection score.
     pub ucb: f32,
+    /// Type the output rows are stored in (`None`: the source's): a smaller type reads fewer
+    /// bytes per chosen cluster under a memory budget, at some quality.
+    pub row_type: Option<pi2_kernels::QuantType>,
 }
 
 impl Default for HeadConfig {
@@ -50,6 +53,7 @@ impl Default for HeadConfig {
             scale_power: 0.5,
             share: 0.4,
             ucb: 0.5,
+            row_type: None,
         }
     }
 }

@@ -270,18 +270,31 @@ fn write_head(
     let keep = ((n as f32 * (1.0 - held_out.clamp(0.0, 0.9))) as usize).clamp(1, n.max(1));
     let (fit, check) = hidden.split_at((keep * d).min(hidden.len()));
     let (h, report) = head::build_checked(&out, fit, check, cfg)?;
-    // Rows in stored order: a row-quantized matrix's rows move whole.
-    let rb = out.row_bytes();
-    let mut rows = Vec::with_capacity(vocab * rb);
+    // Rows in stored order: a row-quantized matrix's rows move whole, or are stored again in
+    // the type asked for.
+    let ty = cfg.row_type.unwrap_or(out.ty);
+    let mut rows = Vec::with_capacity(vocab * out.row_bytes());
+    let mut values = vec![0f32; d];
     for &r in &h.order {
-        rows.extend_from_slice(out.row(r as usize));
+        match ty == out.ty {
+            true => rows.extend_from_slice(out.row(r as usize)),
+            false => {
+                out.dequantize_row(r as usize, &mut values);
+                rows.extend(ty.quantize_row(&values).ok_or_else(|| {
+                    ConvertError::Refused(format!(
+                        "cannot store output rows of {d} as {ty} (pi2 makes F32, F16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q4_K in whole blocks)"
+                    ))
+                })?);
+            }
+        }
     }
     // A tied embedding stays in vocabulary order for lookups; the head gets its own matrix.
     let name = match model.weights.tied_output {
         true => "output.weight",
         false => model.weights.output.name.as_str(),
     };
-    w.tensor(name, &[d as u64, vocab as u64], out.ty.ggml_id(), rows);
+    let output_bytes = rows.len();
+    w.tensor(name, &[d as u64, vocab as u64], ty.ggml_id(), rows);
     let order: Vec<u8> = h
         .order
         .iter()
@@ -322,7 +335,7 @@ fn write_head(
         cluster: h.cluster,
         share: cfg.share,
         centroid_bytes,
-        output_bytes: vocab * rb,
+        output_bytes,
         check: report,
     })
 }
@@ -496,14 +509,25 @@ fn verify_head(source: &Model, converted: &Model) -> Result<(), ConvertError> {
         source.weights.output.mat(&source.file),
         converted.weights.output.mat(fc),
     );
-    if order.len() != src.rows || (out.rows, out.cols, out.ty) != (src.rows, src.cols, src.ty) {
+    if order.len() != src.rows || (out.rows, out.cols) != (src.rows, src.cols) {
         return Err(bad("the clustered output matrix has another shape".into()));
     }
     let mut seen = vec![false; src.rows];
+    let (mut want, mut got) = (vec![0f32; src.cols], vec![0f32; src.cols]);
     for (j, &i) in order.iter().enumerate() {
         let ok =
             i >= 0 && (i as usize) < src.rows && !std::mem::replace(&mut seen[i as usize], true);
-        if !ok || out.row(j) != src.row(i as usize) {
+        let same = ok
+            && match out.ty == src.ty {
+                true => out.row(j) == src.row(i as usize),
+                // Stored again in another type: the same values within its rounding.
+                false => {
+                    src.dequantize_row(i as usize, &mut want);
+                    out.dequantize_row(j, &mut got);
+                    requantized_row_matches(&got, &want, out.ty)
+                }
+            };
+        if !same {
             return Err(bad(format!("output row {j} is not source row {i}")));
         }
     }

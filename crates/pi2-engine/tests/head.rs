@@ -42,8 +42,9 @@ fn cfg(share: Option<f32>) -> EngineConfig {
     }
 }
 
-/// A converted model with a clustered head of clusters of 8 rows.
-fn converted(dir: &Path, embd: QuantType) -> Model {
+/// A converted model with a clustered head of clusters of 8 rows (stored as `row_type`, or as
+/// the source's rows).
+fn converted(dir: &Path, embd: QuantType, row_type: Option<QuantType>) -> Model {
     let bytes = build(&spec(embd)).to_bytes();
     let m = Model::from_file(GgufFile::from_bytes(&bytes).unwrap()).unwrap();
     let (profile, th, samples) = common::profile_and_samples(&m, &cfg(None), 0.3, 50);
@@ -54,6 +55,7 @@ fn converted(dir: &Path, embd: QuantType) -> Model {
         head: Some(convert::head::HeadConfig {
             cluster: 8,
             share: 0.2,
+            row_type,
             ..Default::default()
         }),
         ..ConvertConfig::default()
@@ -64,7 +66,9 @@ fn converted(dir: &Path, embd: QuantType) -> Model {
     let (input, out) = (dir.join("in.gguf"), dir.join("head.gguf"));
     std::fs::write(&input, &bytes).unwrap();
     convert::write_file(&w, &out, &input, false).unwrap();
-    Model::load(&out).unwrap()
+    let m = Model::load(&out).unwrap();
+    assert_eq!(m.weights.output.ty, row_type.unwrap_or(embd));
+    m
 }
 
 /// Keeps the final normalized hidden states the head multiplies.
@@ -142,9 +146,9 @@ fn reference(m: &Model, h: &[f32], share: f32) -> (Vec<f64>, bool) {
     (logits, near_tie)
 }
 
-fn head_matches_reference(embd: QuantType) {
+fn head_matches_reference(embd: QuantType, row_type: Option<QuantType>) {
     let dir = tempfile::tempdir().unwrap();
-    let m = converted(dir.path(), embd);
+    let m = converted(dir.path(), embd, row_type);
     let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     let sp: &SparseFfn<'_> = &sp;
     for share in [0.2f32, 0.05, 0.5] {
@@ -189,14 +193,16 @@ fn head_matches_reference(embd: QuantType) {
 #[test]
 fn clustered_head_selects_and_computes_as_the_brute_force_reference() {
     // F32 output rows (acts unquantized) and Q8_0 ones (acts in Q8 blocks).
-    head_matches_reference(QuantType::F32);
-    head_matches_reference(QuantType::Q8_0);
+    head_matches_reference(QuantType::F32, None);
+    head_matches_reference(QuantType::Q8_0, None);
+    // Rows stored again in a smaller type (`convert --head-type`).
+    head_matches_reference(QuantType::Q8_0, Some(QuantType::Q4_0));
 }
 
 #[test]
 fn a_head_share_outside_0_1_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let m = converted(dir.path(), QuantType::F32);
+    let m = converted(dir.path(), QuantType::F32, None);
     for bad in [0.0f32, -1.0, 1.5, f32::NAN] {
         let err = Engine::with_parts(&m, &cfg(Some(bad)), EngineParts::default())
             .err()
@@ -222,7 +228,7 @@ fn a_head_share_outside_0_1_is_refused() {
 #[test]
 fn converted_layers_held_in_memory_run_dense_as_the_source() {
     let dir = tempfile::tempdir().unwrap();
-    let m = converted(dir.path(), QuantType::F32);
+    let m = converted(dir.path(), QuantType::F32, None);
     let src = Model::load(dir.path().join("in.gguf")).unwrap();
     let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
     assert!(!sp.use_predictor);

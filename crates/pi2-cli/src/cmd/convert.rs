@@ -83,6 +83,10 @@ pub struct ConvertArgs {
     /// Share of the output rows the clustered head computes exactly by default, in (0, 1]
     #[arg(long, default_value_t = 0.4)]
     pub head_share: f32,
+    /// Type the clustered head's output rows are stored in (q8_0, q5_0, q4_0, ...; default:
+    /// the model's): fewer bytes read per chosen cluster under a memory budget, at some quality
+    #[arg(long)]
+    pub head_type: Option<String>,
     /// Neuron order in the file: `coactivation` (hot first, and inside bands of 512 of that
     /// order each neuron next to the one it fires with most often: fewer pages read per
     /// token) or `frequency` (hot first alone)
@@ -131,6 +135,9 @@ fn options(a: &ConvertArgs) -> Result<ConvertOptions> {
             head: (!a.no_head).then_some(convert::head::HeadConfig {
                 cluster: a.head_cluster,
                 share: a.head_share,
+                row_type: (a.head_type.as_deref())
+                    .map(|t| pi2_runtime::options::parse_type("--head-type", t))
+                    .transpose()?,
                 ..Default::default()
             }),
             placement_band: match a.placement {
