@@ -316,10 +316,14 @@ pub(crate) fn output_rows(
     tmp: &mut Vec<f32>,
 ) {
     let vocab = out.rows;
+    if n == 1 {
+        // One parallel region for every range (a clustered head's clusters are many and small).
+        let blocks: Vec<_> = ranges.iter().map(|&(a, b)| (out.rows(a..b), a)).collect();
+        pi2_kernels::matvec_blocks(ks, acts, &blocks, &mut logits[..vocab]);
+        return;
+    }
     for &(a, b) in ranges {
-        if n == 1 {
-            matmul(ks, &out.rows(a..b), acts, &mut logits[a..b]);
-        } else if (a, b) == (0, vocab) {
+        if (a, b) == (0, vocab) {
             matmul(ks, out, acts, &mut logits[..n * vocab]);
         } else {
             tmp.resize(n * (b - a), 0.0);

@@ -11,9 +11,11 @@ pub mod quant;
 mod simd;
 mod types;
 
+mod blocks;
 mod ops;
 pub mod packed;
 
+pub use blocks::matvec_blocks;
 pub use ops::{
     axpy_rows, axpy_rows_by, dot_row, gather_matvec, gather_matvec_by, matmul, matmul_many, ActBuf,
     ActRow, MatRef, MAX_MATMUL_JOBS,

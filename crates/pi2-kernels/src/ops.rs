@@ -205,7 +205,7 @@ pub enum ActRow<'a> {
 #[derive(Debug)]
 pub struct ActBuf {
     kind: ActKind,
-    cols: usize,
+    pub(crate) cols: usize,
     n: usize,
     f32: Vec<f32>,
     q8: Vec<BlockQ8>,
@@ -359,19 +359,19 @@ pub fn dot_row(ks: &KernelSet, ty: QuantType, row: &[u8], act: ActRow<'_>) -> f3
 
 /// Raw output pointer shared by row-range tasks that write disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint (row, token) elements; the borrow of `out` outlives the scope.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// Rows per task: enough tasks to balance the pool, each a multiple of 8 rows.
-fn chunk_rows(rows: usize) -> usize {
+pub(crate) fn chunk_rows(rows: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     rows.div_ceil(threads * 4).next_multiple_of(8).max(8)
 }
 
 /// Rows `r0..r1` of `w` for every token; `write(t, r, v)` receives each output.
-fn compute_rows(
+pub(crate) fn compute_rows(
     ks: &KernelSet,
     w: &MatRef<'_>,
     acts: &ActBuf,

@@ -243,11 +243,12 @@ impl Offload {
         let max_rows = (cap / o.row_bytes.max(1)) / 8 * 8;
         let mut pieces = std::mem::take(&mut self.vocab.pieces);
         pieces.clear();
+        // The resident rows of every range in one parallel region.
+        let resident: Vec<_> = (ranges.iter().filter(|&&(a, _)| a < r))
+            .map(|&(a, e)| (out.rows(a..e.min(r)), a))
+            .collect();
+        pi2_kernels::matvec_blocks(ks, acts, &resident, logits);
         for &(a, e) in ranges {
-            if a < r {
-                let m = e.min(r);
-                matmul(ks, &out.rows(a..m), acts, &mut logits[a..m]);
-            }
             let mut a = a.max(r);
             while a < e {
                 let m = (a + max_rows).min(e);
@@ -280,13 +281,17 @@ impl Offload {
                 }
                 self.wait_until(|o| o.vocab.pending[b].load(Acquire) == 0)?;
                 let mut at = 0;
-                for &(a, e) in &pieces[p0..p1] {
-                    let len = (e - a) * o.row_bytes;
-                    let m = MatRef::new(o.ty, e - a, o.cols, &self.vocab.bufs[b][at..at + len])
-                        .expect("checked at load");
-                    matmul(ks, &m, acts, &mut logits[a..e]);
-                    at += pad(len);
-                }
+                let buf = &self.vocab.bufs[b];
+                let blocks: Vec<_> = (pieces[p0..p1].iter())
+                    .map(|&(a, e)| {
+                        let len = (e - a) * o.row_bytes;
+                        let m = MatRef::new(o.ty, e - a, o.cols, &buf[at..at + len])
+                            .expect("checked at load");
+                        at += pad(len);
+                        (m, a)
+                    })
+                    .collect();
+                pi2_kernels::matvec_blocks(ks, acts, &blocks, logits);
             }
             Ok(read)
         })();
