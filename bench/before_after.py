@@ -26,7 +26,8 @@ def run(binary, args):
         stderr=subprocess.DEVNULL,
         text=True,
     ).stdout
-    return {(r["test"], r.get("ffn", ""), r["threads"]): r["avg_ts"] for r in json.loads(out)}
+    return {(r["test"], r.get("ffn", ""), r.get("head", ""), r["threads"]): r["avg_ts"]
+            for r in json.loads(out)}
 
 
 def main():
@@ -41,17 +42,17 @@ def main():
     args = argv[cut + 1 :]
     results = pi2bench.interleaved(a.rounds, {"old": lambda: run(a.old, args), "new": lambda: run(a.new, args)})
     keys = [k for k in results["old"][0] if k in results["new"][0]]
-    print("| test | ffn | threads | old t/s | new t/s | new/old |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| test | ffn | head | threads | old t/s | new t/s | new/old |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for k in keys:
         old, new = (pi2bench.spread([x[k] for x in results[w]]) for w in ("old", "new"))
         width = lambda s: s["max"] / s["min"] - 1
         print(
-            f"| {k[0]} | {k[1]} | {k[2]} | {old['median']:.2f} | {new['median']:.2f} | "
+            f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {old['median']:.2f} | {new['median']:.2f} | "
             f"{new['median'] / old['median']:.3f} (spread old {width(old):.0%}, new {width(new):.0%}) |"
         )
-        rows.append({"test": k[0], "ffn": k[1], "threads": k[2], "old": old, "new": new})
+        rows.append({"test": k[0], "ffn": k[1], "head": k[2], "threads": k[3], "old": old, "new": new})
     if a.name:
         pi2bench.write(a.name, {"what": "two pi2 builds, interleaved rounds of pi2 bench", "command": " ".join(sys.argv),
                                 "rows": rows}, plot=False)
