@@ -441,6 +441,27 @@ fn plan_profiles_the_device_solves_runs_and_refuses_foreign_plans() {
             err,
         )
     };
+    // A head row type pi2 cannot make is refused before any work, naming the option.
+    let unmade = dir.path().join("unmade.gguf");
+    let unmade = unmade.to_str().unwrap();
+    let (code, _, err) = run(&[
+        "convert",
+        "-m",
+        &m(),
+        "--profile",
+        &prof,
+        "-f",
+        &corpus,
+        "--tokens",
+        "64",
+        "--head-type",
+        "q6_k",
+        "-o",
+        unmade,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--head-type"), "{err}");
+    assert!(!std::path::Path::new(unmade).exists());
     // No profile of this device yet: the planner says what to run.
     let (code, _, err) = run(&[
         "plan",

@@ -280,11 +280,8 @@ fn write_head(
             true => rows.extend_from_slice(out.row(r as usize)),
             false => {
                 out.dequantize_row(r as usize, &mut values);
-                rows.extend(ty.quantize_row(&values).ok_or_else(|| {
-                    ConvertError::Refused(format!(
-                        "cannot store output rows of {d} as {ty} (pi2 makes F32, F16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q4_K in whole blocks)"
-                    ))
-                })?);
+                let row = ty.quantize_row(&values);
+                rows.extend(row.ok_or_else(|| refuse_unstorable("head", ty, d))?);
             }
         }
     }
@@ -562,17 +559,39 @@ fn check_granule(granule: u32) -> Result<(), ConvertError> {
     Ok(())
 }
 
+/// Whether pi2 can store rows of `width` values as `ty` (a type it quantizes to, whole blocks).
+fn storable(ty: QuantType, width: usize) -> bool {
+    ty.quantize_row(&vec![0.0; width]).is_some()
+}
+
+/// `--what` rows of `width` stored as `ty`, or why not.
+fn refuse_unstorable(what: &str, ty: QuantType, width: usize) -> ConvertError {
+    ConvertError::Refused(format!(
+        "cannot store {what} rows of {width} as {ty} (pi2 makes F32, F16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q4_K in whole blocks): choose another --{what}-type"
+    ))
+}
+
+/// The types `cfg` asks for, checked against a model of width `n_embd` before any work.
+pub(crate) fn check_types(cfg: &ConvertConfig, n_embd: usize) -> Result<(), ConvertError> {
+    if let Some(t) = cfg.down_type.filter(|&t| !storable(t, n_embd)) {
+        return Err(refuse_unstorable("down", t, n_embd));
+    }
+    let head = cfg.head.as_ref().and_then(|h| h.row_type);
+    if let Some(t) = head.filter(|&t| !storable(t, n_embd)) {
+        return Err(refuse_unstorable("head", t, n_embd));
+    }
+    Ok(())
+}
+
 fn down_type(
     want: Option<QuantType>,
     model: QuantType,
     n_embd: usize,
 ) -> Result<QuantType, ConvertError> {
-    let ok = |t: QuantType| t.quantize_row(&vec![0.0; n_embd]).is_some();
+    let ok = |t: QuantType| storable(t, n_embd);
     match want {
         Some(t) if ok(t) => Ok(t),
-        Some(t) => Err(ConvertError::Refused(format!(
-            "cannot store down rows of {n_embd} as {t} (pi2 makes F32, F16, Q8_0, Q4_0, Q4_1, Q4_K in whole blocks)"
-        ))),
+        Some(t) => Err(refuse_unstorable("down", t, n_embd)),
         None if ok(model) => Ok(model),
         // The smallest type of 32-element blocks at least as precise as the source's.
         None => Ok(match model {

@@ -260,6 +260,7 @@ pub fn convert_file(
     progress: Progress<'_>,
 ) -> Result<Converted, ConvertError> {
     opts.check()?;
+    crate::check_types(&opts.layout, model.config.n_embd)?;
     if tokens.len() < 64 {
         return Err(ConvertError::Refused(format!(
             "calibration needs at least 64 tokens ({} given)",

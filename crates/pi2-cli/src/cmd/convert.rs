@@ -85,7 +85,7 @@ pub struct ConvertArgs {
     pub head_share: f32,
     /// Type the clustered head's output rows are stored in (q8_0, q5_0, q4_0, ...; default:
     /// the model's): fewer bytes read per chosen cluster under a memory budget, at some quality
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_head")]
     pub head_type: Option<String>,
     /// Neuron order in the file: `coactivation` (hot first, and inside bands of 512 of that
     /// order each neuron next to the one it fires with most often: fewer pages read per
