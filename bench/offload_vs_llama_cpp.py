@@ -33,9 +33,9 @@ import pi2bench  # noqa: E402
 PROMPT = "Write a Python function that parses a CSV file and returns the rows as dictionaries."
 
 
-def pi2_run(model, budget, tokens, threads, cap, env):
+def pi2_run(model, budget, tokens, threads, cap, env, extra=()):
     args = [pi2bench.pi2(), "run", "-m", model, "-p", PROMPT, "-n", str(tokens), "--temp", "0",
-            "--ignore-eos", "-t", str(threads), "-c", "512", "--json"]
+            "--ignore-eos", "-t", str(threads), "-c", "512", "--json", *extra]
     if budget:
         args += ["--mem-budget", str(budget)]
     if cap:
@@ -46,8 +46,10 @@ def pi2_run(model, budget, tokens, threads, cap, env):
     if out is None:
         return None, peak, err
     j = json.loads(out)
+    o = j.get("offload") or {}
+    reader = o.get("engine") and f"{o['engine']} x{o.get('io_depth')}"
     return {"tps": j["timings"]["predicted_per_second"], "bytes_per_token": j.get("bytes_read_per_token"),
-            "peak_rss": j.get("peak_rss_bytes")}, peak, None
+            "peak_rss": j.get("peak_rss_bytes"), "reader": reader, "text": j.get("text")}, peak, None
 
 
 def llama_run(model, tokens, threads, cap):
@@ -93,6 +95,9 @@ def main():
     ap.add_argument("--cache-dir", help="PI2_CACHE_DIR for the conversion (default: pi2's own)")
     ap.add_argument("--dense-line", action="store_true",
                     help="also run pi2's plain dense decode (no budget) inside every cap")
+    ap.add_argument("--pi2-line", action="append", default=[], metavar="NAME=ARGS",
+                    help="also run the one command with these extra arguments inside every cap, as "
+                         "engine NAME (e.g. 'pread-4=--io-engine pread --io-depth 4'); repeatable")
     a = ap.parse_args()
     model = pi2bench.model_path(a.model)
     file_bytes = os.path.getsize(model)
@@ -116,6 +121,10 @@ def main():
         steps[("pi2", b)] = lambda cap=cap: pi2_run(model, cap, a.tokens, a.threads, cap, env)
         if a.dense_line:
             steps[("pi2 dense", b)] = lambda cap=cap: pi2_run(model, None, a.tokens, a.threads, cap, env)
+        for line in a.pi2_line:
+            label, _, extra = line.partition("=")
+            steps[(f"pi2 {label}", b)] = lambda cap=cap, extra=extra.split(): pi2_run(
+                model, cap, a.tokens, a.threads, cap, env, extra)
     raw = pi2bench.interleaved(a.rounds, steps)
     points = []
     for (engine, where), runs in raw.items():
@@ -127,6 +136,9 @@ def main():
             "peak_cgroup_bytes": max((r[1] for r in runs if r[1]), default=None),
             "errors": [r[2] for r in runs if r[2]],
             "bytes_read_per_token": ok[-1].get("bytes_per_token") if ok else None,
+            "reader": ok[-1].get("reader") if ok else None,
+            "same_text_as_pi2": (None if engine == "llama.cpp" or not ok else
+                                 all(r.get("text") == (raw[("pi2", where)][0][0] or {}).get("text") for r in ok)),
         })
     table(points)
     name = a.name or Path(model).stem
@@ -157,6 +169,11 @@ def table(points):
         errs = "; ".join(e for x in (l, p, d) if x for e in x["errors"])
         print(f"| {cap} | {lt:.2f} | {pt:.2f} | {pt / lt:.2f}x | {mb:.1f} | {peak(l)} / {peak(p)} | {dt} |"
               f"{' ' + errs if errs else ''}")
+        for (engine, c), x in by.items():
+            if c == cap and engine.startswith("pi2 ") and engine != "pi2 dense" and x["tps"]:
+                print(f"|   {engine} | | {x['tps']['median']:.2f} | {x['tps']['median'] / lt:.2f}x | "
+                      f"{(x.get('bytes_read_per_token') or {}).get('total', float('nan')) / 1e6:.1f} | "
+                      f"- / {peak(x)} | reader {x.get('reader')}, same text {x.get('same_text_as_pi2')} |")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@
 //! - [`Checksums`]: CRC-32s of fixed-size records of the file; a reader given a table checks
 //!   every record a request holds whole before reporting it, so bytes changed on the device
 //!   become an error instead of different data.
+//! - [`choice`]: the engine and reads in flight a device rewards, measured (the default).
 //! - [`measure`]: throughput and latency against read size, queue depth and file span
 //!   (`pi2 profile-io`), for the planner.
 
 mod buf;
 mod checksum;
+pub mod choice;
 mod engine;
 pub mod measure;
 mod reader;
@@ -27,6 +29,7 @@ mod uring;
 
 pub use buf::AlignedBuf;
 pub use checksum::{crc32, Checksums, SumRegion};
+pub use choice::{measure_choice, ReaderChoice};
 pub use engine::{
     emulated, FaultEngine, FaultPlan, IoEngine, OpenedEngine, PreadEngine, ReadEngine, ReadOp,
 };

@@ -19,6 +19,18 @@ pub struct ReaderConfig {
     pub merge_gap: usize,
 }
 
+/// Alignment the reader's buffers are sized for: the largest an `O_DIRECT` file asks.
+const MAX_ALIGN: usize = 4096;
+
+impl ReaderConfig {
+    /// Bytes of the buffers the I/O thread holds: one largest request (and its alignment
+    /// slack) per read in flight. A budget charges them.
+    pub fn buffer_bytes(&self) -> u64 {
+        let request = self.max_request.max(MAX_ALIGN).div_ceil(MAX_ALIGN) * MAX_ALIGN;
+        (self.depth.max(1) * (request + 2 * MAX_ALIGN)) as u64
+    }
+}
+
 impl Default for ReaderConfig {
     fn default() -> Self {
         Self {
@@ -91,6 +103,7 @@ pub struct Reader {
     done: Receiver<Completion>,
     thread: Option<std::thread::JoinHandle<()>>,
     engine_name: &'static str,
+    depth: usize,
     size: u64,
 }
 
@@ -117,7 +130,7 @@ impl Reader {
             counters: Counters::default(),
         });
         let (tx, done) = bounded(COMPLETION_CAPACITY);
-        let (engine_name, size) = (engine.name(), engine.size());
+        let (engine_name, size, depth) = (engine.name(), engine.size(), cfg.depth.max(1));
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pi2-io".into())
@@ -128,6 +141,7 @@ impl Reader {
             done,
             thread: Some(thread),
             engine_name,
+            depth,
             size,
         })
     }
@@ -135,6 +149,11 @@ impl Reader {
     /// The engine's name (`pread-direct`, ...).
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
+    }
+
+    /// Reads handed to the engine at once.
+    pub fn depth(&self) -> usize {
+        self.depth
     }
 
     /// Size of the file being read.

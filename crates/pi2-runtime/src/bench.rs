@@ -330,7 +330,7 @@ fn ladder(model: &Model, sp: &SparseFfn<'_>, b: &Budget) -> Vec<Budget> {
     let full = b.options.clone();
     let naive = OffloadOptions {
         hot_share: 0.0,
-        io_depth: 1,
+        io_depth: Some(1),
         max_read: row.to_string(),
         merge_gap: "0".into(),
         ..full.clone()
@@ -441,7 +441,7 @@ fn engines<'s>(
                             }
                             false => b.bytes,
                         };
-                        (b.options.config(bytes, file)?, max_batch)
+                        (b.options.config(bytes, file, &s.path)?, max_batch)
                     }
                 };
                 let ocfg = pi2_engine::OffloadConfig { process, ..ocfg };

@@ -6,6 +6,7 @@
 //!   one valid order;
 //! - [`plan`], [`device`], [`hardware`]: the engine as the planner sees it (memory accounting,
 //!   a recorded model profile, this device's fingerprint and profiles);
+//! - [`io_choice`]: the reader's engine and depth, measured once per device;
 //! - [`sparse`], [`offload`]: the sparse FFN and the offloaded FFN from options;
 //! - [`conversation`]: a chat kept between turns (saved, loaded, fitted to a context);
 //! - [`files`]: files written for the user, checked before any work;
@@ -27,6 +28,7 @@ pub mod files;
 pub mod handle;
 pub mod hardware;
 pub mod info;
+pub mod io_choice;
 pub mod offload;
 pub mod open;
 pub mod options;

@@ -30,7 +30,13 @@ pub fn build(
     let kv = pi2_engine::kv_bytes_start(model, engine, n_batch) as u64;
     cfg.kv_growth = (pi2_engine::kv_bytes_full(model, engine, n_batch) as u64).saturating_sub(kv);
     let cfg = &cfg;
-    let scratch = pi2_engine::scratch_bytes(model, engine, n_batch) as u64;
+    // The reader's buffers at the deepest automatic depth are in the process region; a deeper
+    // queue or larger reads asked for by hand are charged here.
+    let scratch = pi2_engine::scratch_bytes(model, engine, n_batch) as u64
+        + cfg
+            .reader
+            .buffer_bytes()
+            .saturating_sub(auto_reader_bytes());
     match Offload::new(model, sparse, path, kv, scratch, freq.as_deref(), cfg) {
         Err(pi2_engine::EngineError::Budget(pi2_cache::CacheError::OverBudget {
             minimum, ..
@@ -128,8 +134,24 @@ pub fn min_budget(
 }
 
 /// Allocator slack and small buffers made after the offload is sized (with 8 MiB, runs on
-/// Qwen2.5-Coder-0.5B peaked 1.3-4.5 MiB above their budgets).
+/// Qwen2.5-Coder-0.5B peaked 1.3-4.5 MiB above their budgets). The reader's buffers come on top
+/// ([`auto_reader_bytes`]: at io_uring depth 32 they left 46 KB of a 50% budget inside 16 MiB).
 const LATER_BYTES: u64 = 16 << 20;
+
+/// The reader's buffers at the deepest depth [`crate::io_choice`] chooses, with the default
+/// largest request: charged with this process's own memory ([`process_bytes`]).
+fn auto_reader_bytes() -> u64 {
+    let deepest = pi2_io::choice::CHOICE_DEPTHS
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(1);
+    pi2_io::ReaderConfig {
+        depth: deepest,
+        ..Default::default()
+    }
+    .buffer_bytes()
+}
 
 /// What this process holds outside the offload's regions, charged to the budget first so that
 /// `--mem-budget` bounds the whole process: its anonymous memory now (heap: tokenizer,
@@ -139,7 +161,7 @@ const LATER_BYTES: u64 = 16 << 20;
 /// candidates, allocator slack). Where `/proc/self` cannot be read (not Linux or Android) only
 /// the later room is counted.
 pub fn process_bytes(model: &Model) -> u64 {
-    let later = LATER_BYTES + 16 * model.config.n_vocab as u64;
+    let later = LATER_BYTES + auto_reader_bytes() + 16 * model.config.n_vocab as u64;
     let anon = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| status_kib(&s, "RssAnon:"))

@@ -172,8 +172,10 @@ pub struct OffloadOptions {
     pub hot_share: f64,
     /// `O_DIRECT` reads (else buffered with dropped pages).
     pub direct: bool,
-    pub io_depth: usize,
-    pub io_engine: IoEngine,
+    /// Reads in flight; `None`: what this device rewards ([`crate::io_choice`]).
+    pub io_depth: Option<usize>,
+    /// How reads reach the device; `None`: what this device rewards, measured once.
+    pub io_engine: Option<IoEngine>,
     /// Largest merged read, e.g. `128K`.
     pub max_read: String,
     /// Reads at most this far apart are merged, e.g. `0`, `16K`.
@@ -192,13 +194,35 @@ impl Default for OffloadOptions {
         Self {
             hot_share: 1.0,
             direct: true,
-            io_depth: 4,
-            io_engine: IoEngine::Pread,
+            io_depth: None,
+            io_engine: None,
             max_read: "128K".into(),
             merge_gap: "0".into(),
             emulate_flash: None,
             process_bytes: None,
         }
+    }
+}
+
+impl OffloadOptions {
+    /// The engine and depth: as given, else chosen for the device holding `path` (an
+    /// emulated device reads one request at a time through `pread`, so nothing is measured).
+    fn reader(&self, path: &std::path::Path, emulated: bool) -> Result<(IoEngine, usize)> {
+        let portable = (IoEngine::Pread, 4);
+        Ok(match (self.io_engine, self.io_depth) {
+            (Some(e), Some(d)) => (e, d),
+            (None, Some(d)) if emulated => (IoEngine::Pread, d),
+            (None, None) if emulated => portable,
+            (Some(IoEngine::Pread), None) => portable,
+            (engine, depth) => {
+                let c = crate::io_choice::for_device(path)?;
+                match (engine, depth) {
+                    (Some(IoEngine::Uring), _) => (IoEngine::Uring, c.uring_depth.unwrap_or(4)),
+                    (None, Some(d)) => (c.engine, d),
+                    _ => (c.engine, c.depth),
+                }
+            }
+        })
     }
 }
 
@@ -208,19 +232,24 @@ pub const MAX_IO_DEPTH: usize = 256;
 pub const MAX_READ_BYTES: u64 = 64 << 20;
 
 impl OffloadOptions {
-    /// The offload configuration for `budget` bytes of a file of `file_bytes`, every option
-    /// checked.
-    pub fn config(&self, budget: u64, file_bytes: u64) -> Result<pi2_engine::OffloadConfig> {
+    /// The offload configuration for `budget` bytes of the file at `path` of `file_bytes`,
+    /// every option checked; an engine or depth not given is chosen for the device.
+    pub fn config(
+        &self,
+        budget: u64,
+        file_bytes: u64,
+        path: &std::path::Path,
+    ) -> Result<pi2_engine::OffloadConfig> {
         if !(0.0..=1.0).contains(&self.hot_share) {
             return Err(RuntimeError::option(
                 "--hot-share",
                 format!("{} is outside 0..1", self.hot_share),
             ));
         }
-        if self.io_depth == 0 || self.io_depth > MAX_IO_DEPTH {
+        if let Some(d) = self.io_depth.filter(|&d| d == 0 || d > MAX_IO_DEPTH) {
             return Err(RuntimeError::option(
                 "--io-depth",
-                format!("{} is outside 1..{MAX_IO_DEPTH}", self.io_depth),
+                format!("{d} is outside 1..{MAX_IO_DEPTH}"),
             ));
         }
         let max_read = parse_size("--max-read", &self.max_read, file_bytes)?;
@@ -234,6 +263,12 @@ impl OffloadOptions {
         if merge_gap > MAX_READ_BYTES {
             return Err(RuntimeError::option("--merge-gap", "is over 64M"));
         }
+        let emulate = self
+            .emulate_flash
+            .as_deref()
+            .map(parse_emulate)
+            .transpose()?;
+        let (engine, depth) = self.reader(path, emulate.is_some())?;
         Ok(pi2_engine::OffloadConfig {
             budget,
             // 0: measured when the offload is built (`offload::build`).
@@ -242,18 +277,14 @@ impl OffloadOptions {
             // Set when the offload is built, from the engine's context (`offload::build`).
             kv_growth: 0,
             direct: self.direct,
-            engine: self.io_engine,
+            engine,
             reader: pi2_io::ReaderConfig {
                 max_request: max_read as usize,
-                depth: self.io_depth,
+                depth,
                 merge_gap: merge_gap as usize,
             },
             faults: None,
-            emulate: self
-                .emulate_flash
-                .as_deref()
-                .map(parse_emulate)
-                .transpose()?,
+            emulate,
             // Without a plan every layer runs the sparse step: the text is the same at every
             // budget (a plan runs wholly pinned layers dense where that is faster).
             dense_layers: None,
@@ -476,13 +507,16 @@ mod tests {
         assert!(e(Some(3000)).config().is_err());
         assert_eq!(e(Some(2)).config().unwrap().threads, 2);
         let o = |f: &dyn Fn(&mut OffloadOptions)| {
-            let mut o = OffloadOptions::default();
+            let mut o = OffloadOptions {
+                io_engine: Some(IoEngine::Pread),
+                ..Default::default()
+            };
             f(&mut o);
-            o.config(1 << 20, 1 << 30)
+            o.config(1 << 20, 1 << 30, std::path::Path::new("Cargo.toml"))
         };
         assert!(o(&|_| {}).is_ok());
-        assert!(o(&|o| o.io_depth = 100_000_000).is_err());
-        assert!(o(&|o| o.io_depth = 0).is_err());
+        assert!(o(&|o| o.io_depth = Some(100_000_000)).is_err());
+        assert!(o(&|o| o.io_depth = Some(0)).is_err());
         assert!(o(&|o| o.max_read = "1000G".into()).is_err());
         assert!(o(&|o| o.hot_share = 1.5).is_err());
         assert!(o(&|o| o.merge_gap = "1G".into()).is_err());

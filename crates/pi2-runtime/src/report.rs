@@ -58,6 +58,7 @@ pub fn offload_json(o: &Offload, tokens: usize, decode_secs: f64) -> Value {
         "hot_gate_rows": o.hot_gate_counts().iter().sum::<usize>(),
         "cold_slots": o.cold_slots(),
         "engine": o.engine().0,
+        "io_depth": o.io_depth(),
         "hit_rate": st.hit_rate(),
         "gate_rows": {"hot": st.gate_hot, "cached": st.gate_hits, "read": st.gate_reads},
         "updown_rows": {"hot": st.updown_hot, "cached": st.updown_hits, "read": st.updown_reads},

@@ -166,7 +166,7 @@ impl<'m> Prepared<'m> {
                 Some(c) => (c.clone(), n_batch.max(a.plan.n_batch)),
                 None => return Ok(None),
             },
-            (None, Some(b)) => (self.offload.config(b, file)?, n_batch),
+            (None, Some(b)) => (self.offload.config(b, file, &self.path)?, n_batch),
             (None, None) => return Ok(None),
         };
         let o = crate::offload::build(&ocfg, self.model, &self.path, sp, cfg, n_batch)?;

@@ -25,6 +25,10 @@ pub struct ProfileIoArgs {
     /// Print JSON (for the planner) instead of a table
     #[arg(long)]
     pub json: bool,
+    /// Measure what the reader's default is chosen from (`pread`, and io_uring at depths 1 to
+    /// 64, 16 KiB random reads), print the choice and cache it for this device
+    #[arg(long, conflicts_with_all = ["sizes", "depths", "spans", "ms"])]
+    pub reader: bool,
 }
 
 pub fn run(a: ProfileIoArgs) -> Result<()> {
@@ -33,6 +37,9 @@ pub fn run(a: ProfileIoArgs) -> Result<()> {
         .len();
     if size == 0 {
         bail!("{} is empty", a.path.display());
+    }
+    if a.reader {
+        return reader(&a);
     }
     let parse = |s: &String| pi2_runtime::options::parse_size("--sizes", s, size);
     let sizes = a.sizes.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
@@ -69,5 +76,34 @@ pub fn run(a: ProfileIoArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&points)?);
     }
+    Ok(())
+}
+
+/// `--reader`: the device's reader choice, measured again and cached.
+fn reader(a: &ProfileIoArgs) -> Result<()> {
+    let c = pi2_runtime::io_choice::remeasure(&a.path)
+        .with_context(|| format!("profiling {}", a.path.display()))?;
+    let engine = match c.engine {
+        pi2_io::IoEngine::Pread => "pread",
+        pi2_io::IoEngine::Uring => "uring",
+    };
+    if a.json {
+        let points: Vec<_> = c
+            .points
+            .iter()
+            .map(|p| serde_json::json!({"engine": p.engine, "depth": p.depth, "read_size": p.read_size, "bytes_per_sec": p.bytes_per_sec}))
+            .collect();
+        let out = serde_json::json!({"engine": engine, "depth": c.depth, "uring_depth": c.uring_depth, "points": points});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{}", pi2_io::measure::IoPoint::MARKDOWN_HEADER);
+    for p in &c.points {
+        println!("{p}");
+    }
+    println!(
+        "reader default for this device: --io-engine {engine} --io-depth {} (cached)",
+        c.depth
+    );
     Ok(())
 }

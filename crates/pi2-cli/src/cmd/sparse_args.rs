@@ -68,9 +68,10 @@ impl SparseArgs {
 /// Options for running a converted model larger than memory (`run`, `bench`).
 #[derive(Args, Clone, Debug, Default)]
 pub struct OffloadArgs {
-    /// Keep at most SIZE resident and read FFN neurons from flash (needs a model made by
-    /// `pi2 convert`): bytes with an optional K/M/G suffix (48M, 1.5G) or a percentage of the
-    /// model file (50%). `bench` takes a comma-separated list
+    /// Keep at most SIZE resident and read the rest from flash (a plain GGUF is profiled and
+    /// converted once into the per-user cache; a file made by `pi2 convert` runs as it is):
+    /// bytes with an optional K/M/G suffix (48M, 1.5G) or a percentage of the model file
+    /// (50%). `bench` takes a comma-separated list
     #[arg(long = "mem-budget", value_delimiter = ',')]
     pub mem_budget: Vec<String>,
     /// Share of the neuron memory (beyond one layer of cache slots) pinned to the hottest
@@ -81,13 +82,15 @@ pub struct OffloadArgs {
     /// Buffered reads whose pages are dropped, instead of O_DIRECT
     #[arg(long)]
     pub no_direct: bool,
-    /// Reads handed to the device at once
-    #[arg(long, default_value_t = 4)]
-    pub io_depth: usize,
+    /// Reads handed to the device at once [default: what this device rewards, measured once
+    /// and cached]
+    #[arg(long)]
+    pub io_depth: Option<usize>,
     /// How reads reach the device: `pread` (portable, one read at a time) or `uring` (Linux
-    /// io_uring: --io-depth reads in flight together, from the one I/O thread)
-    #[arg(long, value_enum, default_value_t = IoEngineArg::Pread)]
-    pub io_engine: IoEngineArg,
+    /// io_uring: --io-depth reads in flight together, from the one I/O thread) [default: the
+    /// faster on this device, measured once and cached]
+    #[arg(long, value_enum)]
+    pub io_engine: Option<IoEngineArg>,
     /// Largest merged read (bytes, K/M suffix)
     #[arg(long, default_value = "128K")]
     pub max_read: String,
@@ -114,7 +117,7 @@ impl OffloadArgs {
             hot_share: self.hot_share,
             direct: !self.no_direct,
             io_depth: self.io_depth,
-            io_engine: self.io_engine.into(),
+            io_engine: self.io_engine.map(Into::into),
             max_read: self.max_read.clone(),
             merge_gap: self.merge_gap.clone(),
             emulate_flash: self.emulate_flash.clone(),

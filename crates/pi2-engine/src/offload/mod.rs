@@ -370,6 +370,11 @@ impl Offload {
         (self.reader.engine_name(), self.fallback.as_deref())
     }
 
+    /// Reads the reader hands the engine at once.
+    pub fn io_depth(&self) -> usize {
+        self.reader.depth()
+    }
+
     pub fn is_direct(&self) -> bool {
         self.direct
     }
