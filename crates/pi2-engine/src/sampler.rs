@@ -58,6 +58,20 @@ impl SamplerConfig {
     }
 }
 
+/// SplitMix64's finalizer: every input bit reaches every output bit.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The generator's state for `seed`, mixed twice: users pick small consecutive seeds (1, 2,
+/// 3), and an unmixed seed gave their first draws nearly the same value (seeds 1 to 8 all drew
+/// above 0.55, so they all began with the same token).
+fn seed_state(seed: u64) -> u64 {
+    mix64(mix64(seed) ^ 0x9E37_79B9_7F4A_7C15)
+}
+
 /// A seeded sampler with the recent-token history the penalty needs; optionally held to a
 /// [`TokenConstraint`] and reporting each draw's [`TokenLogprob`].
 pub struct Sampler {
@@ -79,7 +93,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Self {
         Self {
-            rng: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
+            rng: seed_state(cfg.seed),
             recent: VecDeque::with_capacity(cfg.repeat_last_n),
             cfg,
             candidates: Vec::new(),
@@ -166,11 +180,7 @@ impl Sampler {
     /// SplitMix64: a uniform f64 in [0, 1).
     fn uniform(&mut self) -> f64 {
         self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        (mix64(self.rng) >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Pick the next token from `logits` (biases, penalties and the constraint's mask are
@@ -380,6 +390,44 @@ mod tests {
             ones += x as usize;
         }
         assert!((2850..3150).contains(&ones), "{ones}");
+    }
+
+    /// Consecutive small seeds must give independent first draws: the draws of seeds 0..n fall
+    /// evenly into quarters (chi-square below 7.81, the 5% point for three degrees of freedom;
+    /// unmixed seeds gave 9.0 for 32 seeds and 10.4 for 64).
+    #[test]
+    fn consecutive_seeds_draw_independently() {
+        for n in [32u64, 64, 256] {
+            let mut quarters = [0f64; 4];
+            for seed in 0..n {
+                let u = Sampler::new(SamplerConfig {
+                    seed,
+                    ..Default::default()
+                })
+                .uniform();
+                quarters[(u * 4.0) as usize] += 1.0;
+            }
+            let e = n as f64 / 4.0;
+            let chi2: f64 = quarters.iter().map(|q| (q - e) * (q - e) / e).sum();
+            assert!(
+                chi2 < 7.81,
+                "{n} seeds: {quarters:?} (chi-square {chi2:.2})"
+            );
+        }
+        // And the token drawn: p = (0.5, 0.5), seeds 1..=64, the first draw of each.
+        let ones: usize = (1..=64u64)
+            .map(|seed| {
+                Sampler::new(SamplerConfig {
+                    seed,
+                    temperature: 1.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    ..Default::default()
+                })
+                .sample(&mut [0.0, 0.0]) as usize
+            })
+            .sum();
+        assert!((20..=44).contains(&ones), "{ones} of 64");
     }
 
     #[test]
