@@ -19,6 +19,9 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Every architecture pi2 reads, in the order errors list them.
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Gemma3];
+
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
@@ -337,7 +340,12 @@ impl ModelConfig {
                 )))
             }
         }
-        let rms_eps = get_f32_or(f, &k("attention.layer_norm_rms_epsilon"), 1e-5)?;
+        // Required, as llama.cpp requires it: a default would be a silent guess.
+        let eps_key = k("attention.layer_norm_rms_epsilon");
+        if f.get(&eps_key).is_none() {
+            return Err(ModelError::MissingKey(eps_key));
+        }
+        let rms_eps = get_f32_or(f, &eps_key, 1e-5)?;
         check_hyper_parameters(rms_eps, rope_base, rope_freq_scale)?;
         let sliding_window = sliding_window(f, arch)?;
         // llama.cpp's rule for Gemma 3's query scale: the 27B model (62 layers) scales by

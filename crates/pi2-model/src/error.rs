@@ -23,25 +23,25 @@ pub enum ModelError {
         value: u64,
         limit: u64,
     },
-    #[error("model metadata lacks required key `{0}`")]
+    #[error("model metadata lacks required key `{}`", shown(.0))]
     MissingKey(String),
-    #[error("model metadata key `{key}` has type {got}, expected {expected}")]
+    #[error("model metadata key `{}` has type {got}, expected {expected}", shown(.key))]
     WrongKeyType {
         key: String,
         expected: &'static str,
         got: &'static str,
     },
-    #[error("model lacks tensor `{0}`")]
+    #[error("model lacks tensor `{}`", shown(.0))]
     MissingTensor(String),
-    #[error("tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    #[error("tensor `{}` has shape {got:?}, expected {expected:?}", shown(.name))]
     TensorShape {
         name: String,
         expected: Vec<u64>,
         got: Vec<u64>,
     },
-    #[error("tensor `{name}` has type {ty}, which pi2 does not support (supported: {supported}); convert the model to one of those types, e.g. with llama.cpp's llama-quantize", supported = supported_types())]
+    #[error("tensor `{}` has type {ty}, which pi2 does not support (supported: {supported}); convert the model to one of those types, e.g. with llama.cpp's llama-quantize", shown(.name), supported = supported_types())]
     UnsupportedTensorType { name: String, ty: String },
-    #[error("unsupported architecture `{0}` (pi2 supports: llama, qwen2)")]
+    #[error("unsupported architecture `{}` (pi2 supports: {})", shown(.0), supported_archs())]
     UnsupportedArch(String),
     #[error("unsupported model feature: {0}")]
     Unsupported(String),
@@ -53,6 +53,26 @@ pub enum ModelError {
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
+/// A name from a file as an error shows it: control characters (a hostile file's escape
+/// sequences, newlines) escaped, so an error stays one readable line.
+pub(crate) fn shown(name: &str) -> String {
+    name.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
+/// The architectures pi2 reads, comma-separated, for error messages.
+fn supported_archs() -> String {
+    crate::arch::Arch::ALL
+        .iter()
+        .map(|a| a.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The tensor types pi2 loads, comma-separated, for error messages.
 fn supported_types() -> String {
     pi2_kernels::QuantType::ALL
@@ -60,4 +80,18 @@ fn supported_types() -> String {
         .map(|t| t.to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_files_are_shown_on_one_line() {
+        let e = ModelError::MissingKey("a\x1b[2J\nb".into()).to_string();
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(e.contains("a\\u{1b}[2J\\nb"), "{e}");
+        let e = ModelError::UnsupportedArch("mamba".into()).to_string();
+        assert!(e.contains("llama, qwen2, gemma3"), "{e}");
+    }
 }

@@ -4,7 +4,7 @@
 //! finds every occurrence of every special, and occurrences are then accepted in that same
 //! order (priority, then position) when they lie in text no earlier special has taken.
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use std::collections::BTreeMap;
 
 /// A vocabulary index (the tokenizer's `TokenId`).
@@ -31,9 +31,13 @@ impl Specials {
                 texts.push(text);
             }
         }
+        // A contiguous NFA builds in time linear in the texts' total length; the automatic
+        // choice may build a DFA, whose size grows with length times distinct bytes (a hostile
+        // file's 4 MB special token took forever).
         let automaton = (!texts.is_empty()).then(|| {
             AhoCorasick::builder()
                 .match_kind(MatchKind::Standard)
+                .kind(Some(AhoCorasickKind::ContiguousNFA))
                 .build(&texts)
                 .expect("special token texts form a valid automaton")
         });
@@ -158,6 +162,23 @@ mod tests {
             vec![Err("<|im_start|>user"), Ok(2), Ok(3), Err("hi")]
         );
         assert_eq!(s.partition("", true), vec![]);
+    }
+
+    /// A hostile vocabulary's 4 MB special token of many distinct bytes: built and matched in
+    /// time linear in its length (a DFA over it took minutes at 16 KB and never ended at 4 MB).
+    #[test]
+    fn a_huge_special_token_builds_in_linear_time() {
+        let long: String = (0..4 << 20)
+            .map(|i: u32| char::from(b'!' + (i.wrapping_mul(2654435761) >> 26) as u8))
+            .collect();
+        let t0 = std::time::Instant::now();
+        let s = Specials::new([(7, long.as_str(), false), (8, "<|x|>", true)]);
+        let text = format!("a{long}b<|x|>");
+        assert_eq!(
+            s.partition(&text, true),
+            vec![Err("a"), Ok(7), Err("b"), Ok(8)]
+        );
+        assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
     }
 
     proptest! {

@@ -55,6 +55,12 @@ impl GgufWriter {
         self
     }
 
+    /// Remove `key` (every value of it), if present.
+    pub fn remove_meta(&mut self, key: &str) -> &mut Self {
+        self.metadata.retain(|(k, _)| k != key);
+        self
+    }
+
     /// Add a tensor with GGML dims (`dims[0]` contiguous), type id and raw data.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> &mut Self {
         self.tensors

@@ -375,6 +375,12 @@ fn hyper_parameters_and_layer_counts_are_checked() {
         let err = load(&b).unwrap_err().to_string();
         assert!(err.contains("hyper-parameter"), "{key} = {v:?}: {err}");
     }
+    // A required key missing: refused by name, never defaulted (llama.cpp requires it too).
+    let b = edited(|w| {
+        w.remove_meta("llama.attention.layer_norm_rms_epsilon");
+    });
+    let err = load(&b).unwrap_err().to_string();
+    assert!(err.contains("layer_norm_rms_epsilon"), "{err}");
     // Fewer layers in the metadata than in the file: refused, not dropped.
     let b = edited(|w| {
         w.set_meta("llama.block_count", Value::U32(1));
@@ -451,4 +457,37 @@ fn gemma3_needs_its_norms_and_a_valid_window() {
         matches!(err, ModelError::MissingTensor(ref t) if t == "blk.0.attn_q_norm.weight"),
         "{err}"
     );
+}
+
+/// A vocabulary whose control token is 4 MB long (repeated and varied bytes): the model loads
+/// and a text holding the token encodes in time linear in the token bytes (the special-token
+/// matcher's build once grew about quadratically: 16 KB took 101 s).
+#[test]
+fn a_huge_special_token_loads_in_linear_time() {
+    let f = GgufFile::from_bytes(&small()).unwrap();
+    let Some(Value::Strings(read)) = f.get("tokenizer.ggml.tokens") else {
+        panic!("the synthetic model has tokens");
+    };
+    let tokens: Vec<Value> = read.iter().map(|t| Value::String(t.into())).collect();
+    let eos = match f.get("tokenizer.ggml.eos_token_id") {
+        Some(Value::U32(e)) => *e as usize,
+        _ => panic!("the synthetic model has an end token"),
+    };
+    for long in [
+        "a".repeat(4 << 20),
+        (0..4u32 << 20)
+            .map(|i| char::from(b'!' + (i.wrapping_mul(2654435761) >> 26) as u8))
+            .collect::<String>(),
+    ] {
+        let mut tokens = tokens.clone();
+        tokens[eos] = Value::String(long.clone());
+        let b = edited(|w| {
+            w.set_meta("tokenizer.ggml.tokens", Value::Array(tokens.clone()));
+        });
+        let t0 = std::time::Instant::now();
+        let m = load(&b).unwrap();
+        let ids = m.tokenizer.encode(&format!("x{long}y"), false, true);
+        assert!(ids.contains(&(eos as u32)), "{}", ids.len());
+        assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
+    }
 }
