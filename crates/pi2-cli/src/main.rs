@@ -66,8 +66,12 @@ fn main() {
     }
     exit_cleanly_when_output_fails();
     exit_cleanly_on_sigbus();
-    // Before clap, which would read `-ngl 99` as `-n gl`.
-    if let Some(why) = std::env::args().skip(1).find_map(|a| llama_cpp_only(&a)) {
+    // Before clap, which would read `-ngl 99` as `-n gl`. `args_os`: an argument that is not
+    // UTF-8 (`-p $'\xff'`) is clap's to refuse in one line, not a panic here.
+    if let Some(why) = std::env::args_os()
+        .skip(1)
+        .find_map(|a| a.to_str().and_then(llama_cpp_only))
+    {
         eprintln!("error: {why}");
         std::process::exit(2);
     }

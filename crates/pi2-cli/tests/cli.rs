@@ -838,3 +838,29 @@ fn synth_plants_activation_statistics_that_profile_recovers() {
         "exactly one --mem-budget",
     );
 }
+
+/// An argument that is not UTF-8 is refused in one line (it panicked in the check for
+/// llama.cpp-only flags); a FIFO given to `-f` is refused at once instead of waiting for a
+/// writer that never comes.
+#[test]
+fn odd_arguments_and_files_are_refused_without_a_hang() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(["run", "-m", &m(), "-p"])
+        .arg(std::ffi::OsStr::from_bytes(b"\xff"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked") && err.contains("UTF-8"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string naming a path in a fresh directory.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    fails_with(
+        &["run", "-m", &m(), "-f", &fifo.display().to_string()],
+        "not a regular file",
+    );
+}

@@ -58,6 +58,12 @@ pub fn read_text(source: &Path, what: &str, limit: u64) -> Result<String> {
         true => ("standard input".into(), Box::new(std::io::stdin().lock())),
         false => {
             let shown = source.display().to_string();
+            // Checked before opening: opening a FIFO with no writer would wait forever.
+            if std::fs::metadata(source).is_ok_and(|m| !m.is_file()) {
+                return fail(format!(
+                    "{shown} is not a regular file (use - for standard input)"
+                ));
+            }
             let file = match std::fs::File::open(source) {
                 Ok(f) => f,
                 Err(e) => return fail(format!("cannot read {what} file {shown}: {e}")),

@@ -157,10 +157,24 @@ fn fork_and_wait(f: impl FnOnce() -> Result<()>) -> Result<()> {
             std::fs::File::from_raw_fd(fds[1]),
         )
     };
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the caller checked that this process runs one thread, so the child is a whole
     // copy of it.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        // The conversion dies with the process that waits for it (a `pi2 run` killed with
+        // SIGKILL must not leave it running under init); and if that process is already gone
+        // before the signal was asked for, it stops at once.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        // SAFETY: prctl and getppid with plain integer arguments; _exit ends the child.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+        }
         drop(rx);
         let code = match f() {
             Ok(()) => 0,
