@@ -618,3 +618,94 @@ fn context_shift_drops_the_oldest_messages_of_a_long_chat() {
     let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt < 128, "{prompt}");
 }
+
+/// One request cannot kill or freeze the server: grammars and schemas past the limits get a
+/// 400 naming the limit (a 3,000-rule chain and a 10,000-deep `$ref` chain overflowed the
+/// stack and killed it); while many chat requests with grammars are checked, `/health` still
+/// answers at once (they are checked off the server's async thread); a `Host` that only
+/// starts like a loopback name is refused; embeddings count as completed requests.
+#[test]
+fn heavy_or_hostile_requests_neither_kill_nor_freeze_the_server() {
+    let mut s = Server::start(&["--parallel", "1", "--queue", "64"]);
+    let mut chain = String::from("root ::= r0\n");
+    for i in 0..3000 {
+        chain += &format!("r{i} ::= r{}\n", i + 1);
+    }
+    chain += "r3000 ::= \"x\"\n";
+    let r = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "a", "max_tokens": 2, "grammar": chain}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("over the limit"), "{}", r.body);
+    let mut defs = serde_json::Map::new();
+    for i in 0..10_000 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert("d10000".into(), json!({"type": "integer"}));
+    let schema = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "$defs": defs});
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("over the limit"), "{}", r.body);
+    assert!(s.alive());
+
+    // Fifty chat requests with a grammar of many alternatives, while /health is asked.
+    let alternatives: Vec<String> = (0..1500).map(|i| format!("\"w{i}\"")).collect();
+    let grammar = format!("root ::= {}", alternatives.join(" | "));
+    let heavy: Vec<_> = (0..50)
+        .map(|_| {
+            let (addr, grammar) = (s.addr.clone(), grammar.clone());
+            std::thread::spawn(move || {
+                post(
+                    &addr,
+                    "/v1/chat/completions",
+                    &json!({"messages": [{"role": "user", "content": "pick"}], "max_tokens": 1,
+                            "grammar": grammar}),
+                )
+                .status
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        assert_eq!(http(&s.addr, "GET", "/health", &[], b"").status, 200);
+        slowest = slowest.max(t0.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let statuses: Vec<u16> = heavy.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|&c| c == 200 || c == 503),
+        "{statuses:?}"
+    );
+    // Generous for a loaded 2-core CI machine; before, /health waited 16-20 s.
+    assert!(slowest < Duration::from_secs(1), "/health took {slowest:?}");
+
+    let mut raw = TcpStream::connect(&s.addr).unwrap();
+    raw.write_all(b"GET /health HTTP/1.1\r\nHost: [::1]evil.com\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    let r = common::server::parse_reply(&answer);
+    assert_eq!(r.status, 403, "{}", r.body);
+
+    let before = metric(&s.addr, "pi2_requests_completed_total");
+    let r = post(&s.addr, "/v1/embeddings", &json!({"input": "hello"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let bad = metric(&s.addr, "pi2_requests_invalid_total");
+    let r = post(&s.addr, "/v1/embeddings", &json!({"input": []}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(metric(&s.addr, "pi2_requests_completed_total"), before + 1.0);
+    assert_eq!(metric(&s.addr, "pi2_requests_invalid_total"), bad + 1.0);
+    assert!(s.alive());
+}

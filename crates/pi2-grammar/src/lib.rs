@@ -34,7 +34,30 @@ pub enum GrammarError {
     Vocabulary(String),
     #[error("invalid {kind}: {msg}")]
     Invalid { kind: &'static str, msg: String },
+    /// Over a limit checked before any compiling; the message names the limit.
+    #[error("{kind} too large: {msg}")]
+    TooLarge { kind: &'static str, msg: String },
+    /// Compiling took longer than [`COMPILE_TIME`], or no place to compile in came free within it.
+    #[error("{0}")]
+    Busy(String),
 }
+
+/// Largest grammar, regex or schema text compiled (bytes).
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+/// Most rules a GBNF or Lark grammar may define: real grammars have tens (llama.cpp's
+/// `json.gbnf`: 10), and each rule costs stack depth when rules reference one another.
+pub const MAX_RULES: usize = 2000;
+/// Most `$ref`s a JSON schema may hold, and its deepest nesting of objects and arrays.
+pub const MAX_SCHEMA_REFS: usize = 2000;
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+/// Longest a compile may take before the caller is answered with an error (the compile ends
+/// in the background, bounded by the grammar engine's own fuel limits).
+pub const COMPILE_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+/// Compiles under way at once; more wait for a place (at most [`COMPILE_TIME`]).
+pub const MAX_COMPILES: usize = 2;
+/// The compiling thread's stack: grammar engines recurse along chains of rules and `$ref`s,
+/// and the limits above keep the deepest accepted chain well inside this.
+const COMPILE_STACK: usize = 64 << 20;
 
 /// What the output must match.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,14 +134,161 @@ impl Vocabulary {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
+        // Errors say what is wrong, not the parser's internal state.
+        factory.limits_mut().verbose_errors = false;
         Ok(Arc::new(Self {
             factory: Arc::new(factory),
             n_vocab,
         }))
     }
 
-    /// Compiles `spec`; an invalid schema or grammar is refused here, before any decoding.
+    /// Compiles `spec`; an invalid schema or grammar is refused here, before any decoding, and
+    /// one over the limits above ([`MAX_RULES`], ...) before any compiling. The compile runs on
+    /// a thread of its own (a known stack, whatever thread calls) and the caller waits at most
+    /// [`COMPILE_TIME`].
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        check_size(spec)?;
+        let started = std::time::Instant::now();
+        let permit = Permit::take(COMPILE_TIME).ok_or_else(|| {
+            GrammarError::Busy(format!(
+                "{MAX_COMPILES} grammars have been compiling for over {} s: retry later",
+                COMPILE_TIME.as_secs()
+            ))
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (factory, n_vocab, spec2) = (self.factory.clone(), self.n_vocab, spec.clone());
+        let spawned = std::thread::Builder::new()
+            .name("pi2-grammar".into())
+            .stack_size(COMPILE_STACK)
+            .spawn(move || {
+                let _ = tx.send(compile_on(&factory, n_vocab, &spec2));
+                drop(permit);
+            });
+        if let Err(e) = spawned {
+            return Err(GrammarError::Busy(format!(
+                "cannot start a thread to compile the grammar: {e}"
+            )));
+        }
+        match rx.recv_timeout(COMPILE_TIME.saturating_sub(started.elapsed())) {
+            Ok(r) => r,
+            Err(_) => Err(GrammarError::Busy(format!(
+                "the {} took over {} s to compile: simplify it",
+                spec.kind(),
+                COMPILE_TIME.as_secs()
+            ))),
+        }
+    }
+}
+
+/// One of [`MAX_COMPILES`] places to compile in, given back when dropped (by the compiling
+/// thread, so a compile that outlives its caller's wait still holds its place).
+struct Permit;
+
+static PLACES: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+impl Permit {
+    /// A place, waiting at most `wait` for one.
+    fn take(wait: std::time::Duration) -> Option<Permit> {
+        let taken = PLACES.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut taken, _) = FREED
+            .wait_timeout_while(taken, wait, |n| *n >= MAX_COMPILES)
+            .unwrap_or_else(|e| e.into_inner());
+        (*taken < MAX_COMPILES).then(|| {
+            *taken += 1;
+            Permit
+        })
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        *PLACES.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        FREED.notify_one();
+    }
+}
+
+/// The limits checked before compiling, so that no grammar's size or depth reaches the
+/// grammar engine's recursion.
+fn check_size(spec: &GrammarSpec) -> Result<(), GrammarError> {
+    let too_large = |msg: String| GrammarError::TooLarge {
+        kind: spec.kind(),
+        msg,
+    };
+    let text = match spec {
+        GrammarSpec::Lark(t) | GrammarSpec::Gbnf(t) | GrammarSpec::Regex(t) => t.len(),
+        GrammarSpec::JsonSchema(v) => {
+            let (refs, depth) = schema_shape(v);
+            if refs > MAX_SCHEMA_REFS {
+                return Err(too_large(format!(
+                    "{refs} `$ref`s, over the limit of {MAX_SCHEMA_REFS}"
+                )));
+            }
+            if depth > MAX_SCHEMA_DEPTH {
+                return Err(too_large(format!(
+                    "nested {depth} deep, over the limit of {MAX_SCHEMA_DEPTH}"
+                )));
+            }
+            0
+        }
+        GrammarSpec::JsonObject => 0,
+    };
+    if text > MAX_GRAMMAR_BYTES {
+        return Err(too_large(format!(
+            "{text} bytes, over the limit of {MAX_GRAMMAR_BYTES}"
+        )));
+    }
+    let rules = match spec {
+        GrammarSpec::Gbnf(t) => t.matches("::=").count(),
+        // A Lark rule or terminal is defined by a name and `:` at the start of a line.
+        GrammarSpec::Lark(t) => t
+            .lines()
+            .filter(|l| {
+                let l = l.trim_start();
+                let name = l.split(':').next().unwrap_or("");
+                l.contains(':')
+                    && !name.is_empty()
+                    && name
+                        .trim_end()
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_?!.".contains(c))
+            })
+            .count(),
+        _ => 0,
+    };
+    if rules > MAX_RULES {
+        return Err(too_large(format!(
+            "{rules} rules, over the limit of {MAX_RULES}"
+        )));
+    }
+    Ok(())
+}
+
+/// A schema's `$ref` count and nesting depth (objects and arrays), without recursion.
+fn schema_shape(v: &serde_json::Value) -> (usize, usize) {
+    let (mut refs, mut deepest) = (0, 0);
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        match v {
+            serde_json::Value::Object(o) => {
+                refs += usize::from(o.contains_key("$ref"));
+                stack.extend(o.values().map(|c| (c, d + 1)));
+            }
+            serde_json::Value::Array(a) => stack.extend(a.iter().map(|c| (c, d + 1))),
+            _ => {}
+        }
+    }
+    (refs, deepest)
+}
+
+/// Compiles `spec` with `factory`, on the calling thread.
+fn compile_on(
+    factory: &ParserFactory,
+    n_vocab: usize,
+    spec: &GrammarSpec,
+) -> Result<Grammar, GrammarError> {
+    {
         let invalid = |msg: String| GrammarError::Invalid {
             kind: spec.kind(),
             msg,
@@ -137,8 +307,7 @@ impl Vocabulary {
             GrammarSpec::Gbnf(g) => TopLevelGrammar::from_lark(gbnf_to_lark(g).map_err(invalid)?),
             GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
         };
-        let parser = self
-            .factory
+        let parser = factory
             .create_parser(top)
             .map_err(|e| invalid(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
@@ -147,7 +316,7 @@ impl Vocabulary {
         }
         Ok(Grammar {
             proto: matcher,
-            n_vocab: self.n_vocab,
+            n_vocab,
         })
     }
 }

@@ -132,6 +132,55 @@ fn bad_grammars_are_refused_with_the_reason() {
     }
 }
 
+/// Grammars and schemas that once overflowed the stack (a 49 KB request killed the server):
+/// long chains of rules and `$ref`s are refused by a named limit before compiling, or compiled
+/// on the compile thread's own stack; deep nesting is refused; an unsatisfiable grammar's
+/// error says what is wrong without the parser's internal state. Every call runs on a test
+/// thread (2 MiB of stack): the compile never uses the caller's stack.
+#[test]
+fn hostile_grammars_get_a_named_limit_not_a_crash() {
+    let m = model(MODELS[1]);
+    let vocab = Vocabulary::new(&m.tokenizer).unwrap();
+    let chain = |n: usize| {
+        let mut g = String::from("root ::= r0\n");
+        for i in 0..n {
+            g += &format!("r{i} ::= r{}\n", i + 1);
+        }
+        g + &format!("r{n} ::= \"x\"\n")
+    };
+    let e = vocab.compile(&GrammarSpec::Gbnf(chain(3000))).unwrap_err();
+    assert!(e.to_string().contains("rules, over the limit"), "{e}");
+    // Just under the limit: compiled, on the compile thread's stack.
+    vocab.compile(&GrammarSpec::Gbnf(chain(1990))).unwrap();
+
+    let refs = |n: usize| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+        }
+        defs.insert(format!("d{n}"), json!({"type": "integer"}));
+        json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "$defs": defs})
+    };
+    let e = vocab
+        .compile(&GrammarSpec::JsonSchema(refs(10_000)))
+        .unwrap_err();
+    assert!(e.to_string().contains("`$ref`s, over the limit"), "{e}");
+
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..100 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let e = vocab.compile(&GrammarSpec::JsonSchema(deep)).unwrap_err();
+    assert!(e.to_string().contains("nested"), "{e}");
+
+    let e = vocab
+        .compile(&GrammarSpec::Gbnf("root ::= root \"x\"".into()))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.len() < 600, "a short error, not the parser's state: {e}");
+}
+
 #[test]
 fn greedy_qwen_held_to_a_schema_writes_valid_json() {
     let m = model(MODELS[0]);

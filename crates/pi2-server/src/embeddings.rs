@@ -43,7 +43,17 @@ pub async fn embeddings(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     s.metrics.request();
-    let body = read_body(&s, body).await?;
+    let answer = embed(&s, body).await;
+    match &answer {
+        Ok(_) => s.metrics.completed_request(),
+        Err(e) => s.metrics.refused(e.status),
+    }
+    answer
+}
+
+async fn embed(s: &Arc<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
+    let s = &**s;
+    let body = read_body(s, body).await?;
     let req: EmbeddingRequest =
         serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
             .map_err(|e| {
@@ -69,11 +79,11 @@ pub async fn embeddings(
         ))
         .param("dimensions"));
     }
-    let inputs = token_inputs(&s, req.input)?;
+    let inputs = token_inputs(s, req.input)?;
     let (mut data, mut used) = (Vec::new(), 0);
     for (i, tokens) in inputs.into_iter().enumerate() {
         used += tokens.len();
-        let v = embed_one(&s, tokens).await?;
+        let v = embed_one(s, tokens).await?;
         let embedding = match base64 {
             true => Value::String(
                 base64::engine::general_purpose::STANDARD

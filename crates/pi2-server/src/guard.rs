@@ -52,7 +52,11 @@ impl Rules {
                 .get(header::HOST)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            if !self.hosts.iter().any(|h| host_name(host) == h) {
+            if !self
+                .hosts
+                .iter()
+                .any(|h| host_name(host) == Some(h.as_str()))
+            {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     format!(
@@ -97,12 +101,18 @@ pub fn too_large() -> ApiError {
     )
 }
 
-/// `Host`'s name without its port (`[::1]:8080` -> `[::1]`).
-fn host_name(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.split_inclusive(']').next().unwrap_or(host);
-    }
-    host.rsplit_once(':').map_or(host, |(name, _)| name)
+/// `Host`'s name without its port (`[::1]:8080` -> `[::1]`); `None` when what follows the
+/// name is not a port (`[::1]evil.com`, `localhost:x`), so such a `Host` matches no name.
+fn host_name(host: &str) -> Option<&str> {
+    let (name, rest) = match host.starts_with('[') {
+        true => host.split_at(host.find(']')? + 1),
+        false => host.split_at(host.rfind(':').unwrap_or(host.len())),
+    };
+    let port_ok = match rest.strip_prefix(':') {
+        Some(port) => !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()),
+        None => rest.is_empty(),
+    };
+    port_ok.then_some(name)
 }
 
 /// The middleware applying `rules`.
@@ -136,10 +146,19 @@ mod tests {
 
     #[test]
     fn host_names_lose_their_ports() {
-        assert_eq!(host_name("127.0.0.1:8080"), "127.0.0.1");
-        assert_eq!(host_name("[::1]:8080"), "[::1]");
-        assert_eq!(host_name("[::1]"), "[::1]");
-        assert_eq!(host_name("localhost"), "localhost");
+        assert_eq!(host_name("127.0.0.1:8080"), Some("127.0.0.1"));
+        assert_eq!(host_name("[::1]:8080"), Some("[::1]"));
+        assert_eq!(host_name("[::1]"), Some("[::1]"));
+        assert_eq!(host_name("localhost"), Some("localhost"));
+        for bad in [
+            "[::1]evil.com",
+            "[::1]:80evil",
+            "localhost:",
+            "localhost:x",
+            "[::1",
+        ] {
+            assert_eq!(host_name(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -268,8 +268,11 @@ pub fn serve(
         max_connections: conn::connections_that_fit(cfg.max_connections),
         header_timeout: cfg.header_timeout,
     };
+    // Requests are checked (template, tokens, grammar) on blocking threads, so the one async
+    // thread keeps answering; a few such threads bound what many heavy requests can take.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(4)
         .build()?;
     rt.block_on(async {
         let addr = format!("{}:{}", cfg.host, cfg.port);

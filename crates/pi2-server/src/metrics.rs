@@ -55,6 +55,19 @@ impl Metrics {
     pub fn failed(&self) {
         self.failed.fetch_add(1, Relaxed);
     }
+    /// A request answered with the error `status`: 503 rejected, other 4xx bad, 5xx failed.
+    pub fn refused(&self, status: axum::http::StatusCode) {
+        match status {
+            axum::http::StatusCode::SERVICE_UNAVAILABLE => self.rejected(),
+            st if st.is_client_error() => self.bad_request(),
+            st if st.is_server_error() => self.failed(),
+            _ => {}
+        }
+    }
+    /// A request answered in full that generated nothing (embeddings).
+    pub fn completed_request(&self) {
+        self.completed.fetch_add(1, Relaxed);
+    }
     pub fn processing(&self, d: i64) {
         self.processing.fetch_add(d, Relaxed);
     }

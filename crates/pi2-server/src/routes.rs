@@ -115,50 +115,48 @@ async fn completion(State(s): State<Arc<AppState>>, body: Body) -> Response {
     answer(&s, body, Kind::Completion).await
 }
 
-async fn answer(s: &AppState, body: Body, kind: Kind) -> Response {
+async fn answer(s: &Arc<AppState>, body: Body, kind: Kind) -> Response {
     s.metrics.request();
     match start(s, body, kind).await {
         Ok(r) => r,
         Err(e) => {
-            match e.status {
-                StatusCode::SERVICE_UNAVAILABLE => s.metrics.rejected(),
-                st if st.is_client_error() => s.metrics.bad_request(),
-                _ => {}
+            // 5xx errors here are counted where the engine failed (slots).
+            if e.status.is_client_error() || e.status == StatusCode::SERVICE_UNAVAILABLE {
+                s.metrics.refused(e.status);
             }
             e.into_response()
         }
     }
 }
 
+/// A request checked and made ready to queue: the work that can take long (parsing, the chat
+/// template, tokenizing, compiling a grammar), done off the server's one async thread.
+struct Checked {
+    req: CompletionRequest,
+    plan: Option<crate::tools::ToolPlan>,
+    prompt: Vec<pi2_model::TokenId>,
+    logprobs: Option<usize>,
+    grammar: Option<Arc<pi2_grammar::Grammar>>,
+}
+
 /// Checks a request, queues its job and answers (whole, or as a stream).
-async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiError> {
+async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, ApiError> {
     let body = read_body(s, body).await?;
-    let req = CompletionRequest::parse(&body)?;
-    s.check_model(req.model.as_deref())?;
-    let tok = &s.model.tokenizer;
-    let plan = match kind {
-        Kind::Chat => req.tool_plan()?,
-        Kind::Completion if req.tools.as_ref().is_some_and(|t| !t.is_empty()) => {
-            return Err(ApiError::bad("`tools` are for /v1/chat/completions").param("tools"))
-        }
-        Kind::Completion => None,
-    };
-    let prompt = match kind {
-        Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
-        // A completion prompt is the model's whole input, control tokens and all (as
-        // llama-server takes it).
-        Kind::Completion => tok.encode(req.prompt_text()?, true, true),
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::bad("the prompt is empty"));
-    }
-    if prompt.len() >= s.n_ctx {
-        return Err(ApiError::bad(format!(
-            "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
-            prompt.len(),
-            s.n_ctx
-        )));
-    }
+    let state = s.clone();
+    let Checked {
+        req,
+        plan,
+        prompt,
+        logprobs,
+        grammar,
+    } = tokio::task::spawn_blocking(move || check(&state, &body, kind))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("checking the request failed: {e}"),
+            )
+        })??;
     let (tx, rx) = mpsc::channel(64);
     if req.echo == Some(true) {
         if kind == Kind::Chat {
@@ -167,28 +165,6 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
         // The prompt's text, as the answer's first text (the channel is new: there is room).
         let _ = tx.try_send(Event::Text(req.prompt_text()?.to_string(), Vec::new()));
     }
-    let logprobs = req.top_logprobs(kind)?;
-    let asked = req.grammar_spec()?;
-    if asked.is_some() && plan.as_ref().is_some_and(|p| p.grammar.is_some()) {
-        return Err(ApiError::bad(
-            "`tool_choice` asks for a call, which has its own format: drop `response_format`/`grammar`/`json_schema`",
-        )
-        .param("tool_choice"));
-    }
-    let grammar = match asked {
-        None => match plan.as_ref().and_then(|p| p.grammar.as_ref()) {
-            Some(spec) => Some(s.grammar(spec, "tools")?),
-            None => None,
-        },
-        Some(spec) => {
-            let field = match (&req.grammar, &req.json_schema) {
-                (Some(_), _) => "grammar",
-                (_, Some(_)) => "json_schema",
-                _ => "response_format",
-            };
-            Some(s.grammar(&spec, field)?)
-        }
-    };
     let job = Job {
         prompt,
         sampler: req.sampler(s.model.tokenizer.vocab_size())?,
@@ -227,6 +203,65 @@ async fn start(s: &AppState, body: Body, kind: Kind) -> Result<Response, ApiErro
     } else {
         whole(out, rx).await
     }
+}
+
+/// The slow, synchronous part of [`start`]: see [`Checked`].
+fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
+    let req = CompletionRequest::parse(body)?;
+    s.check_model(req.model.as_deref())?;
+    let tok = &s.model.tokenizer;
+    let plan = match kind {
+        Kind::Chat => req.tool_plan()?,
+        Kind::Completion if req.tools.as_ref().is_some_and(|t| !t.is_empty()) => {
+            return Err(ApiError::bad("`tools` are for /v1/chat/completions").param("tools"))
+        }
+        Kind::Completion => None,
+    };
+    let prompt = match kind {
+        Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
+        // A completion prompt is the model's whole input, control tokens and all (as
+        // llama-server takes it).
+        Kind::Completion => tok.encode(req.prompt_text()?, true, true),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::bad("the prompt is empty"));
+    }
+    if prompt.len() >= s.n_ctx {
+        return Err(ApiError::bad(format!(
+            "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
+            prompt.len(),
+            s.n_ctx
+        )));
+    }
+    let logprobs = req.top_logprobs(kind)?;
+    let asked = req.grammar_spec()?;
+    if asked.is_some() && plan.as_ref().is_some_and(|p| p.grammar.is_some()) {
+        return Err(ApiError::bad(
+            "`tool_choice` asks for a call, which has its own format: drop `response_format`/`grammar`/`json_schema`",
+        )
+        .param("tool_choice"));
+    }
+    let grammar = match asked {
+        None => match plan.as_ref().and_then(|p| p.grammar.as_ref()) {
+            Some(spec) => Some(s.grammar(spec, "tools")?),
+            None => None,
+        },
+        Some(spec) => {
+            let field = match (&req.grammar, &req.json_schema) {
+                (Some(_), _) => "grammar",
+                (_, Some(_)) => "json_schema",
+                _ => "response_format",
+            };
+            Some(s.grammar(&spec, field)?)
+        }
+    };
+    Ok(Checked {
+        req,
+        plan,
+        prompt,
+        logprobs,
+        grammar,
+    })
 }
 
 /// A chat request's prompt: its messages (with the tools, through the template's `tools` or a

@@ -108,6 +108,10 @@ impl AppState {
         };
         match vocab.compile(spec) {
             Ok(g) => Ok(Arc::new(g)),
+            Err(e @ GrammarError::Busy(_)) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("`{field}`: {e}"),
+            )),
             Err(e) => Err(ApiError::bad(format!("`{field}`: {e}")).param(field)),
         }
     }
