@@ -75,7 +75,7 @@ fn main() {
         eprintln!("error: {why}");
         std::process::exit(2);
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(std::env::args_os().map(llama_cpp_alias));
     let result: Result<()> = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
@@ -122,6 +122,28 @@ const LLAMA_CPP_ONLY: &[(&[&str], &str)] = &[
         "use `pi2 chat` for a conversation (or `pi2 run --chat` for one turn)",
     ),
 ];
+
+/// llama.cpp's multi-letter short flags that pi2 has under another name: clap would read `-np 2`
+/// as `-n p` and `-sys` as `-s ys`.
+const LLAMA_CPP_ALIASES: &[(&str, &str)] = &[("-np", "--parallel"), ("-sys", "--system")];
+
+/// `arg` with a llama.cpp multi-letter short flag (alone or as `-flag=value`) renamed to pi2's.
+fn llama_cpp_alias(arg: std::ffi::OsString) -> std::ffi::OsString {
+    let Some(text) = arg.to_str() else {
+        return arg;
+    };
+    let (flag, value) = match text.split_once('=') {
+        Some((f, v)) => (f, Some(v)),
+        None => (text, None),
+    };
+    match LLAMA_CPP_ALIASES.iter().find(|(short, _)| *short == flag) {
+        Some((_, long)) => match value {
+            Some(v) => format!("{long}={v}").into(),
+            None => (*long).into(),
+        },
+        None => arg,
+    }
+}
 
 /// The one-line reason when `arg` is a llama.cpp-only flag (alone or as `--flag=value`).
 fn llama_cpp_only(arg: &str) -> Option<String> {

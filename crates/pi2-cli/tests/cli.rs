@@ -854,6 +854,10 @@ fn odd_arguments_and_files_are_refused_without_a_hang() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(!err.contains("panicked") && err.contains("UTF-8"), "{err}");
 
+    // llama.cpp's multi-letter short flags pi2 has under another name.
+    fails_with(&["serve", "-m", &m(), "-np", "0"], "--parallel");
+    fails_with(&["serve", "-m", &m(), "-np=0"], "--parallel");
+
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo");
     let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();

@@ -647,7 +647,8 @@ fn heavy_or_hostile_requests_neither_kill_nor_freeze_the_server() {
         );
     }
     defs.insert("d10000".into(), json!({"type": "integer"}));
-    let schema = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "$defs": defs});
+    let schema =
+        json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "$defs": defs});
     let r = post(
         &s.addr,
         "/v1/chat/completions",
@@ -705,7 +706,10 @@ fn heavy_or_hostile_requests_neither_kill_nor_freeze_the_server() {
     let bad = metric(&s.addr, "pi2_requests_invalid_total");
     let r = post(&s.addr, "/v1/embeddings", &json!({"input": []}));
     assert_eq!(r.status, 400, "{}", r.body);
-    assert_eq!(metric(&s.addr, "pi2_requests_completed_total"), before + 1.0);
+    assert_eq!(
+        metric(&s.addr, "pi2_requests_completed_total"),
+        before + 1.0
+    );
     assert_eq!(metric(&s.addr, "pi2_requests_invalid_total"), bad + 1.0);
     assert!(s.alive());
 }

@@ -156,7 +156,10 @@ fn hostile_grammars_get_a_named_limit_not_a_crash() {
     let refs = |n: usize| {
         let mut defs = serde_json::Map::new();
         for i in 0..n {
-            defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+            defs.insert(
+                format!("d{i}"),
+                json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+            );
         }
         defs.insert(format!("d{n}"), json!({"type": "integer"}));
         json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}, "$defs": defs})

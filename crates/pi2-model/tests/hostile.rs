@@ -451,6 +451,7 @@ fn gemma3_needs_its_norms_and_a_valid_window() {
         ] {
             w.meta(&format!("gemma3.{k}"), Value::U32(v));
         }
+        w.meta("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6));
     }))
     .unwrap_err();
     assert!(
