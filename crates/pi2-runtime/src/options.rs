@@ -208,21 +208,21 @@ impl OffloadOptions {
     /// The engine and depth: as given, else chosen for the device holding `path` (an
     /// emulated device reads one request at a time through `pread`, so nothing is measured).
     fn reader(&self, path: &std::path::Path, emulated: bool) -> Result<(IoEngine, usize)> {
-        let portable = (IoEngine::Pread, 4);
-        Ok(match (self.io_engine, self.io_depth) {
-            (Some(e), Some(d)) => (e, d),
-            (None, Some(d)) if emulated => (IoEngine::Pread, d),
-            (None, None) if emulated => portable,
-            (Some(IoEngine::Pread), None) => portable,
-            (engine, depth) => {
-                let c = crate::io_choice::for_device(path)?;
-                match (engine, depth) {
-                    (Some(IoEngine::Uring), _) => (IoEngine::Uring, c.uring_depth.unwrap_or(4)),
-                    (None, Some(d)) => (c.engine, d),
-                    _ => (c.engine, c.depth),
-                }
-            }
-        })
+        // `pread` reads its group one read at a time; 4 is the reader's long-standing group.
+        const PREAD_GROUP: usize = 4;
+        if emulated || self.io_engine == Some(IoEngine::Pread) {
+            return Ok((IoEngine::Pread, self.io_depth.unwrap_or(PREAD_GROUP)));
+        }
+        if let (Some(engine), Some(depth)) = (self.io_engine, self.io_depth) {
+            return Ok((engine, depth));
+        }
+        let c = crate::io_choice::for_device(path)?;
+        let engine = self.io_engine.unwrap_or(c.engine);
+        let depth = match engine {
+            IoEngine::Uring => c.uring_depth.unwrap_or(PREAD_GROUP),
+            IoEngine::Pread => c.depth,
+        };
+        Ok((engine, self.io_depth.unwrap_or(depth)))
     }
 }
 
