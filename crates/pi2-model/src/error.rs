@@ -66,9 +66,9 @@ pub(crate) fn shown(name: &str) -> String {
 
 /// The architectures pi2 reads, comma-separated, for error messages.
 fn supported_archs() -> String {
-    crate::arch::Arch::ALL
+    crate::arch::FAMILIES
         .iter()
-        .map(|a| a.name())
+        .map(|f| f.name)
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -92,6 +92,6 @@ mod tests {
         assert!(!e.chars().any(char::is_control), "{e:?}");
         assert!(e.contains("a\\u{1b}[2J\\nb"), "{e}");
         let e = ModelError::UnsupportedArch("mamba".into()).to_string();
-        assert!(e.contains("llama, qwen2, gemma3"), "{e}");
+        assert!(e.contains("llama, qwen2, qwen3, gemma3"), "{e}");
     }
 }

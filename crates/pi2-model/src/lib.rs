@@ -18,6 +18,9 @@ pub mod gguf;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 mod isolate;
 mod pyjson;
+/// Random-weight model files from recipes shared with llama.cpp (feature `synth`).
+#[cfg(feature = "synth")]
+pub mod recipe;
 mod rng;
 mod specials;
 pub mod stand_in;

@@ -1,33 +1,48 @@
 //! Llama-family architectures: hyper-parameters from GGUF metadata and the tensor directory,
-//! checked for presence, shape and type at load so the engine never meets a surprise.
+//! checked for presence, shape and type at load so the engine never meets a surprise. What each
+//! family computes differently is a [`Family`] value in the family's own module; adding a family
+//! is a module and a line in [`family::FAMILIES`].
+
+mod family;
+mod gemma3;
+mod llama;
+mod qwen2;
+mod qwen3;
+
+pub use family::{Family, Shape, FAMILIES};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
 use pi2_kernels::{MatRef, QuantType};
 
-/// Supported architectures (`general.architecture`).
+/// Supported architectures (`general.architecture`); each one's rules are its [`Family`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
-    /// Llama 1/2/3, Mistral, SmolLM2: RoPE on adjacent pairs (GGML "normal").
     Llama,
-    /// Qwen2: biases on Q/K/V, RoPE on split halves (GGML "neox").
     Qwen2,
-    /// Gemma 3: GeGLU FFN, RMS norms on Q and K per head, norms after attention and FFN too,
-    /// embeddings scaled by sqrt(width), sliding-window layers between global ones (each with
-    /// its own RoPE base), neox RoPE.
+    Qwen3,
     Gemma3,
 }
 
 impl Arch {
-    /// Every architecture pi2 reads, in the order errors list them.
-    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Gemma3];
+    /// The family's rules.
+    pub fn family(self) -> &'static Family {
+        FAMILIES
+            .into_iter()
+            .find(|f| f.arch == self)
+            .expect("every architecture has its family in FAMILIES")
+    }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Gemma3 => "gemma3",
-        }
+        self.family().name
+    }
+
+    /// The family named `name` in `general.architecture`.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        FAMILIES
+            .into_iter()
+            .find(|f| f.name == name)
+            .map(|f| f.arch)
     }
 }
 
@@ -168,7 +183,7 @@ pub struct LayerWeights {
     pub bq: Option<TensorView>,
     pub bk: Option<TensorView>,
     pub bv: Option<TensorView>,
-    /// RMS norms of each Q and K head before RoPE (Gemma 3).
+    /// RMS norms of each Q and K head before RoPE (Gemma 3, Qwen3).
     pub q_norm: Option<TensorView>,
     pub k_norm: Option<TensorView>,
     pub wo: TensorView,
@@ -222,7 +237,7 @@ pub(crate) fn get_usize(f: &GgufFile, k: &str) -> Result<usize> {
         })
 }
 
-fn get_usize_or(f: &GgufFile, k: &str, default: usize) -> Result<usize> {
+pub(crate) fn get_usize_or(f: &GgufFile, k: &str, default: usize) -> Result<usize> {
     if f.get(k).is_some() {
         get_usize(f, k)
     } else {
@@ -245,7 +260,7 @@ fn get_f32_or(f: &GgufFile, k: &str, default: f32) -> Result<f32> {
 }
 
 /// Sanity bound for sizes read from metadata (guards against absurd allocations).
-const MAX_DIM: usize = 1 << 20;
+pub(crate) const MAX_DIM: usize = 1 << 20;
 
 impl ModelConfig {
     /// Read and validate the hyper-parameters.
@@ -258,13 +273,10 @@ impl ModelConfig {
                     expected: "string",
                     got: "other",
                 })?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "gemma3" => Arch::Gemma3,
-            other => return Err(ModelError::UnsupportedArch(other.to_string())),
-        };
-        let a = arch.name();
+        let arch = Arch::from_name(arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArch(arch_name.to_string()))?;
+        let fam = arch.family();
+        let a = fam.name;
         let k = |s: &str| format!("{a}.{s}");
         let n_expert = get_usize_or(f, &k("expert_count"), 0)?;
         let n_expert_used = get_usize_or(f, &k("expert_used_count"), 0)?;
@@ -276,8 +288,7 @@ impl ModelConfig {
             )));
         }
         let ffn_act = match f.get(KEY_FFN_ACTIVATION) {
-            None if arch == Arch::Gemma3 => FfnAct::Gelu,
-            None => FfnAct::Silu,
+            None => fam.ffn_act,
             Some(v) => v.as_str().and_then(FfnAct::parse).ok_or_else(|| {
                 ModelError::Unsupported(format!(
                     "FFN activation {KEY_FFN_ACTIVATION} = {v:?} (pi2 knows silu, reglu, drelu, geglu)"
@@ -347,13 +358,13 @@ impl ModelConfig {
         }
         let rms_eps = get_f32_or(f, &eps_key, 1e-5)?;
         check_hyper_parameters(rms_eps, rope_base, rope_freq_scale)?;
-        let sliding_window = sliding_window(f, arch)?;
-        // llama.cpp's rule for Gemma 3's query scale: the 27B model (62 layers) scales by
-        // width / heads, the others by the head size.
-        let attn_scale = match arch {
-            Arch::Gemma3 if n_layer == 62 => ((n_embd / n_head) as f32).sqrt().recip(),
-            _ => (head_dim as f32).sqrt().recip(),
-        };
+        let sliding_window = (fam.sliding_window)(f, a)?;
+        let attn_scale = (fam.attn_scale)(&Shape {
+            n_embd,
+            n_head,
+            n_layer,
+            head_dim,
+        });
         let n_vocab = match f.get(&k("vocab_size")) {
             Some(_) => get_usize(f, &k("vocab_size"))?,
             None => f
@@ -372,19 +383,16 @@ impl ModelConfig {
             n_head_kv,
             head_dim,
             n_rot,
-            rope_kind: match arch {
-                Arch::Llama => RopeKind::Norm,
-                Arch::Qwen2 | Arch::Gemma3 => RopeKind::Neox,
-            },
+            rope_kind: fam.rope,
             rope_base,
             rope_freq_scale,
             rms_eps,
             ffn_act,
             n_expert,
             n_expert_used: if n_expert > 0 { n_expert_used } else { 0 },
-            embd_scale: match arch {
-                Arch::Gemma3 => (n_embd as f32).sqrt(),
-                _ => 1.0,
+            embd_scale: match fam.scale_embeddings {
+                true => (n_embd as f32).sqrt(),
+                false => 1.0,
             },
             attn_scale,
             sliding_window,
@@ -418,28 +426,6 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
-}
-
-/// Gemma 3's sliding-window layout: `attention.sliding_window` tokens, every
-/// `attention.sliding_window_pattern`-th layer global (6 when absent, as llama.cpp fixes it),
-/// sliding layers with RoPE base 10000.
-fn sliding_window(f: &GgufFile, arch: Arch) -> Result<Option<SlidingWindow>> {
-    if arch != Arch::Gemma3 {
-        return Ok(None);
-    }
-    let a = arch.name();
-    let len = get_usize(f, &format!("{a}.attention.sliding_window"))?;
-    let period = get_usize_or(f, &format!("{a}.attention.sliding_window_pattern"), 6)?;
-    if len == 0 || len > MAX_DIM * 16 || period == 0 || period > MAX_DIM {
-        return Err(ModelError::Corrupt(format!(
-            "sliding window of {len} tokens every {period} layers is not a valid layout"
-        )));
-    }
-    Ok(Some(SlidingWindow {
-        len,
-        period,
-        rope_base: 10000.0,
-    }))
 }
 
 /// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
@@ -507,16 +493,17 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            // Gemma 3's extra norms: required there, absent elsewhere.
-            let gemma = |t: Result<TensorView>| -> Result<Option<TensorView>> {
-                match c.arch {
-                    Arch::Gemma3 => t.map(Some),
-                    _ => Ok(None),
+            let fam = c.arch.family();
+            // A family's extra norms: required where it has them, never read elsewhere.
+            let norm_if = |has: bool, name: &str, len| -> Result<Option<TensorView>> {
+                match has {
+                    true => f32_view(f, &n(name), len).map(Some),
+                    false => Ok(None),
                 }
             };
             let bias = |s: &str, len| -> Result<Option<TensorView>> {
                 let b = optional(f32_view(f, &n(s), len))?;
-                if c.arch == Arch::Qwen2 && b.is_none() {
+                if fam.qkv_bias && b.is_none() {
                     return Err(ModelError::MissingTensor(n(s)));
                 }
                 Ok(b)
@@ -560,12 +547,12 @@ impl Weights {
                 bq: bias("attn_q.bias", c.q_dim())?,
                 bk: bias("attn_k.bias", c.kv_dim())?,
                 bv: bias("attn_v.bias", c.kv_dim())?,
-                q_norm: gemma(f32_view(f, &n("attn_q_norm.weight"), c.head_dim))?,
-                k_norm: gemma(f32_view(f, &n("attn_k_norm.weight"), c.head_dim))?,
+                q_norm: norm_if(fam.qk_norm, "attn_q_norm.weight", c.head_dim)?,
+                k_norm: norm_if(fam.qk_norm, "attn_k_norm.weight", c.head_dim)?,
                 wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
-                post_attn_norm: gemma(f32_view(f, &n("post_attention_norm.weight"), c.n_embd))?,
+                post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
                 ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
-                post_ffn_norm: gemma(f32_view(f, &n("post_ffw_norm.weight"), c.n_embd))?,
+                post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,
                 gate: view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
                 up: view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
                 down: {

@@ -1,0 +1,60 @@
+//! What one family of models computes differently from the others, as a value: each family's
+//! module (`llama.rs`, `qwen2.rs`, ...) holds one [`Family`], and the registry below lists them.
+//! Loading reads these values; no other code asks which family a model is.
+
+use super::{Arch, FfnAct, RopeKind, SlidingWindow};
+use crate::error::Result;
+use crate::gguf::GgufFile;
+
+/// The sizes a family's own rules may depend on.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_layer: usize,
+    pub head_dim: usize,
+}
+
+/// A family's differences from the plain pre-norm transformer (RMS norm, attention with RoPE,
+/// a gated FFN).
+#[derive(Debug)]
+pub struct Family {
+    pub arch: Arch,
+    /// `general.architecture`, and the prefix of the family's metadata keys.
+    pub name: &'static str,
+    /// What `pi2 info` says the family adds.
+    pub features: &'static str,
+    pub rope: RopeKind,
+    /// The FFN nonlinearity when the file names none.
+    pub ffn_act: FfnAct,
+    /// Q, K and V biases are required (otherwise they are used when present).
+    pub qkv_bias: bool,
+    /// Per-head RMS norms of Q and K before RoPE (required when set, never read otherwise).
+    pub qk_norm: bool,
+    /// RMS norms of the attention and FFN outputs before their residual adds.
+    pub post_norms: bool,
+    /// Token embeddings scaled by sqrt(width) as they enter the first layer.
+    pub scale_embeddings: bool,
+    /// The attention scores' factor.
+    pub attn_scale: fn(&Shape) -> f32,
+    /// Which layers attend to a window only (`None`: all attend to the whole context).
+    pub sliding_window: fn(&GgufFile, &str) -> Result<Option<SlidingWindow>>,
+}
+
+/// The usual attention factor: one over the square root of the head size.
+pub fn head_scale(s: &Shape) -> f32 {
+    (s.head_dim as f32).sqrt().recip()
+}
+
+/// Every layer attends to the whole context.
+pub fn no_window(_: &GgufFile, _: &str) -> Result<Option<SlidingWindow>> {
+    Ok(None)
+}
+
+/// Every family pi2 reads, in the order errors list them.
+pub const FAMILIES: [&Family; 4] = [
+    &super::llama::FAMILY,
+    &super::qwen2::FAMILY,
+    &super::qwen3::FAMILY,
+    &super::gemma3::FAMILY,
+];

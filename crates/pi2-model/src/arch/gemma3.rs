@@ -1,0 +1,48 @@
+//! Gemma 3 (`gemma3`): GeGLU FFN; per-head Q/K RMS norms; norms after attention and FFN too;
+//! embeddings scaled by sqrt(width); sliding-window layers between global ones, each with its
+//! own RoPE base; neox RoPE.
+
+use super::family::{Family, Shape};
+use super::{Arch, FfnAct, RopeKind, SlidingWindow, MAX_DIM};
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Gemma3,
+    name: "gemma3",
+    features: "GeGLU, per-head Q/K norms, post-norms, scaled embeddings, sliding windows",
+    rope: RopeKind::Neox,
+    ffn_act: FfnAct::Gelu,
+    qkv_bias: false,
+    qk_norm: true,
+    post_norms: true,
+    scale_embeddings: true,
+    attn_scale,
+    sliding_window,
+};
+
+/// llama.cpp's rule for Gemma 3's query scale: the 27B model (62 layers) scales by width /
+/// heads, the others by the head size.
+fn attn_scale(s: &Shape) -> f32 {
+    match s.n_layer {
+        62 => ((s.n_embd / s.n_head) as f32).sqrt().recip(),
+        _ => (s.head_dim as f32).sqrt().recip(),
+    }
+}
+
+/// `attention.sliding_window` tokens, every `attention.sliding_window_pattern`-th layer global
+/// (6 when absent, as llama.cpp fixes it), sliding layers with RoPE base 10000.
+fn sliding_window(f: &GgufFile, a: &str) -> Result<Option<SlidingWindow>> {
+    let len = super::get_usize(f, &format!("{a}.attention.sliding_window"))?;
+    let period = super::get_usize_or(f, &format!("{a}.attention.sliding_window_pattern"), 6)?;
+    if len == 0 || len > MAX_DIM * 16 || period == 0 || period > MAX_DIM {
+        return Err(ModelError::Corrupt(format!(
+            "sliding window of {len} tokens every {period} layers is not a valid layout"
+        )));
+    }
+    Ok(Some(SlidingWindow {
+        len,
+        period,
+        rope_base: 10000.0,
+    }))
+}

@@ -1,0 +1,19 @@
+//! Llama 1-3, Mistral, SmolLM2 (`llama`): the plain pre-norm transformer; RoPE on adjacent
+//! pairs (GGML's "normal" mode), optional Q/K/V biases, Llama 3's `rope_freqs`.
+
+use super::family::{head_scale, no_window, Family};
+use super::{Arch, FfnAct, RopeKind};
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Llama,
+    name: "llama",
+    features: "RoPE on adjacent pairs",
+    rope: RopeKind::Norm,
+    ffn_act: FfnAct::Silu,
+    qkv_bias: false,
+    qk_norm: false,
+    post_norms: false,
+    scale_embeddings: false,
+    attn_scale: head_scale,
+    sliding_window: no_window,
+};

@@ -1,0 +1,18 @@
+//! Qwen2 and Qwen2.5 (`qwen2`): biases on Q, K and V; RoPE on split halves (GGML's "neox").
+
+use super::family::{head_scale, no_window, Family};
+use super::{Arch, FfnAct, RopeKind};
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Qwen2,
+    name: "qwen2",
+    features: "Q/K/V biases, neox RoPE",
+    rope: RopeKind::Neox,
+    ffn_act: FfnAct::Silu,
+    qkv_bias: true,
+    qk_norm: false,
+    post_norms: false,
+    scale_embeddings: false,
+    attn_scale: head_scale,
+    sliding_window: no_window,
+};

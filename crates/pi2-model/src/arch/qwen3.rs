@@ -1,0 +1,20 @@
+//! Qwen3 dense (`qwen3`, llama.cpp's `src/models/qwen3.cpp`): no biases; each head of Q and K
+//! RMS-normed (its own weights) before neox RoPE; a head size (`attention.key_length`) that
+//! need not be width / heads.
+
+use super::family::{head_scale, no_window, Family};
+use super::{Arch, FfnAct, RopeKind};
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Qwen3,
+    name: "qwen3",
+    features: "per-head Q/K RMS norms, neox RoPE, head size apart from width",
+    rope: RopeKind::Neox,
+    ffn_act: FfnAct::Silu,
+    qkv_bias: false,
+    qk_norm: true,
+    post_norms: false,
+    scale_embeddings: false,
+    attn_scale: head_scale,
+    sliding_window: no_window,
+};

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Small random-weight GGUF files of each model family, as llama.cpp's loader expects them
+(written with llama.cpp's own `gguf` Python writer), and llama.cpp's outputs on them.
+
+    target/llama-cpp-venv/bin/python testdata/families/make.py [--out DIR] [--only FAMILY]
+
+For every (family, shape) below this writes a *recipe* (the metadata and each tensor's shape and
+seed) into testdata/families/reference.json, writes the GGUF from it with `gguf.GGUFWriter`,
+runs llama.cpp on it (llama-cpp-python built from source, `bench/pi2bench.py llama_python()`),
+and stores beside the recipe what llama.cpp computed:
+- `ppl`: perplexity of a fixed random token sequence (every next-token prediction scored);
+- `greedy`: greedy tokens after a prompt, with the gap between the best and second logit of
+  each step (a step whose gap is tiny is a tie either engine may break either way);
+- `last_logits`: the logits after the prompt.
+`crates/pi2-model/tests/families.rs` (through `pi2_model::recipe`) builds the same file from the
+recipe with pi2's writer (checking each tensor's CRC-32 against the one recorded here), and
+`crates/pi2-engine/tests/families.rs` compares pi2's outputs with llama.cpp's. No weights are
+committed: tensor values come from SplitMix64 streams, reproduced bit for bit in Rust.
+"""
+import argparse, json, sys, zlib
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+M64 = (1 << 64) - 1
+
+def splitmix_uniform(seed, n):
+    """n values in [-1, 1): SplitMix64 outputs, top 53 bits (as pi2_model::recipe does)."""
+    with np.errstate(over="ignore"):
+        i = np.arange(1, n + 1, dtype=np.uint64)
+        z = np.uint64(seed) + i * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53) * 2.0 - 1.0
+
+def values(t):
+    """A tensor's f32 values: offset + scale * uniform(-1, 1)."""
+    n = int(np.prod(t["shape"]))
+    v = t["offset"] + t["scale"] * splitmix_uniform(t["seed"], n)
+    return v.astype(np.float32)
+
+N_VOCAB = 384
+
+def vocab_meta():
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    while len(toks) < N_VOCAB:
+        i = len(toks)
+        toks.append("\u2581" + letters[i % 26] + letters[(i // 26) % 26] + letters[(i // 676) % 26])
+    types = [2, 3, 3] + [6] * 256 + [1] * (N_VOCAB - 259)
+    scores = [0.0] * 259 + [-float(i) for i in range(N_VOCAB - 259)]
+    return [
+        ["tokenizer.ggml.model", "str", "llama"],
+        ["tokenizer.ggml.tokens", "arr_str", toks],
+        ["tokenizer.ggml.scores", "arr_f32", scores],
+        ["tokenizer.ggml.token_type", "arr_i32", types],
+        ["tokenizer.ggml.unknown_token_id", "u32", 0],
+        ["tokenizer.ggml.bos_token_id", "u32", 1],
+        ["tokenizer.ggml.eos_token_id", "u32", 2],
+        ["tokenizer.ggml.add_bos_token", "bool", False],
+    ]
+
+class Recipe:
+    def __init__(self, name, arch, seed):
+        self.name, self.arch, self.seed = name, arch, seed
+        self.meta = [["general.architecture", "str", arch], ["general.name", "str", name]]
+        self.tensors = []
+
+    def kv(self, key, ty, value):
+        self.meta.append([f"{self.arch}.{key}" if not key.startswith(("general.", "tokenizer.")) else key, ty, value])
+
+    def t(self, name, shape, scale, offset=0.0):
+        """A tensor of numpy `shape` (rows first; GGML dims are reversed)."""
+        self.tensors.append({"name": name, "shape": list(shape), "seed": (self.seed * 1000003 + len(self.tensors)) & M64,
+                             "scale": scale, "offset": offset})
+
+def norm(r, name, n):
+    r.t(name, [n], 0.2, 1.0)
+
+def mat(r, name, rows, cols, gain=1.0):
+    # uniform(-a, a) has variance a^2 / 3: a = gain * sqrt(3 / cols) keeps unit variance.
+    r.t(name, [rows, cols], gain * (3.0 / cols) ** 0.5)
+
+def common(r, s, head_dim=None):
+    e, L = s["n_embd"], s["n_layer"]
+    r.kv("context_length", "u32", 1024)
+    r.kv("embedding_length", "u32", e)
+    r.kv("block_count", "u32", L)
+    r.kv("feed_forward_length", "u32", s["n_ff"])
+    r.kv("attention.head_count", "u32", s["n_head"])
+    r.kv("attention.head_count_kv", "u32", s["n_head_kv"])
+    r.kv("attention.layer_norm_rms_epsilon", "f32", 1e-6)
+    r.kv("rope.freq_base", "f32", s.get("rope_base", 10000.0))
+    if head_dim:
+        r.kv("attention.key_length", "u32", head_dim)
+        r.kv("attention.value_length", "u32", head_dim)
+    r.meta += vocab_meta()
+    # Tied outputs reuse it: a logit spread of a few units either way.
+    mat(r, "token_embd.weight", N_VOCAB, e, 2.5)
+    norm(r, "output_norm.weight", e)
+    if not s.get("tied"):
+        mat(r, "output.weight", N_VOCAB, e, 2.5)
+
+def layer_attn(r, s, i, hd, bias=False, qk_norm=False):
+    e = s["n_embd"]
+    q, kv = s["n_head"] * hd, s["n_head_kv"] * hd
+    norm(r, f"blk.{i}.attn_norm.weight", e)
+    mat(r, f"blk.{i}.attn_q.weight", q, e)
+    mat(r, f"blk.{i}.attn_k.weight", kv, e)
+    mat(r, f"blk.{i}.attn_v.weight", kv, e)
+    if bias:
+        for n, d in (("q", q), ("k", kv), ("v", kv)):
+            r.t(f"blk.{i}.attn_{n}.bias", [d], 0.5)
+    if qk_norm:
+        norm(r, f"blk.{i}.attn_q_norm.weight", hd)
+        norm(r, f"blk.{i}.attn_k_norm.weight", hd)
+    mat(r, f"blk.{i}.attn_output.weight", e, q, 0.5)
+
+def layer_ffn(r, s, i):
+    e, f = s["n_embd"], s["n_ff"]
+    norm(r, f"blk.{i}.ffn_norm.weight", e)
+    mat(r, f"blk.{i}.ffn_gate.weight", f, e)
+    mat(r, f"blk.{i}.ffn_up.weight", f, e)
+    mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
+
+def llama(r, s):
+    common(r, s)
+    hd = s["n_embd"] // s["n_head"]
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd)
+        layer_ffn(r, s, i)
+
+def qwen2(r, s):
+    common(r, s)
+    hd = s["n_embd"] // s["n_head"]
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd, bias=True)
+        layer_ffn(r, s, i)
+
+def qwen3(r, s):
+    hd = s["head_dim"]
+    common(r, s, head_dim=hd)
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd, qk_norm=True)
+        layer_ffn(r, s, i)
+
+def gemma3(r, s):
+    hd = s["head_dim"]
+    common(r, s, head_dim=hd)
+    r.kv("attention.sliding_window", "u32", s["window"])
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd, qk_norm=True)
+        norm(r, f"blk.{i}.post_attention_norm.weight", s["n_embd"])
+        layer_ffn(r, s, i)
+        norm(r, f"blk.{i}.post_ffw_norm.weight", s["n_embd"])
+
+FAMILIES = {
+    "llama": (llama, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
+        dict(n_embd=96, n_layer=3, n_ff=160, n_head=6, n_head_kv=6, tied=True),
+    ]),
+    "qwen2": (qwen2, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, rope_base=1e6),
+        dict(n_embd=128, n_layer=3, n_ff=192, n_head=8, n_head_kv=2, tied=True),
+    ]),
+    "qwen3": (qwen3, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, rope_base=1e6),
+        dict(n_embd=96, n_layer=3, n_ff=192, n_head=3, n_head_kv=1, head_dim=48, tied=True),
+        dict(n_embd=128, n_layer=4, n_ff=256, n_head=8, n_head_kv=4, head_dim=16),
+    ]),
+    "gemma3": (gemma3, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),
+    ]),
+}
+
+def recipes(only=None):
+    out = []
+    for fam, (build, shapes) in FAMILIES.items():
+        if only and fam != only:
+            continue
+        for k, s in enumerate(shapes):
+            r = Recipe(f"{fam}-{k}", fam, zlib.crc32(f"{fam}-{k}".encode()))
+            build(r, s)
+            out.append(r)
+    return out
+
+def write_gguf(r, path):
+    w = gguf.GGUFWriter(str(path), r.arch)
+    for key, ty, v in r.meta:
+        if key == "general.architecture":
+            continue  # the writer adds it
+        if ty == "str":
+            w.add_string(key, v)
+        elif ty == "u32":
+            w.add_uint32(key, v)
+        elif ty == "f32":
+            w.add_float32(key, v)
+        elif ty == "bool":
+            w.add_bool(key, v)
+        elif ty == "arr_str":
+            w.add_array(key, v)
+        elif ty == "arr_f32":
+            w.add_array(key, [float(x) for x in v])
+        elif ty == "arr_i32":
+            w.add_array(key, [int(x) for x in v])
+        else:
+            raise ValueError(ty)
+    crcs = {}
+    for t in r.tensors:
+        v = values(t).reshape(t["shape"])
+        crcs[t["name"]] = zlib.crc32(v.tobytes())
+        w.add_tensor(t["name"], v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return crcs
+
+def llama_outputs(path, seed):
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, n_ubatch=256, logits_all=True, verbose=False,
+                n_threads=2, seed=0)
+    rng = np.random.default_rng(seed)
+    text = [int(x) for x in rng.integers(3, N_VOCAB, 128)]
+    llm.reset()
+    llm.eval(text)
+    logits = np.array(llm.scores[: len(text)], dtype=np.float64)
+    m = logits.max(axis=1, keepdims=True)
+    logp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    nll = -logp[np.arange(len(text) - 1), text[1:]]
+    ppl = float(np.exp(nll.mean()))
+    prompt = text[:8]
+    llm.reset()
+    llm.eval(prompt)
+    last = [float(x) for x in llm.scores[len(prompt) - 1]]
+    greedy, gaps = [], []
+    for _ in range(24):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        order = np.argsort(-row)
+        nxt = int(order[0])
+        greedy.append(nxt)
+        gaps.append(float(row[order[0]] - row[order[1]]))
+        llm.eval([nxt])
+    return {"text": text, "ppl": ppl, "logit_std": float(logits.std()), "prompt": prompt, "greedy": greedy,
+            "gaps": gaps, "last_logits": last}
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/pi2-families", help="where the GGUF files go (not committed)")
+    ap.add_argument("--only")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ref_path = ROOT / "testdata/families/reference.json"
+    refs = json.loads(ref_path.read_text()) if ref_path.exists() and a.only else {"files": []}
+    keep = [f for f in refs["files"] if not (a.only and f["arch"] == a.only)]
+    made = []
+    for r in recipes(a.only):
+        path = out / f"{r.name}.gguf"
+        crcs = write_gguf(r, path)
+        o = llama_outputs(path, r.seed)
+        print(f"{r.name}: ppl {o['ppl']:.4f}, logit std {o['logit_std']:.2f}, min gap {min(o['gaps']):.3f}",
+              file=sys.stderr)
+        made.append({"name": r.name, "arch": r.arch, "meta": r.meta,
+                     "tensors": [dict(t, crc32=crcs[t["name"]]) for t in r.tensors], "llama_cpp": o})
+    refs = {"what": "random-weight GGUF recipes per family and llama.cpp's outputs on them (testdata/families/make.py)",
+            "llama_cpp": "llama-cpp-python 0.3.36 built from source", "files": keep + made}
+    ref_path.write_text(json.dumps(refs, separators=(",", ":")) + "\n")
+    print(f"wrote {ref_path}", file=sys.stderr)
+
+if __name__ == "__main__":
+    main()
