@@ -126,6 +126,40 @@ def layer_ffn(r, s, i):
     mat(r, f"blk.{i}.ffn_up.weight", f, e)
     mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
 
+def layer_moe(r, s, i):
+    e, f, n = s["n_embd"], s["n_ff_exp"], s["n_expert"]
+    norm(r, f"blk.{i}.ffn_norm.weight", e)
+    mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, 2.0)
+    r.t(f"blk.{i}.ffn_gate_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+    r.t(f"blk.{i}.ffn_up_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+    r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5)
+
+def moe_meta(r, s, expert_size_key):
+    r.kv("expert_count", "u32", s["n_expert"])
+    r.kv("expert_used_count", "u32", s["n_expert_used"])
+    if expert_size_key:
+        r.kv("expert_feed_forward_length", "u32", s["n_ff_exp"])
+
+def qwen3moe(r, s):
+    hd = s["head_dim"]
+    common(r, s, head_dim=hd)
+    moe_meta(r, s, True)
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd, qk_norm=True)
+        layer_moe(r, s, i)
+
+def olmoe(r, s):
+    # OLMoE's FFN size is the experts' (feed_forward_length); Q/K norms span the whole vector.
+    s = dict(s, n_ff=s["n_ff_exp"])
+    common(r, s)
+    moe_meta(r, s, False)
+    e = s["n_embd"]
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, e // s["n_head"])
+        norm(r, f"blk.{i}.attn_q_norm.weight", e)
+        norm(r, f"blk.{i}.attn_k_norm.weight", e)
+        layer_moe(r, s, i)
+
 def llama(r, s):
     common(r, s)
     hd = s["n_embd"] // s["n_head"]
@@ -170,6 +204,16 @@ FAMILIES = {
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, rope_base=1e6),
         dict(n_embd=96, n_layer=3, n_ff=192, n_head=3, n_head_kv=1, head_dim=48, tied=True),
         dict(n_embd=128, n_layer=4, n_ff=256, n_head=8, n_head_kv=4, head_dim=16),
+    ]),
+    "qwen3moe": (qwen3moe, [
+        dict(n_embd=64, n_layer=2, n_ff=256, n_head=4, n_head_kv=2, head_dim=32, rope_base=1e6,
+             n_expert=8, n_expert_used=2, n_ff_exp=48),
+        dict(n_embd=96, n_layer=3, n_ff=512, n_head=6, n_head_kv=2, head_dim=16, tied=True,
+             n_expert=16, n_expert_used=4, n_ff_exp=32),
+    ]),
+    "olmoe": (olmoe, [
+        dict(n_embd=64, n_layer=2, n_ff=0, n_head=4, n_head_kv=4, n_expert=8, n_expert_used=2, n_ff_exp=48),
+        dict(n_embd=128, n_layer=3, n_ff=0, n_head=8, n_head_kv=8, n_expert=16, n_expert_used=4, n_ff_exp=32),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

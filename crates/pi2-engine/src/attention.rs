@@ -47,8 +47,9 @@ pub(crate) fn block(
     );
     if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
         for (x, w) in [(&mut s.q[..n * qd], qn), (&mut s.k[..n * kvd], kn)] {
+            // Per head, or over each token's whole vector: the weights' length says which.
             let w = w.f32s(f);
-            x.chunks_exact_mut(hd)
+            x.chunks_exact_mut(w.len())
                 .for_each(|h| rms_norm_in_place(h, w, c.rms_eps));
         }
     }

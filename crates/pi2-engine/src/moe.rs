@@ -9,7 +9,7 @@ use crate::ffn::{accumulate_down_t, gated, project_pair};
 use crate::scratch::{grow, Scratch};
 use crate::weights::Store;
 use pi2_kernels::{matmul, KernelSet, MatRef};
-use pi2_model::ModelConfig;
+use pi2_model::{Gating, ModelConfig};
 use pi2_sparse::FfnObserver;
 
 /// Tokens per expert of one layer's batch, and the last token's picks.
@@ -40,6 +40,7 @@ pub(crate) fn route_tokens(
         route(
             &s.logits[t * ne..(t + 1) * ne],
             c.n_expert_used,
+            c.gating,
             &mut routes.picked,
         );
         for &(e, w) in &routes.picked {
@@ -114,8 +115,9 @@ pub(crate) fn experts<'o>(
 }
 
 /// The `k` experts with the largest router logits (ties: the lower index), weighted by the
-/// softmax over the chosen logits (Mixtral's rule; equal to renormalising the full softmax).
-pub(crate) fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
+/// softmax over all logits, renormalised over the chosen ones when `gating` says so (then the
+/// softmax over the chosen logits: Mixtral's rule), then scaled.
+pub(crate) fn route(logits: &[f32], k: usize, gating: Gating, out: &mut Vec<(usize, f32)>) {
     out.clear();
     for _ in 0..k {
         let best = (0..logits.len())
@@ -132,24 +134,47 @@ pub(crate) fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
         let Some(e) = best else { break };
         out.push((e, logits[e]));
     }
+    // The chosen logits' maximum is the maximum of all.
     let max = out.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
     out.iter_mut().for_each(|p| p.1 = (p.1 - max).exp());
-    let sum: f32 = out.iter().map(|p| p.1).sum();
-    out.iter_mut().for_each(|p| p.1 /= sum);
+    let sum: f32 = match gating.renormalize {
+        true => out.iter().map(|p| p.1).sum(),
+        false => logits.iter().map(|&l| (l - max).exp()).sum(),
+    };
+    out.iter_mut().for_each(|p| p.1 = p.1 / sum * gating.scale);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const MIXTRAL: Gating = Gating {
+        renormalize: true,
+        scale: 1.0,
+    };
+
+    #[test]
+    fn without_renormalising_the_weights_are_the_full_softmax_scaled() {
+        let mut r = Vec::new();
+        let olmoe = Gating {
+            renormalize: false,
+            scale: 2.0,
+        };
+        route(&[0.0, 2.0, 1.0], 2, olmoe, &mut r);
+        let z = 1.0 + 2f32.exp() + 1f32.exp();
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((r[0].1 - 2.0 * 2f32.exp() / z).abs() < 1e-6, "{r:?}");
+        assert!((r[1].1 - 2.0 * 1f32.exp() / z).abs() < 1e-6, "{r:?}");
+    }
+
     #[test]
     fn routing_picks_the_top_experts_and_normalises_their_weights() {
         let mut r = Vec::new();
-        route(&[0.0, 2.0, 1.0, 2.0], 2, &mut r);
+        route(&[0.0, 2.0, 1.0, 2.0], 2, MIXTRAL, &mut r);
         // Ties go to the lower index; weights are the softmax over the chosen logits.
         assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
         assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
-        route(&[3.0, 1.0, f32::NEG_INFINITY], 2, &mut r);
+        route(&[3.0, 1.0, f32::NEG_INFINITY], 2, MIXTRAL, &mut r);
         let e = (-2.0f32).exp();
         assert_eq!(r[0].0, 0);
         assert!((r[0].1 - 1.0 / (1.0 + e)).abs() < 1e-6);

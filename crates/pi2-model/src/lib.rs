@@ -33,7 +33,7 @@ mod vocab;
 pub mod writer;
 
 pub use arch::{
-    Arch, FfnAct, LayerWeights, ModelConfig, RopeKind, SlidingWindow, TensorView, Weights,
+    Arch, FfnAct, Gating, LayerWeights, ModelConfig, RopeKind, SlidingWindow, TensorView, Weights,
     KEY_FFN_ACTIVATION,
 };
 pub use chat::{ChatTemplate, FunctionCall, Message, ToolCall};

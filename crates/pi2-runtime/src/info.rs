@@ -78,6 +78,7 @@ impl<'m> ModelInfo<'m> {
             "path": self.path,
             "name": m.name,
             "architecture": c.arch.name(),
+            "features": c.arch.family().features,
             "file_bytes": m.file.file_size(),
             "gguf_version": m.file.version,
             "n_params": m.n_params(),
@@ -108,9 +109,10 @@ impl<'m> ModelInfo<'m> {
         }
         writeln!(
             f,
-            "architecture:  {} (GGUF v{})",
+            "architecture:  {} (GGUF v{}): {}",
             c.arch.name(),
-            m.file.version
+            m.file.version,
+            c.arch.family().features
         )?;
         let size = m.file.file_size();
         writeln!(f, "file size:     {} ({size} bytes)", human_bytes(size))?;

@@ -29,16 +29,35 @@ pub struct Family {
     pub ffn_act: FfnAct,
     /// Q, K and V biases are required (otherwise they are used when present).
     pub qkv_bias: bool,
-    /// Per-head RMS norms of Q and K before RoPE (required when set, never read otherwise).
-    pub qk_norm: bool,
+    /// RMS norms of Q and K before RoPE (required when the family has them, never read
+    /// otherwise).
+    pub qk_norm: QkNorm,
     /// RMS norms of the attention and FFN outputs before their residual adds.
     pub post_norms: bool,
     /// Token embeddings scaled by sqrt(width) as they enter the first layer.
     pub scale_embeddings: bool,
+    /// A mixture of experts only: files without experts are refused.
+    pub needs_experts: bool,
+    /// Without `expert_feed_forward_length`, experts have the dense size over the experts used
+    /// (llama.cpp's rule for the families that have the key); otherwise `feed_forward_length`.
+    pub expert_size_key: bool,
+    /// Chosen experts' softmax weights renormalised to sum to one (Mixtral, Qwen3-MoE) or not
+    /// (OLMoE).
+    pub renormalize_experts: bool,
     /// The attention scores' factor.
     pub attn_scale: fn(&Shape) -> f32,
     /// Which layers attend to a window only (`None`: all attend to the whole context).
     pub sliding_window: fn(&GgufFile, &str) -> Result<Option<SlidingWindow>>,
+}
+
+/// Where Q and K are RMS-normed before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head, with one head's weights.
+    PerHead,
+    /// Each token's whole Q (and K) vector.
+    Whole,
 }
 
 /// The usual attention factor: one over the square root of the head size.
@@ -52,9 +71,11 @@ pub fn no_window(_: &GgufFile, _: &str) -> Result<Option<SlidingWindow>> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 4] = [
+pub const FAMILIES: [&Family; 6] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
+    &super::qwen3moe::FAMILY,
+    &super::olmoe::FAMILY,
     &super::gemma3::FAMILY,
 ];

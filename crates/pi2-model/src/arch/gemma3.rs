@@ -2,7 +2,7 @@
 //! embeddings scaled by sqrt(width); sliding-window layers between global ones, each with its
 //! own RoPE base; neox RoPE.
 
-use super::family::{Family, Shape};
+use super::family::{Family, QkNorm, Shape};
 use super::{Arch, FfnAct, RopeKind, SlidingWindow, MAX_DIM};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
@@ -14,7 +14,10 @@ pub const FAMILY: Family = Family {
     rope: RopeKind::Neox,
     ffn_act: FfnAct::Gelu,
     qkv_bias: false,
-    qk_norm: true,
+    qk_norm: QkNorm::PerHead,
+    needs_experts: false,
+    expert_size_key: false,
+    renormalize_experts: true,
     post_norms: true,
     scale_embeddings: true,
     attn_scale,

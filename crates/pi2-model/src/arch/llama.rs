@@ -1,7 +1,7 @@
 //! Llama 1-3, Mistral, SmolLM2 (`llama`): the plain pre-norm transformer; RoPE on adjacent
 //! pairs (GGML's "normal" mode), optional Q/K/V biases, Llama 3's `rope_freqs`.
 
-use super::family::{head_scale, no_window, Family};
+use super::family::{head_scale, no_window, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -11,7 +11,10 @@ pub const FAMILY: Family = Family {
     rope: RopeKind::Norm,
     ffn_act: FfnAct::Silu,
     qkv_bias: false,
-    qk_norm: false,
+    qk_norm: QkNorm::None,
+    needs_experts: false,
+    expert_size_key: false,
+    renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
     attn_scale: head_scale,

@@ -6,10 +6,12 @@
 mod family;
 mod gemma3;
 mod llama;
+mod olmoe;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 
-pub use family::{Family, Shape, FAMILIES};
+pub use family::{Family, QkNorm, Shape, FAMILIES};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
@@ -21,6 +23,8 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
+    Olmoe,
     Gemma3,
 }
 
@@ -139,6 +143,8 @@ pub struct ModelConfig {
     pub rope_freq_scale: f32,
     pub rms_eps: f32,
     pub ffn_act: FfnAct,
+    /// How a mixture-of-experts layer weights the experts it chose.
+    pub gating: Gating,
     /// Experts per FFN layer (0: a dense FFN). Each expert has `n_ff` neurons.
     pub n_expert: usize,
     /// Experts each token is routed to.
@@ -151,6 +157,16 @@ pub struct ModelConfig {
     /// (`(layer + 1) % period != 0` slides, the others attend globally; period 1: all global)
     /// and the sliding layers' RoPE base. `None`: every layer attends to the whole context.
     pub sliding_window: Option<SlidingWindow>,
+}
+
+/// How a token's chosen experts are weighted (llama.cpp's `build_moe_ffn` with softmax gating):
+/// the softmax of the router's logits over all experts, the top `n_expert_used` kept, their
+/// weights renormalised to sum to one or not, then scaled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gating {
+    pub renormalize: bool,
+    /// `expert_weights_scale` (1: none).
+    pub scale: f32,
 }
 
 /// Which layers attend to a recent window only, and how far (see [`ModelConfig::window`]).
@@ -183,7 +199,8 @@ pub struct LayerWeights {
     pub bq: Option<TensorView>,
     pub bk: Option<TensorView>,
     pub bv: Option<TensorView>,
-    /// RMS norms of each Q and K head before RoPE (Gemma 3, Qwen3).
+    /// RMS norms of Q and K before RoPE: of each head (Gemma 3, Qwen3; `head_dim` weights) or
+    /// of each token's whole vector (OLMoE; `q_dim`/`kv_dim` weights).
     pub q_norm: Option<TensorView>,
     pub k_norm: Option<TensorView>,
     pub wo: TensorView,
@@ -297,7 +314,22 @@ impl ModelConfig {
         };
         let n_embd = get_usize(f, &k("embedding_length"))?;
         let n_layer = get_usize(f, &k("block_count"))?;
-        let n_ff = get_usize(f, &k("feed_forward_length"))?;
+        // A mixture's experts have a size of their own where the family says so (llama.cpp:
+        // the dense size over the experts used when the key is absent).
+        let n_ff = match (n_expert > 0, f.get(&k("expert_feed_forward_length"))) {
+            (true, Some(_)) => get_usize(f, &k("expert_feed_forward_length"))?,
+            (true, None) if fam.expert_size_key => {
+                get_usize(f, &k("feed_forward_length"))? / n_expert_used.max(1)
+            }
+            _ => get_usize(f, &k("feed_forward_length"))?,
+        };
+        if fam.needs_experts && n_expert == 0 {
+            return Err(ModelError::Corrupt(format!(
+                "`{a}` is a mixture of experts but {} is missing or 0",
+                k("expert_count")
+            )));
+        }
+        let expert_scale = get_f32_or(f, &k("expert_weights_scale"), 0.0)?;
         let n_head = get_usize(f, &k("attention.head_count"))?;
         let n_head_kv = get_usize_or(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
@@ -390,6 +422,20 @@ impl ModelConfig {
             ffn_act,
             n_expert,
             n_expert_used: if n_expert > 0 { n_expert_used } else { 0 },
+            gating: Gating {
+                renormalize: fam.renormalize_experts,
+                // llama.cpp scales only by a factor other than 0 and 1.
+                scale: match expert_scale {
+                    x if x == 0.0 || x == 1.0 => 1.0,
+                    x if x.is_finite() && x > 0.0 => x,
+                    x => {
+                        return Err(ModelError::Corrupt(format!(
+                            "{} = {x} is not a weight scale",
+                            k("expert_weights_scale")
+                        )))
+                    }
+                },
+            },
             embd_scale: match fam.scale_embeddings {
                 true => (n_embd as f32).sqrt(),
                 false => 1.0,
@@ -501,6 +547,12 @@ impl Weights {
                     false => Ok(None),
                 }
             };
+            // Q and K norms: per head (one head's weights), or over each token's whole vector.
+            let qk_norm = |name: &str, whole: usize| match fam.qk_norm {
+                QkNorm::None => Ok(None),
+                QkNorm::PerHead => norm_if(true, name, c.head_dim),
+                QkNorm::Whole => norm_if(true, name, whole),
+            };
             let bias = |s: &str, len| -> Result<Option<TensorView>> {
                 let b = optional(f32_view(f, &n(s), len))?;
                 if fam.qkv_bias && b.is_none() {
@@ -547,8 +599,8 @@ impl Weights {
                 bq: bias("attn_q.bias", c.q_dim())?,
                 bk: bias("attn_k.bias", c.kv_dim())?,
                 bv: bias("attn_v.bias", c.kv_dim())?,
-                q_norm: norm_if(fam.qk_norm, "attn_q_norm.weight", c.head_dim)?,
-                k_norm: norm_if(fam.qk_norm, "attn_k_norm.weight", c.head_dim)?,
+                q_norm: qk_norm("attn_q_norm.weight", c.q_dim())?,
+                k_norm: qk_norm("attn_k_norm.weight", c.kv_dim())?,
                 wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
                 post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
                 ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,

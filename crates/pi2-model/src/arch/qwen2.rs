@@ -1,6 +1,6 @@
 //! Qwen2 and Qwen2.5 (`qwen2`): biases on Q, K and V; RoPE on split halves (GGML's "neox").
 
-use super::family::{head_scale, no_window, Family};
+use super::family::{head_scale, no_window, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -10,7 +10,10 @@ pub const FAMILY: Family = Family {
     rope: RopeKind::Neox,
     ffn_act: FfnAct::Silu,
     qkv_bias: true,
-    qk_norm: false,
+    qk_norm: QkNorm::None,
+    needs_experts: false,
+    expert_size_key: false,
+    renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
     attn_scale: head_scale,

@@ -2,7 +2,7 @@
 //! RMS-normed (its own weights) before neox RoPE; a head size (`attention.key_length`) that
 //! need not be width / heads.
 
-use super::family::{head_scale, no_window, Family};
+use super::family::{head_scale, no_window, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -12,7 +12,10 @@ pub const FAMILY: Family = Family {
     rope: RopeKind::Neox,
     ffn_act: FfnAct::Silu,
     qkv_bias: false,
-    qk_norm: true,
+    qk_norm: QkNorm::PerHead,
+    needs_experts: false,
+    expert_size_key: false,
+    renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
     attn_scale: head_scale,

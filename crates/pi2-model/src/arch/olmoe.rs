@@ -1,0 +1,23 @@
+//! OLMoE (`olmoe`, llama.cpp's `src/models/olmoe.cpp`; OLMoE-1B-7B): Q and K RMS-normed over
+//! each token's whole vector (not per head) before neox RoPE; every FFN a mixture: softmax
+//! router, top-k, weights not renormalised.
+
+use super::family::{head_scale, no_window, Family, QkNorm};
+use super::{Arch, FfnAct, RopeKind};
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Olmoe,
+    name: "olmoe",
+    features: "experts (softmax, top-k, not renormalised), whole-vector Q/K RMS norms, neox RoPE",
+    rope: RopeKind::Neox,
+    ffn_act: FfnAct::Silu,
+    qkv_bias: false,
+    qk_norm: QkNorm::Whole,
+    needs_experts: true,
+    expert_size_key: false,
+    renormalize_experts: false,
+    post_norms: false,
+    scale_embeddings: false,
+    attn_scale: head_scale,
+    sliding_window: no_window,
+};
