@@ -160,6 +160,16 @@ def olmoe(r, s):
         norm(r, f"blk.{i}.attn_k_norm.weight", e)
         layer_moe(r, s, i)
 
+def smollm3(r, s):
+    llama(r, s)  # every fourth layer without RoPE: llama.cpp's rule, no key
+
+def granite(r, s):
+    r.kv("logit_scale", "f32", s["logit_scale"])
+    r.kv("residual_scale", "f32", s["residual_scale"])
+    r.kv("embedding_scale", "f32", s["embedding_scale"])
+    r.kv("attention.scale", "f32", s["attention_scale"])
+    llama(r, s)
+
 def llama(r, s):
     common(r, s)
     hd = s["n_embd"] // s["n_head"]
@@ -214,6 +224,16 @@ FAMILIES = {
     "olmoe": (olmoe, [
         dict(n_embd=64, n_layer=2, n_ff=0, n_head=4, n_head_kv=4, n_expert=8, n_expert_used=2, n_ff_exp=48),
         dict(n_embd=128, n_layer=3, n_ff=0, n_head=8, n_head_kv=8, n_expert=16, n_expert_used=4, n_ff_exp=32),
+    ]),
+    "smollm3": (smollm3, [
+        dict(n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2),
+        dict(n_embd=96, n_layer=8, n_ff=160, n_head=6, n_head_kv=3, tied=True),
+    ]),
+    "granite": (granite, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, logit_scale=4.0, residual_scale=0.22,
+             embedding_scale=12.0, attention_scale=0.0078125),
+        dict(n_embd=96, n_layer=3, n_ff=160, n_head=6, n_head_kv=2, tied=True, logit_scale=0.5,
+             residual_scale=0.5, embedding_scale=2.0, attention_scale=0.2),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

@@ -53,23 +53,25 @@ pub(crate) fn block(
                 .for_each(|h| rms_norm_in_place(h, w, c.rms_eps));
         }
     }
-    let half = c.n_rot / 2;
-    let tables = if c.window(li).is_some() {
-        &s.rope_local
-    } else {
-        &s.rope
-    };
-    let (cos, sin) = (&tables.cos[..n * half], &tables.sin[..n * half]);
-    for t in 0..n {
-        let (ct, st) = (
-            &cos[t * half..(t + 1) * half],
-            &sin[t * half..(t + 1) * half],
-        );
-        for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-            rope(h, c.n_rot, c.rope_kind, ct, st);
-        }
-        for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-            rope(h, c.n_rot, c.rope_kind, ct, st);
+    if c.rope_in(li) {
+        let half = c.n_rot / 2;
+        let tables = if c.window(li).is_some() {
+            &s.rope_local
+        } else {
+            &s.rope
+        };
+        let (cos, sin) = (&tables.cos[..n * half], &tables.sin[..n * half]);
+        for t in 0..n {
+            let (ct, st) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                rope(h, c.n_rot, c.rope_kind, ct, st);
+            }
+            for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                rope(h, c.n_rot, c.rope_kind, ct, st);
+            }
         }
     }
     let cache = kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd);
@@ -89,10 +91,12 @@ pub(crate) fn block(
         o.chunks_exact_mut(d)
             .for_each(|r| rms_norm_in_place(r, w, c.rms_eps));
     }
+    // `o * 1.0` is `o`: without a residual scale the sum is as before, bit for bit.
+    let scale = c.residual_scale;
     s.x[..n * d]
         .iter_mut()
         .zip(&s.o[..n * d])
-        .for_each(|(x, o)| *x += o);
+        .for_each(|(x, o)| *x += o * scale);
 }
 
 /// Causal attention, one task per (token, head): `out` gets each head's softmax-weighted

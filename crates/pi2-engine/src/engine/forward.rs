@@ -116,7 +116,14 @@ impl Engine<'_> {
             &s.acts,
             rows,
             logits,
-        )
+        )?;
+        if c.logit_scale != 1.0 {
+            let inv = c.logit_scale.recip();
+            self.s.logits[..rows * c.n_vocab]
+                .iter_mut()
+                .for_each(|v| *v *= inv);
+        }
+        Ok(())
     }
 
     /// Layer `li`'s FFN on the normalised stream, its output (normalised again where the
@@ -133,10 +140,11 @@ impl Engine<'_> {
         let nd = n * c.n_embd;
         let s = &mut self.s;
         rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
-        let Some(post) = &l.post_ffn_norm else {
+        if l.post_ffn_norm.is_none() && c.residual_scale == 1.0 {
             return self.ffn_output(li, l, n, observer);
-        };
-        // Every FFN path adds into the stream: run it on zeros to get the output alone.
+        }
+        // Every FFN path adds into the stream: run it on zeros to get the output alone, then
+        // norm it and scale it as the layer says.
         grow(&mut s.resid, nd).copy_from_slice(&s.x[..nd]);
         s.x[..nd].fill(0.0);
         self.ffn_output(li, l, n, observer)?;
@@ -145,8 +153,12 @@ impl Engine<'_> {
             .chunks_exact_mut(c.n_embd)
             .zip(s.resid.chunks_exact(c.n_embd))
         {
-            rms_norm_in_place(x, post.f32s(f), c.rms_eps);
-            x.iter_mut().zip(r).for_each(|(x, r)| *x += r);
+            if let Some(post) = &l.post_ffn_norm {
+                rms_norm_in_place(x, post.f32s(f), c.rms_eps);
+            }
+            x.iter_mut()
+                .zip(r)
+                .for_each(|(x, r)| *x = *x * c.residual_scale + r);
         }
         Ok(())
     }

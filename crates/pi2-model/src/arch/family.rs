@@ -2,18 +2,9 @@
 //! module (`llama.rs`, `qwen2.rs`, ...) holds one [`Family`], and the registry below lists them.
 //! Loading reads these values; no other code asks which family a model is.
 
-use super::{Arch, FfnAct, RopeKind, SlidingWindow};
+use super::{Arch, FfnAct, ModelConfig, RopeKind};
 use crate::error::Result;
 use crate::gguf::GgufFile;
-
-/// The sizes a family's own rules may depend on.
-#[derive(Clone, Copy, Debug)]
-pub struct Shape {
-    pub n_embd: usize,
-    pub n_head: usize,
-    pub n_layer: usize,
-    pub head_dim: usize,
-}
 
 /// A family's differences from the plain pre-norm transformer (RMS norm, attention with RoPE,
 /// a gated FFN).
@@ -44,10 +35,9 @@ pub struct Family {
     /// Chosen experts' softmax weights renormalised to sum to one (Mixtral, Qwen3-MoE) or not
     /// (OLMoE).
     pub renormalize_experts: bool,
-    /// The attention scores' factor.
-    pub attn_scale: fn(&Shape) -> f32,
-    /// Which layers attend to a window only (`None`: all attend to the whole context).
-    pub sliding_window: fn(&GgufFile, &str) -> Result<Option<SlidingWindow>>,
+    /// The family's own hyper-parameters, from the file's keys (prefix given) into the shared
+    /// config: sliding windows, scales, layers without RoPE.
+    pub hyper: fn(&GgufFile, &str, &mut ModelConfig) -> Result<()>,
 }
 
 /// Where Q and K are RMS-normed before RoPE.
@@ -60,22 +50,19 @@ pub enum QkNorm {
     Whole,
 }
 
-/// The usual attention factor: one over the square root of the head size.
-pub fn head_scale(s: &Shape) -> f32 {
-    (s.head_dim as f32).sqrt().recip()
-}
-
-/// Every layer attends to the whole context.
-pub fn no_window(_: &GgufFile, _: &str) -> Result<Option<SlidingWindow>> {
-    Ok(None)
+/// No hyper-parameters of its own.
+pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
+    Ok(())
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 6] = [
+pub const FAMILIES: [&Family; 8] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
     &super::qwen3moe::FAMILY,
     &super::olmoe::FAMILY,
+    &super::smollm3::FAMILY,
+    &super::granite::FAMILY,
     &super::gemma3::FAMILY,
 ];

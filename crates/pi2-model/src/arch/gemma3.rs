@@ -2,8 +2,8 @@
 //! embeddings scaled by sqrt(width); sliding-window layers between global ones, each with its
 //! own RoPE base; neox RoPE.
 
-use super::family::{Family, QkNorm, Shape};
-use super::{Arch, FfnAct, RopeKind, SlidingWindow, MAX_DIM};
+use super::family::{Family, QkNorm};
+use super::{Arch, FfnAct, ModelConfig, RopeKind, SlidingWindow, MAX_DIM};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -20,22 +20,22 @@ pub const FAMILY: Family = Family {
     renormalize_experts: true,
     post_norms: true,
     scale_embeddings: true,
-    attn_scale,
-    sliding_window,
+    hyper,
 };
 
-/// llama.cpp's rule for Gemma 3's query scale: the 27B model (62 layers) scales by width /
-/// heads, the others by the head size.
-fn attn_scale(s: &Shape) -> f32 {
-    match s.n_layer {
-        62 => ((s.n_embd / s.n_head) as f32).sqrt().recip(),
-        _ => (s.head_dim as f32).sqrt().recip(),
+fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
+    c.sliding_window = Some(sliding_window(f, a)?);
+    // llama.cpp's rule for the query scale: the 27B model (62 layers) scales by width / heads,
+    // the others by the head size.
+    if c.n_layer == 62 {
+        c.attn_scale = ((c.n_embd / c.n_head) as f32).sqrt().recip();
     }
+    Ok(())
 }
 
 /// `attention.sliding_window` tokens, every `attention.sliding_window_pattern`-th layer global
 /// (6 when absent, as llama.cpp fixes it), sliding layers with RoPE base 10000.
-fn sliding_window(f: &GgufFile, a: &str) -> Result<Option<SlidingWindow>> {
+fn sliding_window(f: &GgufFile, a: &str) -> Result<SlidingWindow> {
     let len = super::get_usize(f, &format!("{a}.attention.sliding_window"))?;
     let period = super::get_usize_or(f, &format!("{a}.attention.sliding_window_pattern"), 6)?;
     if len == 0 || len > MAX_DIM * 16 || period == 0 || period > MAX_DIM {
@@ -43,9 +43,9 @@ fn sliding_window(f: &GgufFile, a: &str) -> Result<Option<SlidingWindow>> {
             "sliding window of {len} tokens every {period} layers is not a valid layout"
         )));
     }
-    Ok(Some(SlidingWindow {
+    Ok(SlidingWindow {
         len,
         period,
         rope_base: 10000.0,
-    }))
+    })
 }

@@ -1,7 +1,7 @@
 //! Llama 1-3, Mistral, SmolLM2 (`llama`): the plain pre-norm transformer; RoPE on adjacent
 //! pairs (GGML's "normal" mode), optional Q/K/V biases, Llama 3's `rope_freqs`.
 
-use super::family::{head_scale, no_window, Family, QkNorm};
+use super::family::{plain, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -17,6 +17,5 @@ pub const FAMILY: Family = Family {
     renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
-    attn_scale: head_scale,
-    sliding_window: no_window,
+    hyper: plain,
 };

@@ -5,13 +5,15 @@
 
 mod family;
 mod gemma3;
+mod granite;
 mod llama;
 mod olmoe;
 mod qwen2;
 mod qwen3;
 mod qwen3moe;
+mod smollm3;
 
-pub use family::{Family, QkNorm, Shape, FAMILIES};
+pub use family::{Family, QkNorm, FAMILIES};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
@@ -25,6 +27,8 @@ pub enum Arch {
     Qwen3,
     Qwen3Moe,
     Olmoe,
+    Smollm3,
+    Granite,
     Gemma3,
 }
 
@@ -157,6 +161,12 @@ pub struct ModelConfig {
     /// (`(layer + 1) % period != 0` slides, the others attend globally; period 1: all global)
     /// and the sliding layers' RoPE base. `None`: every layer attends to the whole context.
     pub sliding_window: Option<SlidingWindow>,
+    /// Layers without RoPE: every `step`-th (`(layer + 1) % step == 0`; 1: none rotates).
+    pub rope_skip: Option<usize>,
+    /// Factor of the attention and FFN outputs as they join the residual stream (1: none).
+    pub residual_scale: f32,
+    /// The logits are divided by it (1: none).
+    pub logit_scale: f32,
 }
 
 /// How a token's chosen experts are weighted (llama.cpp's `build_moe_ffn` with softmax gating):
@@ -262,7 +272,7 @@ pub(crate) fn get_usize_or(f: &GgufFile, k: &str, default: usize) -> Result<usiz
     }
 }
 
-fn get_f32_or(f: &GgufFile, k: &str, default: f32) -> Result<f32> {
+pub(crate) fn get_f32_or(f: &GgufFile, k: &str, default: f32) -> Result<f32> {
     match f.get(k) {
         None => Ok(default),
         Some(v) => v
@@ -390,13 +400,6 @@ impl ModelConfig {
         }
         let rms_eps = get_f32_or(f, &eps_key, 1e-5)?;
         check_hyper_parameters(rms_eps, rope_base, rope_freq_scale)?;
-        let sliding_window = (fam.sliding_window)(f, a)?;
-        let attn_scale = (fam.attn_scale)(&Shape {
-            n_embd,
-            n_head,
-            n_layer,
-            head_dim,
-        });
         let n_vocab = match f.get(&k("vocab_size")) {
             Some(_) => get_usize(f, &k("vocab_size"))?,
             None => f
@@ -404,7 +407,7 @@ impl ModelConfig {
                 .and_then(Value::array_len)
                 .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?,
         };
-        Ok(Self {
+        let mut config = Self {
             arch,
             n_vocab,
             n_ctx_train,
@@ -440,9 +443,20 @@ impl ModelConfig {
                 true => (n_embd as f32).sqrt(),
                 false => 1.0,
             },
-            attn_scale,
-            sliding_window,
-        })
+            attn_scale: (head_dim as f32).sqrt().recip(),
+            sliding_window: None,
+            rope_skip: None,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
+        };
+        (fam.hyper)(f, a, &mut config)?;
+        Ok(config)
+    }
+
+    /// Whether layer `li` rotates Q and K.
+    pub fn rope_in(&self, li: usize) -> bool {
+        self.rope_skip
+            .is_none_or(|step| !(li + 1).is_multiple_of(step))
     }
 
     /// The window layer `li` attends to (`None`: the whole context).

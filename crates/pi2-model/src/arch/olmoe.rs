@@ -2,7 +2,7 @@
 //! each token's whole vector (not per head) before neox RoPE; every FFN a mixture: softmax
 //! router, top-k, weights not renormalised.
 
-use super::family::{head_scale, no_window, Family, QkNorm};
+use super::family::{plain, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -18,6 +18,5 @@ pub const FAMILY: Family = Family {
     renormalize_experts: false,
     post_norms: false,
     scale_embeddings: false,
-    attn_scale: head_scale,
-    sliding_window: no_window,
+    hyper: plain,
 };

@@ -1,6 +1,6 @@
 //! Qwen2 and Qwen2.5 (`qwen2`): biases on Q, K and V; RoPE on split halves (GGML's "neox").
 
-use super::family::{head_scale, no_window, Family, QkNorm};
+use super::family::{plain, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -16,6 +16,5 @@ pub const FAMILY: Family = Family {
     renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
-    attn_scale: head_scale,
-    sliding_window: no_window,
+    hyper: plain,
 };

@@ -2,7 +2,7 @@
 //! RMS-normed (its own weights) before neox RoPE; a head size (`attention.key_length`) that
 //! need not be width / heads.
 
-use super::family::{head_scale, no_window, Family, QkNorm};
+use super::family::{plain, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -18,6 +18,5 @@ pub const FAMILY: Family = Family {
     renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
-    attn_scale: head_scale,
-    sliding_window: no_window,
+    hyper: plain,
 };

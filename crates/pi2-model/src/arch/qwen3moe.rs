@@ -3,7 +3,7 @@
 //! every FFN a mixture: softmax router, top-k, weights renormalised; experts of
 //! `expert_feed_forward_length` neurons.
 
-use super::family::{head_scale, no_window, Family, QkNorm};
+use super::family::{plain, Family, QkNorm};
 use super::{Arch, FfnAct, RopeKind};
 
 pub const FAMILY: Family = Family {
@@ -19,6 +19,5 @@ pub const FAMILY: Family = Family {
     renormalize_experts: true,
     post_norms: false,
     scale_embeddings: false,
-    attn_scale: head_scale,
-    sliding_window: no_window,
+    hyper: plain,
 };

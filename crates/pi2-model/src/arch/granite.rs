@@ -1,0 +1,57 @@
+//! Granite 3.x dense (`granite`, llama.cpp's `src/models/granite.cpp`): Llama's layers with four
+//! scales: the embeddings (`embedding_scale`), the attention scores (`attention.scale`, else
+//! one over the square root of the head size), each block's output as it joins the residual
+//! stream (`residual_scale`) and the logits (divided by `logit_scale`, required). RoPE is off
+//! when `rope.scaling.finetuned` is false.
+
+use super::family::{Family, QkNorm};
+use super::{get_f32_or, Arch, FfnAct, ModelConfig, RopeKind};
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, Value};
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Granite,
+    name: "granite",
+    features: "embedding, attention, residual and logit scales",
+    rope: RopeKind::Norm,
+    ffn_act: FfnAct::Silu,
+    qkv_bias: false,
+    qk_norm: QkNorm::None,
+    needs_experts: false,
+    expert_size_key: false,
+    renormalize_experts: true,
+    post_norms: false,
+    scale_embeddings: false,
+    hyper,
+};
+
+fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
+    let logit_key = format!("{a}.logit_scale");
+    if f.get(&logit_key).is_none() {
+        return Err(ModelError::MissingKey(logit_key));
+    }
+    // A key at 0 means "not set" to llama.cpp.
+    let set = |key: &str| -> Result<Option<f32>> {
+        let v = get_f32_or(f, &format!("{a}.{key}"), 0.0)?;
+        match v {
+            0.0 => Ok(None),
+            v if v.is_finite() && v > 0.0 => Ok(Some(v)),
+            v => Err(ModelError::Corrupt(format!(
+                "hyper-parameter `{a}.{key}` is {v}, which no model uses"
+            ))),
+        }
+    };
+    c.logit_scale = set("logit_scale")?.unwrap_or(1.0);
+    c.residual_scale = set("residual_scale")?.unwrap_or(1.0);
+    c.embd_scale = set("embedding_scale")?.unwrap_or(1.0);
+    if let Some(s) = set("attention.scale")? {
+        c.attn_scale = s;
+    }
+    if f.get(&format!("{a}.rope.scaling.finetuned"))
+        .and_then(Value::as_bool)
+        == Some(false)
+    {
+        c.rope_skip = Some(1);
+    }
+    Ok(())
+}
