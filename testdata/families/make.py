@@ -170,6 +170,18 @@ def granite(r, s):
     r.kv("attention.scale", "f32", s["attention_scale"])
     llama(r, s)
 
+def gemma2(r, s):
+    common(r, s)
+    r.kv("attention.sliding_window", "u32", s["window"])
+    r.kv("attn_logit_softcapping", "f32", s["attn_cap"])
+    r.kv("final_logit_softcapping", "f32", s["final_cap"])
+    hd = s["n_embd"] // s["n_head"]
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd)
+        norm(r, f"blk.{i}.post_attention_norm.weight", s["n_embd"])
+        layer_ffn(r, s, i)
+        norm(r, f"blk.{i}.post_ffw_norm.weight", s["n_embd"])
+
 def llama(r, s):
     common(r, s)
     hd = s["n_embd"] // s["n_head"]
@@ -234,6 +246,11 @@ FAMILIES = {
              embedding_scale=12.0, attention_scale=0.0078125),
         dict(n_embd=96, n_layer=3, n_ff=160, n_head=6, n_head_kv=2, tied=True, logit_scale=0.5,
              residual_scale=0.5, embedding_scale=2.0, attention_scale=0.2),
+    ]),
+    "gemma2": (gemma2, [
+        dict(n_embd=64, n_layer=3, n_ff=128, n_head=4, n_head_kv=2, window=12, tied=True, attn_cap=2.0, final_cap=3.0),
+        dict(n_embd=96, n_layer=4, n_ff=192, n_head=3, n_head_kv=1, window=20, tied=True, attn_cap=50.0, final_cap=30.0,
+             rope_base=10000.0),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

@@ -113,6 +113,7 @@ fn attend(
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let group = c.n_head / c.n_head_kv;
     let scale = c.attn_scale;
+    let cap = c.attn_softcap;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
         let (t, h) = (i / c.n_head, i % c.n_head);
         let kvh = h / group;
@@ -125,7 +126,10 @@ fn attend(
             for p in first..len {
                 let at = p % cache.ring * kvd + kvh * hd;
                 let kv = &cache.k[at..at + hd];
-                let sc = (ks.f16)(kv, qv) * scale;
+                let mut sc = (ks.f16)(kv, qv) * scale;
+                if let Some(cap) = cap {
+                    sc = cap * (sc / cap).tanh();
+                }
                 max = max.max(sc);
                 scores.push(sc);
             }

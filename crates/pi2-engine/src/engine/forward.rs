@@ -117,11 +117,14 @@ impl Engine<'_> {
             rows,
             logits,
         )?;
+        let logits = &mut self.s.logits[..rows * c.n_vocab];
         if c.logit_scale != 1.0 {
             let inv = c.logit_scale.recip();
-            self.s.logits[..rows * c.n_vocab]
-                .iter_mut()
-                .for_each(|v| *v *= inv);
+            logits.iter_mut().for_each(|v| *v *= inv);
+        }
+        if let Some(cap) = c.final_softcap {
+            let inv = cap.recip();
+            logits.iter_mut().for_each(|v| *v = cap * (*v * inv).tanh());
         }
         Ok(())
     }

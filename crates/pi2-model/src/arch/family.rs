@@ -56,7 +56,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 8] = [
+pub const FAMILIES: [&Family; 9] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -64,5 +64,6 @@ pub const FAMILIES: [&Family; 8] = [
     &super::olmoe::FAMILY,
     &super::smollm3::FAMILY,
     &super::granite::FAMILY,
+    &super::gemma2::FAMILY,
     &super::gemma3::FAMILY,
 ];

@@ -24,7 +24,7 @@ pub const FAMILY: Family = Family {
 };
 
 fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
-    c.sliding_window = Some(sliding_window(f, a)?);
+    c.sliding_window = Some(sliding_window(f, a, None, 6, 10000.0)?);
     // llama.cpp's rule for the query scale: the 27B model (62 layers) scales by width / heads,
     // the others by the head size.
     if c.n_layer == 62 {
@@ -33,11 +33,22 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
-/// `attention.sliding_window` tokens, every `attention.sliding_window_pattern`-th layer global
-/// (6 when absent, as llama.cpp fixes it), sliding layers with RoPE base 10000.
-fn sliding_window(f: &GgufFile, a: &str) -> Result<SlidingWindow> {
-    let len = super::get_usize(f, &format!("{a}.attention.sliding_window"))?;
-    let period = super::get_usize_or(f, &format!("{a}.attention.sliding_window_pattern"), 6)?;
+/// `attention.sliding_window` tokens (`len` when absent), every
+/// `attention.sliding_window_pattern`-th layer global (`period` when absent, as llama.cpp fixes
+/// it per family), sliding layers with RoPE base `rope_base`.
+pub(super) fn sliding_window(
+    f: &GgufFile,
+    a: &str,
+    len: Option<usize>,
+    period: usize,
+    rope_base: f32,
+) -> Result<SlidingWindow> {
+    let len_key = format!("{a}.attention.sliding_window");
+    let len = match len {
+        Some(l) => super::get_usize_or(f, &len_key, l)?,
+        None => super::get_usize(f, &len_key)?,
+    };
+    let period = super::get_usize_or(f, &format!("{a}.attention.sliding_window_pattern"), period)?;
     if len == 0 || len > MAX_DIM * 16 || period == 0 || period > MAX_DIM {
         return Err(ModelError::Corrupt(format!(
             "sliding window of {len} tokens every {period} layers is not a valid layout"
@@ -46,6 +57,6 @@ fn sliding_window(f: &GgufFile, a: &str) -> Result<SlidingWindow> {
     Ok(SlidingWindow {
         len,
         period,
-        rope_base: 10000.0,
+        rope_base,
     })
 }

@@ -4,6 +4,7 @@
 //! is a module and a line in [`family::FAMILIES`].
 
 mod family;
+mod gemma2;
 mod gemma3;
 mod granite;
 mod llama;
@@ -29,6 +30,7 @@ pub enum Arch {
     Olmoe,
     Smollm3,
     Granite,
+    Gemma2,
     Gemma3,
 }
 
@@ -167,6 +169,10 @@ pub struct ModelConfig {
     pub residual_scale: f32,
     /// The logits are divided by it (1: none).
     pub logit_scale: f32,
+    /// Attention scores soft-capped: `cap * tanh(score / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits soft-capped the same way, after `logit_scale`.
+    pub final_softcap: Option<f32>,
 }
 
 /// How a token's chosen experts are weighted (llama.cpp's `build_moe_ffn` with softmax gating):
@@ -448,6 +454,8 @@ impl ModelConfig {
             rope_skip: None,
             residual_scale: 1.0,
             logit_scale: 1.0,
+            attn_softcap: None,
+            final_softcap: None,
         };
         (fam.hyper)(f, a, &mut config)?;
         Ok(config)
