@@ -15,12 +15,16 @@ pub struct CompletionRequest {
     pub messages: Option<Vec<ChatMessage>>,
     pub prompt: Option<Prompt>,
     pub max_tokens: Option<u64>,
+    /// llama-server's name for `max_tokens`.
+    pub n_predict: Option<i64>,
     pub max_completion_tokens: Option<u64>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<u64>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    /// Tokens the penalties look back over (llama-server: 0 off, -1 the whole context).
+    pub repeat_last_n: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     /// Token ids (as strings, as OpenAI sends them) to biases added to their logits.
@@ -98,8 +102,8 @@ pub struct StreamOptions {
 
 /// Most stop strings, and longest, accepted (OpenAI allows 4).
 const MAX_STOPS: usize = 16;
-/// Roles a message may have.
-const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+/// Roles a message may have (`developer` is the OpenAI SDK's name for `system`).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 const MAX_STOP_LEN: usize = 256;
 
 impl CompletionRequest {
@@ -163,7 +167,12 @@ impl CompletionRequest {
                         text
                     }
                 };
-                let mut msg = pi2_model::Message::new(&m.role, &content);
+                // The OpenAI SDK's `developer` is the templates' `system`.
+                let role = match m.role.as_str() {
+                    "developer" => "system",
+                    r => r,
+                };
+                let mut msg = pi2_model::Message::new(role, &content);
                 msg.tool_call_id = m.tool_call_id.clone();
                 msg.name = m.name.clone();
                 msg.tool_calls = calls
@@ -226,7 +235,7 @@ impl CompletionRequest {
 
     /// Sampling settings (pi2's defaults for what is absent), range-checked.
     /// The sampling settings, checked (token ids of `logit_bias` against `n_vocab`).
-    pub fn sampler(&self, n_vocab: usize) -> Result<SamplerConfig, ApiError> {
+    pub fn sampler(&self, n_vocab: usize, n_ctx: usize) -> Result<SamplerConfig, ApiError> {
         let d = SamplerConfig::default();
         let mut logit_bias = Vec::new();
         for (k, &b) in self.logit_bias.iter().flatten() {
@@ -249,6 +258,17 @@ impl CompletionRequest {
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_last_n: match self.repeat_last_n {
+                None => d.repeat_last_n,
+                Some(-1) => n_ctx,
+                Some(n) if (0..=n_ctx as i64).contains(&n) => n as usize,
+                Some(n) => {
+                    return Err(ApiError::bad(format!(
+                        "`repeat_last_n` is {n}; it must be -1 (the context) or 0..{n_ctx}"
+                    ))
+                    .param("repeat_last_n"))
+                }
+            },
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             logit_bias,
@@ -266,7 +286,18 @@ impl CompletionRequest {
 
     /// `max_tokens` (or `max_completion_tokens`), refused beyond the context.
     pub fn max_tokens(&self, n_ctx: usize) -> Result<Option<usize>, ApiError> {
-        let Some(m) = self.max_tokens.or(self.max_completion_tokens) else {
+        // llama-server's `n_predict`: -1 (or absent) means no limit of its own.
+        let n_predict = match self.n_predict {
+            Some(n) if n >= 0 => Some(n as u64),
+            Some(-1) | None => None,
+            Some(n) => {
+                return Err(ApiError::bad(format!(
+                    "`n_predict` is {n}; it must be -1 (no limit) or 0 and more"
+                ))
+                .param("n_predict"))
+            }
+        };
+        let Some(m) = self.max_tokens.or(self.max_completion_tokens).or(n_predict) else {
             return Ok(None);
         };
         if m == 0 || m > n_ctx as u64 {
@@ -508,27 +539,32 @@ mod tests {
     #[test]
     fn settings_are_range_checked() {
         let r = |s: &str| CompletionRequest::parse(s.as_bytes()).unwrap();
-        assert!(r(r#"{"temperature":-1}"#).sampler(1000).is_err());
-        assert!(r(r#"{"top_p":0}"#).sampler(1000).is_err());
-        assert!(r(r#"{"min_p":2}"#).sampler(1000).is_err());
-        assert!(r(r#"{"n":2}"#).sampler(1000).is_err());
-        assert!(r(r#"{"presence_penalty":3}"#).sampler(1000).is_err());
-        assert!(r(r#"{"logit_bias":{"5":101}}"#).sampler(1000).is_err());
-        let e = r(r#"{"logit_bias":{"1000":1}}"#).sampler(1000).unwrap_err();
+        assert!(r(r#"{"temperature":-1}"#).sampler(1000, 512).is_err());
+        assert!(r(r#"{"top_p":0}"#).sampler(1000, 512).is_err());
+        assert!(r(r#"{"min_p":2}"#).sampler(1000, 512).is_err());
+        assert!(r(r#"{"n":2}"#).sampler(1000, 512).is_err());
+        assert!(r(r#"{"presence_penalty":3}"#).sampler(1000, 512).is_err());
+        assert!(r(r#"{"logit_bias":{"5":101}}"#).sampler(1000, 512).is_err());
+        let e = r(r#"{"logit_bias":{"1000":1}}"#)
+            .sampler(1000, 512)
+            .unwrap_err();
         assert!(
             e.message.contains("`1000` is not a token id"),
             "{}",
             e.message
         );
         let b = r(r#"{"logit_bias":{"7":-100},"frequency_penalty":0.5}"#)
-            .sampler(1000)
+            .sampler(1000, 512)
             .unwrap();
         assert_eq!(
             (b.logit_bias, b.frequency_penalty),
             (vec![(7, -100.0)], 0.5)
         );
         assert_eq!(
-            r(r#"{"temperature":0}"#).sampler(1000).unwrap().temperature,
+            r(r#"{"temperature":0}"#)
+                .sampler(1000, 512)
+                .unwrap()
+                .temperature,
             0.0
         );
         assert!(r(r#"{"max_tokens":5000}"#).max_tokens(4096).is_err());

@@ -167,7 +167,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     }
     let job = Job {
         prompt,
-        sampler: req.sampler(s.model.tokenizer.vocab_size())?,
+        sampler: req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?,
         max_tokens: req.max_tokens(s.n_ctx)?,
         stops: req.stops()?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
@@ -208,7 +208,6 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
 /// The slow, synchronous part of [`start`]: see [`Checked`].
 fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
     let req = CompletionRequest::parse(body)?;
-    s.check_model(req.model.as_deref())?;
     let tok = &s.model.tokenizer;
     let plan = match kind {
         Kind::Chat => req.tool_plan()?,

@@ -77,20 +77,6 @@ impl AppState {
     }
 
     /// Refuses a `model` this server does not serve (empty or absent: this one).
-    pub fn check_model(&self, m: Option<&str>) -> Result<(), ApiError> {
-        match m {
-            Some(m) if !m.is_empty() && !self.names.iter().any(|n| n == m) => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "model `{m}` is not served here (this server serves `{}`)",
-                    self.names[0]
-                ),
-            )
-            .param("model")),
-            _ => Ok(()),
-        }
-    }
-
     /// Compiles a request's grammar; a bad one is the client's error.
     pub(crate) fn grammar(
         &self,
