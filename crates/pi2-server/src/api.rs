@@ -273,7 +273,6 @@ impl CompletionRequest {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             logit_bias,
             seed: self.seed.unwrap_or_else(pi2_runtime::options::clock_seed),
-            ..d
         };
         if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&cfg) {
             return Err(ApiError::bad(format!("`{name}` is {v}; it must be {want}")).param(name));
