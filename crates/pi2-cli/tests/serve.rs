@@ -191,6 +191,14 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
     let long = json!({"prompt": "word ".repeat(400)}).to_string();
     let (got, body) = call("/v1/completions", &[auth], long.as_bytes());
     assert!(got == 400 && body.contains("context"), "{got} {body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["type"], "exceed_context_size_error", "{body}");
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{body}");
+    assert_eq!(e["error"]["n_ctx"], 256, "{body}");
+    assert!(
+        e["error"]["n_prompt_tokens"].as_u64() >= Some(256),
+        "{body}"
+    );
     assert_eq!(http(&s.addr, "GET", "/health", &[], b"").status, 200);
     assert_eq!(http(&s.addr, "GET", "/metrics", &[], b"").status, 401);
     assert_eq!(call(chat, &[auth], hi).0, 200);

@@ -10,6 +10,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub param: Option<String>,
+    /// A prompt over the context: its tokens and the context's, for clients that shorten it.
+    pub overflow: Option<(usize, usize)>,
 }
 
 impl ApiError {
@@ -18,6 +20,17 @@ impl ApiError {
             status,
             message: message.into(),
             param: None,
+            overflow: None,
+        }
+    }
+
+    /// A prompt of `n_prompt` tokens that the context of `n_ctx` cannot hold: typed as
+    /// llama-server types it (`exceed_context_size_error`, with both counts) and coded as
+    /// OpenAI codes it (`context_length_exceeded`), so either kind of client can act on it.
+    pub fn over_context(message: impl Into<String>, n_prompt: usize, n_ctx: usize) -> Self {
+        Self {
+            overflow: Some((n_prompt, n_ctx)),
+            ..Self::bad(message)
         }
     }
 
@@ -41,6 +54,16 @@ impl ApiError {
     }
 
     pub fn body(&self) -> Value {
+        if let Some((n_prompt, n_ctx)) = self.overflow {
+            return json!({"error": {
+                "message": self.message,
+                "type": "exceed_context_size_error",
+                "param": self.param,
+                "code": "context_length_exceeded",
+                "n_prompt_tokens": n_prompt,
+                "n_ctx": n_ctx,
+            }});
+        }
         json!({"error": {
             "message": self.message,
             "type": self.kind(),

@@ -226,11 +226,15 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
         return Err(ApiError::bad("the prompt is empty"));
     }
     if prompt.len() >= s.n_ctx {
-        return Err(ApiError::bad(format!(
-            "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
+        return Err(ApiError::over_context(
+            format!(
+                "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
+                prompt.len(),
+                s.n_ctx
+            ),
             prompt.len(),
-            s.n_ctx
-        )));
+            s.n_ctx,
+        ));
     }
     let logprobs = req.top_logprobs(kind)?;
     let asked = req.grammar_spec()?;
