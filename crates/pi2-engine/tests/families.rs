@@ -119,3 +119,139 @@ fn every_family_computes_what_llama_cpp_computes() {
     }
     eprintln!("{}", report.join("\n"));
 }
+
+/// Each family's file converted (no sparsity, no predictor, down rows kept in F32) and run
+/// offloaded at half its file (or, where that is below what the fixed region needs, the least
+/// budget that starts): the logits after the prompt within 0.05 of llama.cpp's and llama.cpp's
+/// greedy tokens (its ties excepted), read through the neuron cache and the reader.
+#[test]
+fn every_family_runs_under_a_budget_as_llama_cpp_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig {
+        threads: 2,
+        n_ctx: 64,
+        cluster: 8,
+        repack: false,
+        ..Default::default()
+    };
+    let mut report = Vec::new();
+    for r in references() {
+        let name = r["name"].as_str().unwrap().to_string();
+        let want = &r["llama_cpp"];
+        let path = converted(dir.path(), &r, &cfg);
+        let m = Model::load(&path).unwrap();
+        let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();
+        let kv = pi2_engine::kv_bytes_full(&m, &cfg, 8) as u64;
+        let scratch = pi2_engine::scratch_bytes(&m, &cfg, 8) as u64;
+        let least = pi2_engine::min_budget(&m, &sp, kv, scratch).unwrap();
+        let budget = least.max(m.file.file_size() / 2);
+        let freq = pi2_engine::unit_frequencies(&m).unwrap();
+        let o = pi2_engine::Offload::new(
+            &m,
+            &sp,
+            &path,
+            kv,
+            scratch,
+            freq.as_deref(),
+            &pi2_engine::OffloadConfig {
+                budget,
+                hot_share: 0.5,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let parts = pi2_engine::EngineParts {
+            sparse: Some(&sp),
+            head: None,
+            offload: Some(o),
+        };
+        let mut e = Engine::with_parts(&m, &cfg, parts).unwrap();
+        let prompt = ids(&want["prompt"]);
+        let last = e.forward(&prompt, Logits::Last).unwrap().to_vec();
+        let diff = last
+            .iter()
+            .zip(want["last_logits"].as_array().unwrap())
+            .map(|(a, b)| (a - b.as_f64().unwrap() as f32).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            diff < 0.05,
+            "{name}: logits after the prompt differ by {diff}"
+        );
+        let (greedy, gaps) = (ids(&want["greedy"]), want["gaps"].as_array().unwrap());
+        let mut next = argmax(&last);
+        let mut same = 0;
+        for (i, &t) in greedy.iter().enumerate() {
+            if next != t {
+                let gap = gaps[i].as_f64().unwrap();
+                assert!(
+                    gap < 0.05,
+                    "{name}: greedy token {i} is {next}, llama.cpp's {t} (its margin {gap})"
+                );
+                break;
+            }
+            same += 1;
+            next = argmax(e.forward(&[t], Logits::Last).unwrap());
+        }
+        let st = e.offload().unwrap().stats().clone();
+        assert!(
+            st.gate_reads + st.updown_reads > 0 || st.gate_hits > 0,
+            "{name}: {st:?}"
+        );
+        report.push(format!(
+            "{name}: budget {budget} of a {} byte file, logits within {diff:.5}, {same}/{} greedy tokens, rows read {}",
+            m.file.file_size(),
+            greedy.len(),
+            st.gate_reads + st.updown_reads
+        ));
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+/// The recipe's file, converted for offloading without sparsity: dense families through the
+/// neuron-bundle converter, mixtures expert by expert.
+fn converted(dir: &std::path::Path, r: &Value, cfg: &EngineConfig) -> PathBuf {
+    use pi2_convert::{moe, ConvertConfig};
+    let name = r["name"].as_str().unwrap();
+    let input = dir.join(format!("{name}.gguf"));
+    std::fs::write(&input, pi2_model::recipe::build(r).unwrap().to_bytes()).unwrap();
+    let m = Model::load(&input).unwrap();
+    let out = dir.join(format!("{name}-converted.gguf"));
+    let cc = ConvertConfig {
+        sparsity: 0.0,
+        predictor: None,
+        down_type: Some(pi2_kernels::QuantType::F32),
+        granule: 256,
+        // Every output row computed: the clustered head estimates the rows it skips.
+        head: None,
+        ..ConvertConfig::default()
+    };
+    let toks: Vec<u32> = (0..96u32)
+        .map(|i| (i * 37 + 11) % m.config.n_vocab as u32)
+        .collect();
+    let zeros = vec![0.0; m.config.n_layer];
+    if m.config.n_expert > 0 {
+        let mut e = Engine::new(&m, cfg).unwrap();
+        let counts = moe::count_experts(&mut e, &toks, 32, &zeros, |_| {}).unwrap();
+        drop(e);
+        moe::convert(&m, &counts, &zeros, &cc, &out, &input, false, |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    } else {
+        let mut e = Engine::new(&m, cfg).unwrap();
+        let c = &m.config;
+        let info = pi2_sparse::ModelInfo {
+            architecture: c.arch.name().into(),
+            n_layer: c.n_layer,
+            n_embd: c.n_embd,
+            n_ff: c.n_ff,
+            activation: pi2_sparse::Activation::Silu,
+            file_name: name.into(),
+            file_bytes: 0,
+        };
+        let c = pi2_convert::calibrate(&mut e, &toks, 32, 0.0, info).unwrap();
+        drop(e);
+        let (w, _) = pi2_convert::convert(&m, &c.profile, &c.thresholds, c.samples, &cc)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        pi2_convert::write_file(&w, &out, &input, false).unwrap();
+    }
+    out
+}
