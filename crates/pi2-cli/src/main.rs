@@ -94,7 +94,10 @@ fn main() {
         Command::FetchModel(a) => cmd::fetch(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {}", errors::one_line(&e));
+        match errors::forget_damaged_conversion(&e, &pi2_runtime::device::cache_dir()) {
+            Some(done) => eprintln!("error: {} ({done})", errors::one_line(&e)),
+            None => eprintln!("error: {}", errors::one_line(&e)),
+        }
         std::process::exit(1);
     }
 }

@@ -30,6 +30,8 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 #[derive(Clone, Debug, Default)]
 pub struct Checksums {
     regions: Vec<SumRegion>,
+    /// The file the records are in, named by a mismatch.
+    file: Option<std::path::PathBuf>,
 }
 
 impl Checksums {
@@ -51,12 +53,21 @@ impl Checksums {
                 w[0].name, w[1].name
             ));
         }
-        Ok(Self { regions })
+        Ok(Self {
+            regions,
+            file: None,
+        })
     }
 
     /// Records in the table.
     pub fn records(&self) -> usize {
         self.regions.iter().map(|r| r.sums.len()).sum()
+    }
+
+    /// The same table, its mismatches naming `file`.
+    pub fn for_file(mut self, file: impl Into<std::path::PathBuf>) -> Self {
+        self.file = Some(file.into());
+        self
     }
 
     /// Memory the table holds, in bytes.
@@ -82,6 +93,7 @@ impl Checksums {
                 let rec = &data[at..at + r.record_len as usize];
                 if crc32(rec) != r.sums[k as usize] {
                     return Err(IoError::Checksum {
+                        file: self.file.clone(),
                         region: r.name.clone(),
                         offset: r.offset + k * r.record_len,
                         len: r.record_len as usize,

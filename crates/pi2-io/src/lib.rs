@@ -78,9 +78,12 @@ pub enum IoError {
     #[error("cannot start the I/O thread: {source} (the process is out of threads or memory)")]
     Thread { source: std::io::Error },
     #[error(
-        "the file changed or is damaged: {len} bytes of `{region}` at offset {offset} do not match their checksum (restore the file, or make it again)"
+        "{} changed or is damaged: {len} bytes of `{region}` at offset {offset} do not match their checksum (restore the file, or delete it and make it again)",
+        file.as_ref().map_or("the file".into(), |f| f.display().to_string())
     )]
     Checksum {
+        /// The file, where the table was told it ([`Checksums::for_file`]).
+        file: Option<PathBuf>,
         region: String,
         offset: u64,
         len: usize,
@@ -127,10 +130,12 @@ impl IoError {
             },
             IoError::Closed => IoError::Closed,
             IoError::Checksum {
+                file,
                 region,
                 offset,
                 len,
             } => IoError::Checksum {
+                file: file.clone(),
                 region: region.clone(),
                 offset: *offset,
                 len: *len,

@@ -32,6 +32,9 @@ pub enum RuntimeError {
     /// A file or stream the user gave cannot be used; the message says which and why.
     #[error("{0}")]
     Input(String),
+    /// A file's bytes no longer match the checksums it was written with.
+    #[error("{} changed or is damaged: {why}", path.display())]
+    Damaged { path: PathBuf, why: String },
     /// The request needs something the model or device lacks.
     #[error("{0}")]
     Unsupported(String),

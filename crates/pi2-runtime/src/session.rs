@@ -76,7 +76,10 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
     }
     if !offloads {
         // Used from memory: its bytes are checked once here (offloads check theirs as read).
-        pi2_engine::verify_checksums(model)?;
+        pi2_engine::verify_checksums(model).map_err(|e| RuntimeError::Damaged {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })?;
     }
     let head = ClusteredHead::load(model, !offloads && o.engine.repack)?;
     Ok(Prepared {

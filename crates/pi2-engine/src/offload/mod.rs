@@ -225,7 +225,7 @@ impl Offload {
             )));
         }
         // Every read is checked against the converted file's checksums as it lands.
-        let sums = table.map(checksums).transpose()?;
+        let sums = table.map(|t| checksums(t, path)).transpose()?;
         // Injected faults and an emulated device both wrap the file's engine.
         let reader = match cfg.faults.as_ref().or(cfg.emulate.as_ref()) {
             Some(plan) => Reader::with_checksums(
@@ -453,8 +453,12 @@ fn verify_resident(
     Ok(())
 }
 
-/// The reader's checksum table: every record of the converted file's tensors.
-fn checksums(table: Vec<pi2_model::checksum::TensorSums>) -> Result<Arc<Checksums>, EngineError> {
+/// The reader's checksum table: every record of the converted file's tensors (at `path`, which
+/// a mismatch names).
+fn checksums(
+    table: Vec<pi2_model::checksum::TensorSums>,
+    path: &Path,
+) -> Result<Arc<Checksums>, EngineError> {
     let regions = table
         .into_iter()
         .map(|t| SumRegion {
@@ -464,7 +468,7 @@ fn checksums(table: Vec<pi2_model::checksum::TensorSums>) -> Result<Arc<Checksum
             sums: t.sums,
         })
         .collect();
-    Ok(Arc::new(Checksums::new(regions)?))
+    Ok(Arc::new(Checksums::new(regions)?.for_file(path)))
 }
 
 /// The configured read engine. An emulated device always reads through `pread` from the page
