@@ -10,6 +10,47 @@ use crate::{GgufFile, ModelError, Result, TensorInfo};
 /// directory order (GGML I32, one dimension).
 pub const TENSOR: &str = "pi2.checksums";
 
+/// Metadata key of a checksummed file's header seal: the CRC-32 (U32, the last metadata
+/// entry) of the header and tensor directory (bytes up to the tensor data) with the seal's own
+/// four bytes zero. A flipped metadata scalar or a tensor's type swapped for another of the
+/// same size changes the file's output without touching a tensor's bytes; the seal catches it.
+pub const HEADER_KEY: &str = "pi2.header_crc32";
+
+/// Checks the header seal of `f` ([`HEADER_KEY`]); files without one (plain files, files
+/// converted before seals) pass.
+pub fn check_header(f: &GgufFile) -> Result<()> {
+    let Some(want) = f.get(HEADER_KEY) else {
+        return Ok(());
+    };
+    let bad = |why: &str| {
+        Err(ModelError::Corrupt(format!(
+            "the header (metadata and tensor directory) {why}: the file changed or is damaged (restore it, or convert the model again)"
+        )))
+    };
+    let Some(want) = want.as_u64().map(|w| w as u32) else {
+        return bad("has a seal that is not a number");
+    };
+    let head = f.header_bytes();
+    // The seal's value follows its key (length, bytes) and its type (U32: 4).
+    let mut pattern = (HEADER_KEY.len() as u64).to_le_bytes().to_vec();
+    pattern.extend_from_slice(HEADER_KEY.as_bytes());
+    pattern.extend_from_slice(&4u32.to_le_bytes());
+    let Some(at) = head
+        .windows(pattern.len())
+        .rposition(|w| w == pattern.as_slice())
+        .map(|p| p + pattern.len())
+        .filter(|&at| at + 4 <= head.len())
+    else {
+        return bad("has a seal that cannot be found");
+    };
+    let mut unsealed = head.to_vec();
+    unsealed[at..at + 4].fill(0);
+    match crc32(&unsealed) == want {
+        true => Ok(()),
+        false => bad("does not match its seal"),
+    }
+}
+
 /// The records of a tensor of GGML `dims` holding `bytes`: `(record_len, count)`. A record is
 /// a row (`dims[0]` elements) when the bytes divide evenly into rows, else the whole tensor.
 pub fn records(dims: &[u64], bytes: u64) -> (u64, u64) {
@@ -50,6 +91,7 @@ pub fn table(f: &GgufFile) -> Result<Option<Vec<TensorSums>>> {
     let Some(pos) = f.tensors.iter().position(|t| t.name == TENSOR) else {
         return Ok(None);
     };
+    check_header(f)?;
     let t = &f.tensors[pos];
     let others = &f.tensors[..pos];
     let n = count(others.iter().map(|t| (&t.dims[..], t.size)));

@@ -647,6 +647,11 @@ impl GgufFile {
     }
 
     /// Size of the whole file in bytes.
+    /// The file's header and tensor directory: bytes `0..data_offset`.
+    pub fn header_bytes(&self) -> &[u8] {
+        &self.mmap[..self.data_offset as usize]
+    }
+
     pub fn file_size(&self) -> u64 {
         self.mmap.len() as u64
     }

@@ -210,16 +210,25 @@ fn write_header(
     alignment: u64,
     tensors: &[TensorLayout],
 ) -> io::Result<()> {
+    // A file with a checksum table also seals its header: everything that shapes the output
+    // (metadata scalars, tensor types and shapes) is covered, not only the tensors' bytes.
+    let sealed = tensors.last().is_some_and(|t| t.name == checksum::TENSOR);
     let mut head = Vec::new();
     head.extend_from_slice(&magic);
     head.extend_from_slice(&3u32.to_le_bytes());
     head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    head.extend_from_slice(&((metadata.len() + usize::from(sealed)) as u64).to_le_bytes());
     for (k, v) in metadata {
         GgufWriter::write_str(&mut head, k)?;
         head.extend_from_slice(&GgufWriter::type_id(v).to_le_bytes());
         GgufWriter::write_value(&mut head, v)?;
     }
+    let seal_at = sealed.then(|| {
+        let _ = GgufWriter::write_str(&mut head, checksum::HEADER_KEY);
+        head.extend_from_slice(&GgufWriter::type_id(&Value::U32(0)).to_le_bytes());
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.len() - 4
+    });
     let mut offset = 0u64;
     for t in tensors {
         GgufWriter::write_str(&mut head, &t.name)?;
@@ -232,6 +241,11 @@ fn write_header(
         offset = (offset + t.bytes).next_multiple_of(alignment);
     }
     head.resize((head.len() as u64).next_multiple_of(alignment) as usize, 0);
+    if let Some(at) = seal_at {
+        // The seal is the CRC-32 of the header with its own four bytes zero.
+        let crc = checksum::crc32(&head);
+        head[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+    }
     out.write_all(&head)
 }
 

@@ -492,3 +492,42 @@ fn a_huge_special_token_loads_in_linear_time() {
         assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
     }
 }
+
+/// A checksummed file's header is sealed: a flipped metadata scalar or a tensor's type swapped
+/// for another of the same size (which no tensor checksum sees) is refused by name.
+#[test]
+fn a_sealed_header_refuses_changed_metadata_and_types() {
+    let mut w = build(&SynthSpec {
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        weight_type: pi2_kernels::QuantType::Q4_0,
+        ..Default::default()
+    });
+    w.set_meta("pi2.head.ucb", Value::F32(1.5));
+    w.with_checksums();
+    let bytes = w.to_bytes();
+    let f = GgufFile::from_bytes(&bytes).unwrap();
+    assert!(pi2_model::checksum::table(&f).unwrap().is_some());
+    let find = |needle: &[u8]| {
+        bytes
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap()
+    };
+    // The scalar: its key, its type (F32: 6), then its value.
+    let key = b"pi2.head.ucb";
+    let mut flipped = bytes.clone();
+    flipped[find(key) + key.len() + 4 + 3] ^= 0x40;
+    let err = pi2_model::checksum::table(&GgufFile::from_bytes(&flipped).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("does not match its seal"), "{err}");
+    // A Q4_0 tensor (type 2) relabelled IQ4_NL (type 20): the same 18 bytes per 32 weights.
+    let name = b"blk.0.ffn_gate.weight";
+    let at = find(name) + name.len() + 4 + 2 * 8;
+    assert_eq!(&bytes[at..at + 4], &2u32.to_le_bytes());
+    let mut swapped = bytes.clone();
+    swapped[at..at + 4].copy_from_slice(&20u32.to_le_bytes());
+    let err = pi2_model::checksum::table(&GgufFile::from_bytes(&swapped).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("seal"), "{err}");
+}

@@ -311,15 +311,7 @@ impl ModelConfig {
         let fam = arch.family();
         let a = fam.name;
         let k = |s: &str| format!("{a}.{s}");
-        let n_expert = get_usize_or(f, &k("expert_count"), 0)?;
-        let n_expert_used = get_usize_or(f, &k("expert_used_count"), 0)?;
-        if n_expert > 256 || (n_expert > 0 && !(1..=n_expert).contains(&n_expert_used)) {
-            return Err(ModelError::Corrupt(format!(
-                "{} = {n_expert} with {} = {n_expert_used} is not a valid expert layout",
-                k("expert_count"),
-                k("expert_used_count")
-            )));
-        }
+        let (n_expert, n_expert_used, gating) = experts(f, fam)?;
         let ffn_act = match f.get(KEY_FFN_ACTIVATION) {
             None => fam.ffn_act,
             Some(v) => v.as_str().and_then(FfnAct::parse).ok_or_else(|| {
@@ -339,13 +331,6 @@ impl ModelConfig {
             }
             _ => get_usize(f, &k("feed_forward_length"))?,
         };
-        if fam.needs_experts && n_expert == 0 {
-            return Err(ModelError::Corrupt(format!(
-                "`{a}` is a mixture of experts but {} is missing or 0",
-                k("expert_count")
-            )));
-        }
-        let expert_scale = get_f32_or(f, &k("expert_weights_scale"), 0.0)?;
         let n_head = get_usize(f, &k("attention.head_count"))?;
         let n_head_kv = get_usize_or(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
@@ -380,25 +365,7 @@ impl ModelConfig {
                 "value head size {v_dim} differs from key head size {head_dim}"
             )));
         }
-        let n_rot = get_usize_or(f, &k("rope.dimension_count"), head_dim)?;
-        if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(ModelError::Corrupt(format!(
-                "rope.dimension_count {n_rot} is invalid for head size {head_dim}"
-            )));
-        }
-        let rope_base = get_f32_or(f, &k("rope.freq_base"), 10000.0)?;
-        let mut rope_freq_scale = get_f32_or(f, &k("rope.scale_linear"), 1.0)?.recip();
-        match f.get(&k("rope.scaling.type")).and_then(Value::as_str) {
-            None | Some("none") => {}
-            Some("linear") => {
-                rope_freq_scale = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?.recip()
-            }
-            Some(other) => {
-                return Err(ModelError::Unsupported(format!(
-                    "RoPE scaling type `{other}`"
-                )))
-            }
-        }
+        let (n_rot, rope_base, rope_freq_scale) = rope(f, a, head_dim)?;
         // Required, as llama.cpp requires it: a default would be a silent guess.
         let eps_key = k("attention.layer_norm_rms_epsilon");
         if f.get(&eps_key).is_none() {
@@ -430,21 +397,8 @@ impl ModelConfig {
             rms_eps,
             ffn_act,
             n_expert,
-            n_expert_used: if n_expert > 0 { n_expert_used } else { 0 },
-            gating: Gating {
-                renormalize: fam.renormalize_experts,
-                // llama.cpp scales only by a factor other than 0 and 1.
-                scale: match expert_scale {
-                    x if x == 0.0 || x == 1.0 => 1.0,
-                    x if x.is_finite() && x > 0.0 => x,
-                    x => {
-                        return Err(ModelError::Corrupt(format!(
-                            "{} = {x} is not a weight scale",
-                            k("expert_weights_scale")
-                        )))
-                    }
-                },
-            },
+            n_expert_used,
+            gating,
             embd_scale: match fam.scale_embeddings {
                 true => (n_embd as f32).sqrt(),
                 false => 1.0,
@@ -494,6 +448,67 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// A family's experts: how many, how many each token uses, and how they are weighted.
+fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
+    let k = |s: &str| format!("{}.{s}", fam.name);
+    let n_expert = get_usize_or(f, &k("expert_count"), 0)?;
+    let n_expert_used = get_usize_or(f, &k("expert_used_count"), 0)?;
+    if n_expert > 256 || (n_expert > 0 && !(1..=n_expert).contains(&n_expert_used)) {
+        return Err(ModelError::Corrupt(format!(
+            "{} = {n_expert} with {} = {n_expert_used} is not a valid expert layout",
+            k("expert_count"),
+            k("expert_used_count")
+        )));
+    }
+    if fam.needs_experts && n_expert == 0 {
+        return Err(ModelError::Corrupt(format!(
+            "`{}` is a mixture of experts but {} is missing or 0",
+            fam.name,
+            k("expert_count")
+        )));
+    }
+    // llama.cpp scales only by a factor other than 0 and 1.
+    let scale = match get_f32_or(f, &k("expert_weights_scale"), 0.0)? {
+        x if x == 0.0 || x == 1.0 => 1.0,
+        x if x.is_finite() && x > 0.0 => x,
+        x => {
+            return Err(ModelError::Corrupt(format!(
+                "{} = {x} is not a weight scale",
+                k("expert_weights_scale")
+            )))
+        }
+    };
+    let used = if n_expert > 0 { n_expert_used } else { 0 };
+    let gating = Gating {
+        renormalize: fam.renormalize_experts,
+        scale,
+    };
+    Ok((n_expert, used, gating))
+}
+
+/// RoPE's rotated dimensions, base and linear frequency scale (`a`: the key prefix).
+fn rope(f: &GgufFile, a: &str, head_dim: usize) -> Result<(usize, f32, f32)> {
+    let k = |s: &str| format!("{a}.{s}");
+    let n_rot = get_usize_or(f, &k("rope.dimension_count"), head_dim)?;
+    if n_rot > head_dim || n_rot % 2 != 0 {
+        return Err(ModelError::Corrupt(format!(
+            "rope.dimension_count {n_rot} is invalid for head size {head_dim}"
+        )));
+    }
+    let rope_base = get_f32_or(f, &k("rope.freq_base"), 10000.0)?;
+    let mut freq_scale = get_f32_or(f, &k("rope.scale_linear"), 1.0)?.recip();
+    match f.get(&k("rope.scaling.type")).and_then(Value::as_str) {
+        None | Some("none") => {}
+        Some("linear") => freq_scale = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?.recip(),
+        Some(other) => {
+            return Err(ModelError::Unsupported(format!(
+                "RoPE scaling type `{other}`"
+            )))
+        }
+    }
+    Ok((n_rot, rope_base, freq_scale))
 }
 
 /// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
