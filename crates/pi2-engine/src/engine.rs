@@ -127,6 +127,21 @@ pub enum Logits {
     From(usize),
 }
 
+/// What a pass computes, passed down the forward pass as a value (never a flag on the engine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// A lone token of a sparse model is a decode step (the sparse FFN); a batch runs the
+    /// batch FFN (dense, or masked sparse for perplexity).
+    Plain,
+    /// A prompt: even a lone token runs the batch FFN ([`Engine::forward_prompt`]).
+    Prompt,
+    /// A batch standing for one-token decode steps (a checked draft, batched sequences): each
+    /// token computes what its own step computes, bit for bit ([`Engine::forward_decode`]).
+    Decode,
+    /// A self-draft from what is resident: nothing read ([`Engine::forward_resident`]).
+    Resident,
+}
+
 /// What a pass starts from: tokens to embed, or the residual stream entering a layer.
 #[derive(Clone, Copy)]
 enum Input<'a> {
@@ -166,17 +181,9 @@ pub struct Engine<'m> {
     store: Box<dyn Store + 'm>,
     head: HeadState<'m>,
     prepared: bool,
-    /// The pass under way checks a draft: its batch computes the sparse FFN as one-token decode
-    /// does ([`Engine::forward_decode`]).
-    decode_batch: bool,
-    /// The pass under way drafts from what is resident ([`Engine::forward_resident`]).
-    resident_only: bool,
     /// KV bytes and positions of this engine's other sequences, kept outside it
     /// ([`Engine::set_parked_kv`]).
     parked_kv: (usize, usize),
-    /// The pass under way evaluates a prompt: even a lone token runs the batch FFN
-    /// ([`Engine::forward_prompt`]).
-    prompt_pass: bool,
 }
 
 impl<'m> Engine<'m> {
@@ -259,10 +266,7 @@ impl<'m> Engine<'m> {
             store,
             head: HeadState::new(head, cfg.head_share, cfg.head_check),
             prepared: false,
-            decode_batch: false,
-            resident_only: false,
             parked_kv: (0, 0),
-            prompt_pass: false,
         })
     }
 
@@ -366,10 +370,8 @@ impl<'m> Engine<'m> {
     /// of a sparse model), not as a decode step: a prompt gives the same logits whether its
     /// start was cached or not.
     pub fn forward_prompt(&mut self, tokens: &[TokenId]) -> Result<&[f32], EngineError> {
-        self.prompt_pass = true;
-        let done = self.forward(tokens, Logits::Last).map(<[f32]>::len);
-        self.prompt_pass = false;
-        Ok(&self.s.logits[..done?])
+        self.check_tokens(tokens)?;
+        self.pass(Input::Tokens(tokens), Logits::Last, Pass::Prompt, None)
     }
 
     /// [`Engine::forward`] for a batch that stands for decode steps (a draft being checked):
@@ -381,12 +383,8 @@ impl<'m> Engine<'m> {
         tokens: &[TokenId],
         want: Logits,
     ) -> Result<&[f32], EngineError> {
-        // Each token as its one-token step computes it, bit for bit: the sparse FFN through the
-        // step's pipeline, every product row by row.
-        (self.decode_batch, self.ks.rows_alike) = (true, true);
-        let done = self.forward_observed(tokens, want, None).map(<[f32]>::len);
-        (self.decode_batch, self.ks.rows_alike) = (false, false);
-        Ok(&self.s.logits[..done?])
+        self.check_tokens(tokens)?;
+        self.pass(Input::Tokens(tokens), want, Pass::Decode, None)
     }
 
     /// One decode step of `token` computed from what is in memory now, reading nothing for the
@@ -397,12 +395,11 @@ impl<'m> Engine<'m> {
     pub fn forward_resident(&mut self, token: TokenId) -> Result<&[f32], EngineError> {
         let (stats, head) = (self.stats.clone(), self.head.stats);
         let offload = self.store.offload().map(|o| o.stats().clone());
-        self.resident_only = true;
         self.head.resident_rows = Some(self.store.output_resident_rows());
         let done = self
-            .forward_observed(&[token], Logits::Last, None)
+            .check_tokens(&[token])
+            .and_then(|()| self.pass(Input::Tokens(&[token]), Logits::Last, Pass::Resident, None))
             .map(<[f32]>::len);
-        self.resident_only = false;
         self.head.resident_rows = None;
         (self.stats, self.head.stats) = (stats, head);
         if let (Some(o), Some(st)) = (self.store.offload_mut(), offload) {
@@ -425,11 +422,16 @@ impl<'m> Engine<'m> {
         want: Logits,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
+        self.check_tokens(tokens)?;
+        self.pass(Input::Tokens(tokens), want, Pass::Plain, observer)
+    }
+
+    fn check_tokens(&self, tokens: &[TokenId]) -> Result<(), EngineError> {
         let c = &self.model.config;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(EngineError::BadToken(bad, c.n_vocab));
+        match tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            Some(&bad) => Err(EngineError::BadToken(bad, c.n_vocab)),
+            None => Ok(()),
         }
-        self.pass(Input::Tokens(tokens), want, observer)
     }
 
     /// Layers `first_layer..` and the head over `stream`, the residual stream entering
@@ -468,6 +470,7 @@ impl<'m> Engine<'m> {
                 x: stream,
             },
             want,
+            Pass::Plain,
             observer,
         )
     }
@@ -476,6 +479,7 @@ impl<'m> Engine<'m> {
         &mut self,
         input: Input<'_>,
         want: Logits,
+        pass: Pass,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
         let c = &self.model.config;
@@ -495,7 +499,11 @@ impl<'m> Engine<'m> {
         };
         self.prepare();
         let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(input, first_logit, observer))?;
+        // A decode batch multiplies row by row, as its one-token steps do.
+        self.ks.rows_alike = pass == Pass::Decode;
+        let done = pool.install(|| self.forward_inner(input, first_logit, pass, observer));
+        self.ks.rows_alike = false;
+        done?;
         let rows = n - first_logit;
         Ok(&self.s.logits[..rows * c.n_vocab])
     }

@@ -1,7 +1,7 @@
 //! One forward pass: embed (or take a given residual stream) -> every layer (attention, FFN)
 //! -> final norm and the output head. Every weight comes from the engine's store.
 
-use super::{Engine, Input};
+use super::{Engine, Input, Pass};
 use crate::error::EngineError;
 use crate::pipeline::Step;
 use crate::residency::Mapped;
@@ -16,6 +16,7 @@ impl Engine<'_> {
         &mut self,
         input: Input<'_>,
         first_logit: usize,
+        pass: Pass,
         mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<(), EngineError> {
         let m = self.model;
@@ -58,7 +59,7 @@ impl Engine<'_> {
                 pos0,
                 n,
             );
-            self.ffn_layer(li, l, n, observer.as_deref_mut())?;
+            self.ffn_layer(li, l, n, pass, observer.as_deref_mut())?;
         }
         if resumed {
             // Sliding-window rings may have written over what the next positions attend to.
@@ -136,6 +137,7 @@ impl Engine<'_> {
         li: usize,
         l: &LayerWeights,
         n: usize,
+        pass: Pass,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<(), EngineError> {
         let m = self.model;
@@ -144,13 +146,13 @@ impl Engine<'_> {
         let s = &mut self.s;
         rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
         if l.post_ffn_norm.is_none() && c.residual_scale == 1.0 {
-            return self.ffn_output(li, l, n, observer);
+            return self.ffn_output(li, l, n, pass, observer);
         }
         // Every FFN path adds into the stream: run it on zeros to get the output alone, then
         // norm it and scale it as the layer says.
         grow(&mut s.resid, nd).copy_from_slice(&s.x[..nd]);
         s.x[..nd].fill(0.0);
-        self.ffn_output(li, l, n, observer)?;
+        self.ffn_output(li, l, n, pass, observer)?;
         let s = &mut self.s;
         for (x, r) in s.x[..nd]
             .chunks_exact_mut(c.n_embd)
@@ -174,8 +176,11 @@ impl Engine<'_> {
         li: usize,
         l: &LayerWeights,
         n: usize,
+        pass: Pass,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<(), EngineError> {
+        let prompt = pass == Pass::Prompt;
+        let decode_batch = pass == Pass::Decode;
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
         if let Some(router) = &l.router {
@@ -187,7 +192,7 @@ impl Engine<'_> {
                 &mut self.routes,
                 n,
             );
-            if n == 1 && self.sparse.is_some() && !self.prompt_pass {
+            if n == 1 && self.sparse.is_some() && !prompt {
                 // The chosen experts as units of the sparse FFN.
                 let units: Vec<(usize, f32)> = self
                     .routes
@@ -195,7 +200,7 @@ impl Engine<'_> {
                     .iter()
                     .map(|&(e, w)| (li * c.n_expert + e, w))
                     .collect();
-                return self.sparse_token(li, l, &units);
+                return self.sparse_token(li, l, &units, pass);
             }
             return moe::experts(
                 &self.ks,
@@ -211,27 +216,27 @@ impl Engine<'_> {
         // offload's pinned rows it computes what the sparse step would (the layer's threshold),
         // except for a prompt batch, which runs dense as a staged layer's would.
         if let Some(d) = self.store.dense_ffn(li) {
-            let as_decode = !self.prompt_pass
-                && (n == 1 || self.decode_batch || self.sparse.is_some_and(|sp| sp.batches_too));
+            let as_decode =
+                !prompt && (n == 1 || decode_batch || self.sparse.is_some_and(|sp| sp.batches_too));
             let threshold = (self.sparse.filter(|_| as_decode)).map(|sp| sp.layers[li].threshold);
             ffn::dense_converted(&self.ks, c.ffn_act, &d, threshold, &mut self.s, n);
-            if !self.prompt_pass {
+            if !prompt {
                 self.stats.dense_token_layers += n as u64;
             }
             return Ok(());
         }
-        if self.sparse.is_some() && n == 1 && !self.prompt_pass {
-            return self.sparse_token(li, l, &[(li, 1.0)]);
+        if self.sparse.is_some() && n == 1 && !prompt {
+            return self.sparse_token(li, l, &[(li, 1.0)], pass);
         }
         let through_cache = (self.store.offload()).is_none_or(|o| o.batch_through_cache(li, n));
-        if self.sparse.is_some() && self.decode_batch && through_cache {
+        if self.sparse.is_some() && decode_batch && through_cache {
             // A checked draft: each token through the decode step's own pipeline (its logits
             // are its step's, bit for bit); under a budget the neurons one token reads stay
             // cached for the next, so the batch reads about the union of what its tokens need.
             let d = self.model.config.n_embd;
             for t in 0..n {
                 swap_rows(&mut self.s, t, d);
-                let done = self.sparse_token(li, l, &[(li, 1.0)]);
+                let done = self.sparse_token(li, l, &[(li, 1.0)], pass);
                 swap_rows(&mut self.s, t, d);
                 done?;
             }
@@ -239,7 +244,7 @@ impl Engine<'_> {
         }
         let next = (li + 1 < c.n_layer).then_some(li + 1);
         let mats = self.store.ffn(li, next)?;
-        if let Some(sp) = self.sparse.filter(|sp| sp.batches_too || self.decode_batch) {
+        if let Some(sp) = self.sparse.filter(|sp| sp.batches_too || decode_batch) {
             let sl = &sp.layers[li];
             let dense_bytes = [mats.gate, mats.up, mats.down]
                 .iter()
@@ -250,7 +255,7 @@ impl Engine<'_> {
                 true => mats.down,
                 false => sl.down_t.mat(),
             };
-            if self.decode_batch {
+            if decode_batch {
                 // A checked draft whose layer was staged whole (cheaper than its tokens' misses):
                 // each token through the decode step's own pipeline on the staged rows, so it
                 // computes what its one-token step computes, bit for bit (the batch kernel sums
@@ -317,6 +322,7 @@ impl Engine<'_> {
         li: usize,
         l: &LayerWeights,
         units: &[(usize, f32)],
+        pass: Pass,
     ) -> Result<(), EngineError> {
         let m = self.model;
         let f = &m.file;
@@ -330,7 +336,7 @@ impl Engine<'_> {
             layer: li,
             units,
             dense_bytes: l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f),
-            resident_only: self.resident_only,
+            resident_only: pass == Pass::Resident,
         };
         self.store.sparse_token(SparseCall {
             step: &step,

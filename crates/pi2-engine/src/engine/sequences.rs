@@ -5,6 +5,7 @@
 //! tokens share are read once.
 
 use super::Engine;
+use super::Pass;
 use crate::attention;
 use crate::error::EngineError;
 use crate::kv::KvCache;
@@ -97,10 +98,11 @@ impl Engine<'_> {
             });
         }
         self.prepare();
-        (self.decode_batch, self.ks.rows_alike) = (true, true);
+        // Each token computed as its one-token step computes it, products row by row.
+        self.ks.rows_alike = true;
         let pool = self.pool.clone();
         let done = pool.install(|| self.sequences_inner(seqs, tokens));
-        (self.decode_batch, self.ks.rows_alike) = (false, false);
+        self.ks.rows_alike = false;
         done?;
         Ok(&self.s.logits[..tokens.len() * c.n_vocab])
     }
@@ -138,7 +140,7 @@ impl Engine<'_> {
                 attention::block(&self.ks, f, c, l, mats, &mut self.s, &mut seq.0, li, pos, 1);
                 super::forward::swap_rows(&mut self.s, t, d);
             }
-            self.ffn_layer(li, l, n, None)?;
+            self.ffn_layer(li, l, n, Pass::Decode, None)?;
         }
         for seq in seqs.iter_mut() {
             seq.0.len += 1;
