@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(r) = CompletionRequest::parse(data) {
         let _ = r.chat_messages();
         let _ = r.prompt_text();
-        let _ = r.sampler(32_000);
+        let _ = r.sampler(32_000, 4096);
         let _ = r.max_tokens(4096);
         let _ = r.stops();
         let _ = r.grammar_spec();
