@@ -58,6 +58,9 @@ fn greedy_answers_equal_pi2_run_whole_and_streamed_and_turns_reuse_the_cache() {
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    // As llama-server and OpenAI send it: no text yet (null), and the build that answers.
+    assert!(chunks[0]["choices"][0]["delta"]["content"].is_null(), "{}", chunks[0]);
+    assert!(chunks.iter().all(|c| c["system_fingerprint"].is_string()));
     let text: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -68,6 +71,21 @@ fn greedy_answers_equal_pi2_run_whole_and_streamed_and_turns_reuse_the_cache() {
     // The same conversation again: its prompt is all in the slot's cache but the last token.
     let prompt_tokens = end["usage"]["prompt_tokens"].as_u64().unwrap();
     assert_eq!(end["timings"]["cache_n"], prompt_tokens - 1, "{end}");
+    // With `stream_options.include_usage`, usage comes in a chunk of its own with no choices.
+    let mut with_usage = chat.clone();
+    with_usage["stream"] = json!(true);
+    with_usage["stream_options"] = json!({"include_usage": true});
+    let r = post(&s.addr, "/v1/chat/completions", &with_usage);
+    let data = sse_data(&r.body);
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let (last, before) = (&chunks[chunks.len() - 1], &chunks[chunks.len() - 2]);
+    assert_eq!(last["choices"], json!([]), "{last}");
+    assert!(last["usage"]["completion_tokens"].as_u64() > Some(0), "{last}");
+    assert_eq!(before["choices"][0]["finish_reason"], "length", "{before}");
+    assert!(before.get("usage").is_none(), "{before}");
 
     // A second turn reuses the first turn's prefix.
     let turn2 = json!({"messages": [
@@ -105,7 +123,7 @@ fn greedy_answers_equal_pi2_run_whole_and_streamed_and_turns_reuse_the_cache() {
     assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
     let page = http(&s.addr, "GET", "/", &[], b"");
     assert!(page.status == 200 && page.body.contains("pi2 chat"));
-    assert_eq!(metric(&s.addr, "pi2_requests_completed_total"), 5.0);
+    assert_eq!(metric(&s.addr, "pi2_requests_completed_total"), 6.0);
 }
 
 #[test]

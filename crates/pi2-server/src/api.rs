@@ -432,7 +432,13 @@ pub struct Envelope {
     pub created: u64,
     pub model: String,
     pub kind: Kind,
+    /// A stream's usage in a chunk of its own, with no choices (OpenAI's
+    /// `stream_options.include_usage`); otherwise in the last chunk, as llama-server sends it.
+    pub usage_chunk: bool,
 }
+
+/// What OpenAI's `system_fingerprint` names: the build that answered.
+const FINGERPRINT: &str = concat!("pi2-", env!("CARGO_PKG_VERSION"));
 
 impl Envelope {
     fn object(&self, chunk: bool) -> &'static str {
@@ -464,6 +470,7 @@ impl Envelope {
             "object": self.object(false),
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": FINGERPRINT,
             "choices": [choice],
             "usage": s.usage(),
             "timings": s.timings(),
@@ -486,8 +493,15 @@ impl Envelope {
                 if first {
                     delta.insert("role".into(), "assistant".into());
                 }
-                if let Some(t) = text {
-                    delta.insert("content".into(), t.into());
+                match text {
+                    Some(t) => {
+                        delta.insert("content".into(), t.into());
+                    }
+                    // The role's chunk says there is no text yet, as llama-server and OpenAI do.
+                    None if first => {
+                        delta.insert("content".into(), Value::Null);
+                    }
+                    None => {}
                 }
                 json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
             }
@@ -503,13 +517,28 @@ impl Envelope {
             "object": self.object(true),
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": FINGERPRINT,
             "choices": [choice],
         });
-        if let Some(s) = end {
+        if let Some(s) = end.filter(|_| !self.usage_chunk) {
             v["usage"] = s.usage();
             v["timings"] = s.timings();
         }
         v
+    }
+
+    /// The chunk that carries a stream's usage alone (`usage_chunk`): no choices.
+    pub fn usage(&self, s: &Summary) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [],
+            "usage": s.usage(),
+            "timings": s.timings(),
+        })
     }
 }
 

@@ -189,6 +189,11 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         created: unix_now(),
         model: s.names[0].clone(),
         kind,
+        usage_chunk: req.streams()
+            && req
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage == Some(true)),
     };
     let out = Output {
         env,
@@ -367,7 +372,7 @@ fn events(
     rx: mpsc::Receiver<Event>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let first = match out.env.kind {
-        Kind::Chat => Some(data(out.env.chunk(Some(""), true, None, None))),
+        Kind::Chat => Some(data(out.env.chunk(None, true, None, None))),
         Kind::Completion => None,
     };
     let calls = out.tools.is_some().then(crate::tools::ToolStream::default);
@@ -448,6 +453,9 @@ impl Streamed {
                     }
                 }
                 evs.push(data(env.chunk(None, false, Some(&s), None)));
+                if env.usage_chunk {
+                    evs.push(data(env.usage(&s)));
+                }
                 evs
             }
             Event::Failed(m) => {
