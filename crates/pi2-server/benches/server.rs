@@ -34,6 +34,7 @@ fn per_request_and_token(c: &mut Criterion) {
         created: 1,
         model: "model".into(),
         kind: Kind::Chat,
+        usage_chunk: false,
     };
     let pieces = ["Once", " upon", " a", " time", ",", " there", " was", "\n"];
     c.bench_function("per token: stop strings + one SSE chunk", |b| {
