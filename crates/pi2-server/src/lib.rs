@@ -193,14 +193,16 @@ impl ServerConfig {
     }
 }
 
-/// The names clients may ask for: the model file's stem (listed as the id), what the user
-/// typed for it (a path or a catalogue name) and `aliases`.
+/// The model's names, the first one listed by `/v1/models` and named in answers: `aliases`
+/// first (as llama-server lists `--alias`), then the model file's stem and what the user typed
+/// for it (a path or a catalogue name).
 pub fn model_names(file: &Path, given: Option<&Path>, aliases: &[String]) -> Vec<String> {
     let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned());
-    let mut names = vec![stem.unwrap_or_else(|| "model".into())];
+    let mut names = aliases.to_vec();
+    names.push(stem.unwrap_or_else(|| "model".into()));
     names.extend(given.map(|g| g.to_string_lossy().into_owned()));
-    names.extend(aliases.iter().cloned());
-    names.dedup();
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
     names
 }
 
@@ -313,5 +315,21 @@ async fn shutdown() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::model_names;
+    use std::path::Path;
+
+    #[test]
+    fn an_alias_is_the_listed_name() {
+        let file = Path::new("/m/Qwen2.5-0.5B.Q4_K_M.gguf");
+        assert_eq!(
+            model_names(file, Some(Path::new("qwen")), &["gpt-4o".into()]),
+            ["gpt-4o", "Qwen2.5-0.5B.Q4_K_M", "qwen"]
+        );
+        assert_eq!(model_names(file, None, &[])[0], "Qwen2.5-0.5B.Q4_K_M");
     }
 }
