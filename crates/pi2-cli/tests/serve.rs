@@ -59,7 +59,11 @@ fn greedy_answers_equal_pi2_run_whole_and_streamed_and_turns_reuse_the_cache() {
         .collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     // As llama-server and OpenAI send it: no text yet (null), and the build that answers.
-    assert!(chunks[0]["choices"][0]["delta"]["content"].is_null(), "{}", chunks[0]);
+    assert!(
+        chunks[0]["choices"][0]["delta"]["content"].is_null(),
+        "{}",
+        chunks[0]
+    );
     assert!(chunks.iter().all(|c| c["system_fingerprint"].is_string()));
     let text: String = chunks
         .iter()
@@ -83,7 +87,10 @@ fn greedy_answers_equal_pi2_run_whole_and_streamed_and_turns_reuse_the_cache() {
         .collect();
     let (last, before) = (&chunks[chunks.len() - 1], &chunks[chunks.len() - 2]);
     assert_eq!(last["choices"], json!([]), "{last}");
-    assert!(last["usage"]["completion_tokens"].as_u64() > Some(0), "{last}");
+    assert!(
+        last["usage"]["completion_tokens"].as_u64() > Some(0),
+        "{last}"
+    );
     assert_eq!(before["choices"][0]["finish_reason"], "length", "{before}");
     assert!(before.get("usage").is_none(), "{before}");
 
@@ -183,13 +190,6 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
             "empty",
         ),
         (
-            "beyond ctx",
-            vec![auth],
-            br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":100000}"#.to_vec(),
-            400,
-            "context",
-        ),
-        (
             "temperature",
             vec![auth],
             br#"{"messages":[{"role":"user","content":"x"}],"temperature":-2}"#.to_vec(),
@@ -205,6 +205,17 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains(needle), "{what}: {msg}");
     }
+    // `max_tokens` past the context: the answer ends where the context does, with `length`.
+    let (got, body) = call(
+        chat,
+        &[auth],
+        br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":100000,"ignore_eos":true}"#,
+    );
+    assert_eq!(got, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{body}");
+    let used = v["usage"]["total_tokens"].as_u64().unwrap();
+    assert!((250..=257).contains(&used), "{body}");
     // A prompt longer than the context.
     let long = json!({"prompt": "word ".repeat(400)}).to_string();
     let (got, body) = call("/v1/completions", &[auth], long.as_bytes());

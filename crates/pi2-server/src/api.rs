@@ -299,13 +299,14 @@ impl CompletionRequest {
         let Some(m) = self.max_tokens.or(self.max_completion_tokens).or(n_predict) else {
             return Ok(None);
         };
-        if m == 0 || m > n_ctx as u64 {
-            return Err(ApiError::bad(format!(
-                "`max_tokens` is {m}; it must be 1..{n_ctx} (the context size)"
-            ))
-            .param("max_tokens"));
+        if m == 0 {
+            return Err(
+                ApiError::bad("`max_tokens` is 0; it must be 1 or more").param("max_tokens")
+            );
         }
-        Ok(Some(m as usize))
+        // Past the context the answer ends where the context does, with `length`, as
+        // llama-server ends it.
+        Ok((m < n_ctx as u64).then_some(m as usize))
     }
 
     pub fn stops(&self) -> Result<Vec<String>, ApiError> {
@@ -595,7 +596,7 @@ mod tests {
                 .temperature,
             0.0
         );
-        assert!(r(r#"{"max_tokens":5000}"#).max_tokens(4096).is_err());
+        assert_eq!(r(r#"{"max_tokens":5000}"#).max_tokens(4096).unwrap(), None);
         assert!(r(r#"{"max_tokens":0}"#).max_tokens(4096).is_err());
         assert_eq!(r(r#"{"max_tokens":5}"#).max_tokens(4096).unwrap(), Some(5));
         assert!(r(r#"{"stop":["a","b"]}"#).stops().is_ok());
