@@ -245,6 +245,9 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
         br#"{"messages":[{"role":"user","content":"hi"}],"typical_p":0.5}"#,
     );
     assert!(got == 400 && body.contains("typical_p"), "{got} {body}");
+    // The key in `X-Api-Key`, as llama-server takes it too.
+    assert_eq!(call(chat, &["X-Api-Key: sesame"], hi).0, 200);
+    assert_eq!(call(chat, &["X-Api-Key: open"], hi).0, 401);
     // The scheme is case-insensitive; the key is not.
     assert_eq!(call(chat, &["Authorization: bearer sesame"], hi).0, 200);
     assert_eq!(call(chat, &["Authorization: bearer SESAME"], hi).0, 401);

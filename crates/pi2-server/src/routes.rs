@@ -50,7 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// With an API key, every route but `/health` and the static chat page needs
-/// `Authorization: Bearer KEY`.
+/// `Authorization: Bearer KEY` (or `X-Api-Key: KEY`).
 async fn check_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(key) = &s.api_key else {
         return next.run(req).await;
@@ -65,7 +65,9 @@ async fn check_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         // The scheme is case-insensitive (RFC 9110), the key is not.
-        .and_then(|(scheme, key)| scheme.eq_ignore_ascii_case("bearer").then_some(key));
+        .and_then(|(scheme, key)| scheme.eq_ignore_ascii_case("bearer").then_some(key))
+        // llama-server also takes the key in `X-Api-Key` (some clients send it there).
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
     match given {
         Some(g) if same_secret(g.trim().as_bytes(), key.as_bytes()) => next.run(req).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "wrong API key").into_response(),
