@@ -760,3 +760,30 @@ fn heavy_or_hostile_requests_neither_kill_nor_freeze_the_server() {
     assert_eq!(metric(&s.addr, "pi2_requests_invalid_total"), bad + 1.0);
     assert!(s.alive());
 }
+
+/// llama-server's `/apply-template`: the messages in the model's template, nothing generated;
+/// `--no-ui` serves the API without the chat page.
+#[test]
+fn apply_template_renders_and_no_ui_hides_the_page() {
+    let s = Server::start(&["--no-ui"]);
+    let r = post(
+        &s.addr,
+        "/apply-template",
+        &json!({"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let prompt = r.json()["prompt"].as_str().unwrap().to_string();
+    // SmolLM2's ChatML: the system turn, the user's, and the assistant's header to answer in.
+    assert!(
+        prompt.contains("Be brief.") && prompt.contains("Name a colour."),
+        "{prompt}"
+    );
+    assert!(
+        prompt.trim_end().ends_with("<|im_start|>assistant"),
+        "{prompt}"
+    );
+    assert_eq!(metric(&s.addr, "pi2_tokens_predicted_total"), 0.0);
+    assert_eq!(http(&s.addr, "GET", "/", &[], b"").status, 404);
+    let r = post(&s.addr, "/apply-template", &json!({"messages": []}));
+    assert_eq!(r.status, 400, "{}", r.body);
+}

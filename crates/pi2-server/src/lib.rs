@@ -71,6 +71,8 @@ pub struct ServerConfig {
     pub context_shift: bool,
     /// How `/v1/embeddings` pools token states.
     pub pooling: pi2_runtime::embed::Pooling,
+    /// Serve the chat page at `/` (`--no-ui`: no page).
+    pub ui: bool,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +95,7 @@ impl Default for ServerConfig {
             draft_max: 16,
             context_shift: false,
             pooling: Default::default(),
+            ui: true,
         }
     }
 }
@@ -261,7 +264,7 @@ pub fn serve(
     state.pooling = cfg.pooling;
     state.body_timeout = cfg.body_timeout;
     let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
-    let mut app = routes::router(Arc::new(state))
+    let mut app = routes::router(Arc::new(state), cfg.ui)
         .layer(axum::middleware::from_fn_with_state(rules, guard::check));
     if let Some(cors) = guard::cors(cfg.cors_origin.as_deref()) {
         app = app.layer(cors);

@@ -21,11 +21,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// The routes, with the API key check.
-pub fn router(state: Arc<AppState>) -> Router {
+/// The routes, with the API key check; the chat page at `/` when `ui`.
+pub fn router(state: Arc<AppState>, ui: bool) -> Router {
+    let page = Router::new().route("/", get(|| async { Html(include_str!("page.html")) }));
     Router::new()
-        .route("/", get(|| async { Html(include_str!("page.html")) }))
+        .merge(if ui { page } else { Router::new() })
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/apply-template", post(apply_template))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/models", get(models))
@@ -107,6 +109,34 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
             },
         }],
     }))
+}
+
+/// llama-server's `/apply-template`: the chat request's messages in the model's template, as
+/// the text a completion would be given (`{"prompt"}`), nothing generated.
+async fn apply_template(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    let answer = async {
+        let body = read_body(&s, body).await?;
+        let state = s.clone();
+        tokio::task::spawn_blocking(move || {
+            let req = CompletionRequest::parse(&body)?;
+            let template = state.template.as_ref().map_err(|e| {
+                ApiError::bad(format!("this model has no usable chat template ({e})"))
+            })?;
+            let prompt = template.render(&req.chat_messages()?, true).map_err(|e| {
+                ApiError::bad(format!("the chat template refused the messages: {e}"))
+                    .param("messages")
+            })?;
+            Ok::<_, ApiError>(Json(json!({ "prompt": prompt })).into_response())
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("rendering failed: {e}"),
+            )
+        })?
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat(State(s): State<Arc<AppState>>, body: Body) -> Response {

@@ -58,6 +58,9 @@ pub struct ServeArgs {
     /// How /v1/embeddings pools token states: mean, cls (first token) or last
     #[arg(long, default_value = "mean")]
     pub pooling: pi2_runtime::embed::Pooling,
+    /// No chat page at / (the API only)
+    #[arg(long)]
+    pub no_ui: bool,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
@@ -92,6 +95,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
         body_timeout: seconds("--body-timeout", a.body_timeout)?,
         cors_origin: a.cors_origin.clone(),
+        ui: !a.no_ui,
         draft: match (a.draft.draft, draft_model) {
             (DraftSource::Lookup, _) => pi2_server::Drafts::Lookup,
             (DraftSource::SelfDraft, _) => pi2_server::Drafts::SelfDraft,
