@@ -15,6 +15,8 @@ pub trait EvictionPolicy: Send {
     /// A slot left the cache for good ([`crate::SlotCache::set_limit`]): forget it. The cache
     /// never offers it again either way.
     fn removed(&mut self, _slot: u32) {}
+    /// A slot lost its key but stays in use ([`crate::SlotCache::remove`]): offer it first.
+    fn emptied(&mut self, slot: u32);
 }
 
 const NIL: u32 = u32::MAX;
@@ -67,6 +69,19 @@ impl List {
         }
         self.linked[s as usize] = true;
     }
+    fn push_back(&mut self, s: u32) {
+        self.unlink(s);
+        self.next[s as usize] = NIL;
+        self.prev[s as usize] = self.tail;
+        if self.tail != NIL {
+            self.next[self.tail as usize] = s;
+        }
+        self.tail = s;
+        if self.head == NIL {
+            self.head = s;
+        }
+        self.linked[s as usize] = true;
+    }
     /// From the least recent end, the first slot `ok` accepts.
     fn oldest(&self, ok: &dyn Fn(u32) -> bool) -> Option<u32> {
         let mut s = self.tail;
@@ -103,6 +118,9 @@ impl EvictionPolicy for Lru {
     fn removed(&mut self, slot: u32) {
         self.0.unlink(slot)
     }
+    fn emptied(&mut self, slot: u32) {
+        self.0.push_back(slot)
+    }
 }
 
 /// First in, first out: hits do not reorder (the baseline LRU must beat).
@@ -125,5 +143,8 @@ impl EvictionPolicy for Fifo {
     }
     fn removed(&mut self, slot: u32) {
         self.0.unlink(slot)
+    }
+    fn emptied(&mut self, slot: u32) {
+        self.0.push_back(slot)
     }
 }

@@ -213,8 +213,11 @@ impl<P: EvictionPolicy> SlotCache<P> {
                 .policy
                 .victim(&|s| s < limit && step_of[s as usize] != step)?;
             let old = self.key_of[v as usize];
-            self.slot_of[old as usize] = NONE;
-            self.stats.groups[old as usize / self.group_size].evictions += 1;
+            // A slot emptied by `remove` holds no key.
+            if old != NONE {
+                self.slot_of[old as usize] = NONE;
+                self.stats.groups[old as usize / self.group_size].evictions += 1;
+            }
             v
         };
         self.key_of[s as usize] = key;
@@ -223,6 +226,20 @@ impl<P: EvictionPolicy> SlotCache<P> {
         self.parts[s as usize].store(0, Ordering::Relaxed);
         self.policy.inserted(s);
         Some(Slot(s))
+    }
+
+    /// Forget `key` (if cached): its slot becomes the policy's first victim, with no parts.
+    /// For a slot whose filling failed.
+    pub fn remove(&mut self, key: u32) {
+        let s = self.slot_of[key as usize];
+        if s == NONE {
+            return;
+        }
+        self.slot_of[key as usize] = NONE;
+        self.key_of[s as usize] = NONE;
+        self.step_of[s as usize] = 0;
+        self.parts[s as usize].store(0, Ordering::Relaxed);
+        self.policy.emptied(s);
     }
 
     /// Bit mask of the parts present in a slot (the caller's meaning).

@@ -8,7 +8,7 @@ use crate::error::EngineError;
 use crate::head::{ClusteredHead, HeadRef, HeadState, HeadStats};
 use crate::kv::KvCache;
 use crate::moe::Routes;
-use crate::offload::{Offload, Offloaded};
+use crate::offload::{ExpertStream, Offload, Offloaded, Streamed};
 use crate::pipeline::StepBuffers;
 use crate::scratch::Scratch;
 use crate::sparse::{SparseFfn, SparseStats};
@@ -112,6 +112,8 @@ pub struct EngineParts<'m> {
     pub sparse: Option<&'m SparseFfn<'m>>,
     pub head: Option<&'m ClusteredHead<'m>>,
     pub offload: Option<Offload>,
+    /// A plain mixture-of-experts model's experts streamed from flash (no sparse FFN).
+    pub experts: Option<ExpertStream>,
 }
 
 /// Most tokens a context may hold: far beyond any model's training context, small enough that
@@ -228,8 +230,21 @@ impl<'m> Engine<'m> {
         let dense = cfg.dense_resident
             && !cfg.record_neurons
             && parts.sparse.is_some_and(|sp| !sp.use_predictor);
-        let store: Box<dyn Store + 'm> = match parts.offload {
-            Some(o) => {
+        let store: Box<dyn Store + 'm> = match (parts.offload, parts.experts) {
+            (Some(_), Some(_)) => {
+                return Err(EngineError::Offload(
+                    "an engine offloads neurons or streams experts, not both".into(),
+                ))
+            }
+            (None, Some(x)) => {
+                if parts.sparse.is_some() || c.n_expert == 0 {
+                    return Err(EngineError::Offload(
+                        "streamed experts are for a plain mixture-of-experts model".into(),
+                    ));
+                }
+                Box::new(Streamed::new(model, x, cfg.repack))
+            }
+            (Some(o), None) => {
                 if parts.sparse.is_none() {
                     return Err(EngineError::Offload(
                         "offloading needs the sparse FFN of a converted model".into(),
@@ -240,7 +255,7 @@ impl<'m> Engine<'m> {
                 }
                 Box::new(Offloaded::new(model, o, dense))
             }
-            None => Box::new(Resident::new(
+            (None, None) => Box::new(Resident::new(
                 model,
                 cfg.repack,
                 parts.sparse.is_some(),
@@ -295,6 +310,15 @@ impl<'m> Engine<'m> {
         self.store.offload_mut()
     }
 
+    /// The streamed experts, when this engine streams a plain model's experts.
+    pub fn experts(&self) -> Option<&ExpertStream> {
+        self.store.experts()
+    }
+
+    pub fn experts_mut(&mut self) -> Option<&mut ExpertStream> {
+        self.store.experts_mut()
+    }
+
     /// Whether the FFN runs sparsely (decode) from the converted model's neuron rows.
     pub fn is_sparse(&self) -> bool {
         self.sparse.is_some()
@@ -327,6 +351,9 @@ impl<'m> Engine<'m> {
         self.head.stats = HeadStats::default();
         if let Some(o) = self.store.offload_mut() {
             o.reset_stats();
+        }
+        if let Some(x) = self.store.experts_mut() {
+            x.reset_stats();
         }
     }
 

@@ -45,7 +45,10 @@ pub use guide::{TokenConstraint, TokenLogprob};
 pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
 pub use neurons::fires;
-pub use offload::{min_budget, regions, Offload, OffloadConfig, OffloadStats, Regions};
+pub use offload::{
+    expert_budget, min_budget, regions, ExpertBudget, ExpertStats, ExpertStream, Offload,
+    OffloadConfig, OffloadStats, Regions,
+};
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use shared::{BatchStats, SharedEngine, SharedSequence};

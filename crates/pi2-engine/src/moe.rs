@@ -62,20 +62,25 @@ pub(crate) fn experts<'o>(
     mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
 ) -> Result<(), EngineError> {
     let (d, ff, ne) = (c.n_embd, c.n_ff, c.n_expert);
-    let mut chosen = routes
-        .per_expert
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| !t.is_empty());
-    let mut next = chosen.next();
-    while let Some((e, toks)) = next {
-        next = chosen.next();
+    let chosen: Vec<usize> = (routes.per_expert.iter().enumerate())
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(e, _)| li * ne + e)
+        .collect();
+    // In waves of what the store holds at once, each wave's reads in flight together.
+    let (mut wave_end, mut i) = (0, 0);
+    while i < chosen.len() {
+        if i == wave_end {
+            wave_end = i + store.gather(&chosen[i..])?.clamp(1, chosen.len() - i);
+        }
+        let (unit, next) = (chosen[i], chosen[..wave_end].get(i + 1).copied());
+        i += 1;
+        let (e, toks) = (unit % ne, &routes.per_expert[unit % ne]);
         let m = toks.len();
         let xe = grow(&mut s.q, m * d);
         for (j, &(t, _)) in toks.iter().enumerate() {
             xe[j * d..(j + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
         }
-        let mats = store.ffn(li * ne + e, next.map(|(e, _)| li * ne + e))?;
+        let mats = store.ffn(unit, next)?;
         let (g, u) = (grow(&mut s.gate, m * ff), grow(&mut s.up, m * ff));
         project_pair(
             ks,

@@ -6,7 +6,7 @@
 //! runs the cluster pipeline with its own [`crate::residency::Residency`].
 
 use crate::error::EngineError;
-use crate::offload::Offload;
+use crate::offload::{ExpertStream, Offload};
 use crate::packed::PackedWeights;
 use crate::pipeline::{Step, StepBuffers};
 use crate::residency::Mapped;
@@ -66,6 +66,14 @@ pub(crate) trait Store: Send {
     /// Layer `li`'s q, k, v and output projections.
     fn attention(&mut self, li: usize) -> Result<[MatRef<'_>; 4], EngineError>;
 
+    /// Starts a wave of `units` (experts of one layer, each once, in the order the pass computes
+    /// them): returns how many of them, from the first, [`Store::ffn`] may be asked for before
+    /// the next wave (at least one). A store that streams experts puts the wave's reads in flight
+    /// at once; one that holds every unit takes them all.
+    fn gather(&mut self, units: &[usize]) -> Result<usize, EngineError> {
+        Ok(units.len())
+    }
+
     /// Unit `unit`'s whole FFN (a layer, or one expert `layer * n_expert + e`) for a dense
     /// pass; `next` is the unit the pass needs after it, which a store may start reading.
     fn ffn(&mut self, unit: usize, next: Option<usize>) -> Result<FfnMats<'_>, EngineError>;
@@ -118,6 +126,15 @@ pub(crate) trait Store: Send {
     }
 
     fn offload_mut(&mut self) -> Option<&mut Offload> {
+        None
+    }
+
+    /// The streamed experts and their statistics, if this store streams a plain model's experts.
+    fn experts(&self) -> Option<&ExpertStream> {
+        None
+    }
+
+    fn experts_mut(&mut self) -> Option<&mut ExpertStream> {
         None
     }
 }

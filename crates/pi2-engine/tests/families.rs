@@ -164,6 +164,7 @@ fn every_family_runs_under_a_budget_as_llama_cpp_does() {
             sparse: Some(&sp),
             head: None,
             offload: Some(o),
+            experts: None,
         };
         let mut e = Engine::with_parts(&m, &cfg, parts).unwrap();
         let prompt = ids(&want["prompt"]);
@@ -254,4 +255,93 @@ fn converted(dir: &std::path::Path, r: &Value, cfg: &EngineConfig) -> PathBuf {
         pi2_convert::write_file(&w, &out, &input, false).unwrap();
     }
     out
+}
+
+/// Each mixture-of-experts family's plain file with its experts streamed (no conversion) under a
+/// budget that holds its other tensors and only a few experts: the same logits bit for bit as
+/// in memory after a prompt (whose batch routes to more experts than the cache holds: several
+/// waves) and along greedy decoding, with experts read from the file and found in the cache.
+#[test]
+fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig {
+        threads: 2,
+        n_ctx: 64,
+        ..Default::default()
+    };
+    let mut seen = 0;
+    for r in references() {
+        let name = r["name"].as_str().unwrap().to_string();
+        let w = pi2_model::recipe::build(&r).unwrap();
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, w.to_bytes()).unwrap();
+        let m = Model::load(&path).unwrap();
+        if m.config.n_expert == 0 {
+            continue;
+        }
+        seen += 1;
+        let prompt = ids(&r["llama_cpp"]["prompt"]);
+        let mut mem = Engine::new(&m, &cfg).unwrap();
+        let kv = pi2_engine::kv_bytes_start(&m, &cfg, prompt.len()) as u64;
+        let scratch = pi2_engine::scratch_bytes(&m, &cfg, prompt.len()) as u64;
+        let need = pi2_engine::expert_budget(&m, kv + scratch);
+        let half = (m.config.n_layer * m.config.n_expert / 2) as u64;
+        let want: Vec<Vec<f32>> = {
+            let mut out = vec![mem.forward(&prompt, Logits::Last).unwrap().to_vec()];
+            for _ in 0..12 {
+                let next = argmax(out.last().unwrap());
+                out.push(mem.forward(&[next], Logits::Last).unwrap().to_vec());
+            }
+            out
+        };
+        // A cache of one token's experts and one more, then of half of them.
+        for slots in [m.config.n_expert_used as u64 + 1, half] {
+            let budget = need.minimum + need.slot * (slots - m.config.n_expert_used as u64);
+            let x = pi2_engine::ExpertStream::new(
+                &m,
+                &path,
+                kv,
+                scratch,
+                &pi2_engine::OffloadConfig {
+                    budget,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(x.slots() as u64, slots, "{name}");
+            let parts = pi2_engine::EngineParts {
+                experts: Some(x),
+                ..Default::default()
+            };
+            let mut streamed = Engine::with_parts(&m, &cfg, parts).unwrap();
+            let got = streamed.forward(&prompt, Logits::Last).unwrap().to_vec();
+            assert_eq!(got, want[0], "{name}: logits after the prompt, {slots} slots");
+            for w in want.windows(2) {
+                let got = streamed.forward(&[argmax(&w[0])], Logits::Last).unwrap();
+                assert_eq!(got, &w[1][..], "{name}: decode logits, {slots} slots");
+            }
+            let st = streamed.experts().unwrap().stats().clone();
+            assert!(st.reads > 0, "{name}: {st:?}");
+            match slots == half {
+                // Decode finds experts chosen before.
+                true => assert!(st.hits > 0, "{name}: {st:?}"),
+                // The prompt's batch chose more experts than the cache holds.
+                false => assert!(st.waves > (13 * m.config.n_layer) as u64, "{name}: {st:?}"),
+            }
+        }
+        // Too small a budget is refused, naming the least.
+        let small = pi2_engine::ExpertStream::new(
+            &m,
+            &path,
+            kv,
+            scratch,
+            &pi2_engine::OffloadConfig {
+                budget: need.minimum - 1,
+                ..Default::default()
+            },
+        );
+        let err = small.err().unwrap().to_string();
+        assert!(err.contains(&need.minimum.to_string()), "{name}: {err}");
+    }
+    assert!(seen >= 2, "no mixture-of-experts recipes");
 }

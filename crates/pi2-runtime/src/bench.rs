@@ -253,6 +253,7 @@ fn setup<'m>(
     let modes = modes(
         o,
         sparse.is_some(),
+        crate::offload::streams_experts(model),
         clustered,
         budgets.len(),
         applied.is_some(),
@@ -278,6 +279,7 @@ fn setup<'m>(
 fn modes(
     o: &BenchOptions,
     sparse: bool,
+    streams: bool,
     head: bool,
     n_budgets: usize,
     planned: bool,
@@ -285,6 +287,9 @@ fn modes(
     let mut ffn = vec![Ffn::Dense];
     if sparse {
         ffn.push(Ffn::Sparse);
+        ffn.extend((0..n_budgets).map(Ffn::Offload));
+    } else if streams {
+        // A plain mixture of experts: in memory, and its experts streamed under each budget.
         ffn.extend((0..n_budgets).map(Ffn::Offload));
     } else if n_budgets > 0 {
         return Err(RuntimeError::option(
@@ -420,7 +425,16 @@ fn engines<'s>(
         if !clustered && s.head.is_some() {
             cfg.head_share = Some(1.0);
         }
-        let offload = match ffn {
+        let (mut offload, mut experts) = (None, None);
+        match ffn {
+            Ffn::Offload(j) if s.sparse.is_none() => {
+                let b = &s.budgets[j];
+                let ocfg = b.options.config(b.bytes, file, &s.path)?;
+                let ocfg = pi2_engine::OffloadConfig { process, ..ocfg };
+                experts = Some(crate::offload::build_experts(
+                    &ocfg, s.model, &s.path, &cfg, max_batch,
+                )?);
+            }
             Ffn::Offload(j) => {
                 let b = &s.budgets[j];
                 let sp = s
@@ -445,12 +459,12 @@ fn engines<'s>(
                     }
                 };
                 let ocfg = pi2_engine::OffloadConfig { process, ..ocfg };
-                Some(crate::offload::build(
+                offload = Some(crate::offload::build(
                     &ocfg, s.model, &s.path, sp, &cfg, n_batch,
-                )?)
+                )?);
             }
-            _ => None,
-        };
+            _ => {}
+        }
         let parts = EngineParts {
             sparse: if ffn == Ffn::Dense {
                 None
@@ -459,6 +473,7 @@ fn engines<'s>(
             },
             head: s.head.as_ref(),
             offload,
+            experts,
         };
         let mut e = Engine::with_parts(s.model, &cfg, parts)?;
         e.prepare();

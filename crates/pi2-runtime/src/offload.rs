@@ -52,6 +52,63 @@ pub fn build(
     }
 }
 
+/// Whether a budget runs `model` by streaming its experts from the file as it is (a plain
+/// mixture-of-experts GGUF: an expert's slice of each stacked tensor is one contiguous read),
+/// with no conversion.
+pub fn streams_experts(model: &Model) -> bool {
+    model.config.n_expert > 0 && !crate::convert_cache::is_converted(model)
+}
+
+/// The streamed experts of a plain mixture-of-experts `model` under `cfg` (see [`build`] for
+/// what counts against the budget).
+pub fn build_experts(
+    cfg: &OffloadConfig,
+    model: &Model,
+    path: &Path,
+    engine: &EngineConfig,
+    n_batch: usize,
+) -> Result<pi2_engine::ExpertStream> {
+    let process = match cfg.process {
+        0 => process_bytes(model),
+        p => p,
+    };
+    let mut cfg = cfg.clone();
+    cfg.process = process;
+    let kv = pi2_engine::kv_bytes_start(model, engine, n_batch) as u64;
+    let scratch = pi2_engine::scratch_bytes(model, engine, n_batch) as u64
+        + cfg
+            .reader
+            .buffer_bytes()
+            .saturating_sub(auto_reader_bytes());
+    match pi2_engine::ExpertStream::new(model, path, kv, scratch, &cfg) {
+        Err(pi2_engine::EngineError::Budget(pi2_cache::CacheError::OverBudget {
+            minimum, ..
+        })) => Err(experts_too_small(cfg.budget, minimum, model, n_batch)),
+        other => Ok(other?),
+    }
+}
+
+/// A budget below what streaming a model's experts needs: the parts, and the budget to pass.
+fn experts_too_small(budget: u64, minimum: u64, model: &Model, n_batch: usize) -> RuntimeError {
+    let need = pi2_engine::expert_budget(model, 0);
+    let mib = |b: u64| (b as f64 / (1u64 << 20) as f64).ceil() as u64;
+    RuntimeError::option(
+        "--mem-budget",
+        format!(
+            "{} MiB is too small for this model: streaming its experts needs at least {} MiB, of \
+             which its tensors other than the experts take {} MiB and one token's {} experts {} \
+             MiB (the rest: the KV cache of a first {n_batch}-token batch, buffers and this \
+             process); pass --mem-budget {}M or more",
+            mib(budget),
+            mib(minimum),
+            mib(need.resident),
+            model.config.n_expert_used,
+            mib(need.expert * model.config.n_expert_used as u64),
+            mib(minimum) + 1,
+        ),
+    )
+}
+
 /// Refuses `budget` when it cannot hold even what no conversion changes: this process's own
 /// memory, and the KV cache and buffers of a one-token batch. Checked before a plain model is
 /// converted for the budget, so an absurd budget costs no conversion.

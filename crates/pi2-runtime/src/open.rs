@@ -90,6 +90,13 @@ pub fn model_file(
         return Ok((path.to_path_buf(), opts));
     }
     crate::offload::check_floor(&model, &engine, bytes)?;
+    if crate::offload::streams_experts(&model) {
+        // Experts stream from the file as it is: nothing to convert.
+        if budget.trim_end().ends_with('%') {
+            opts.mem_budget = Some(bytes.to_string());
+        }
+        return Ok((path.to_path_buf(), opts));
+    }
     drop(model);
     // Converted in a child process: what the conversion allocated never counts against the
     // budget this process then runs under.

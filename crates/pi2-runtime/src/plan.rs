@@ -152,6 +152,7 @@ pub fn model_profile(
             sparse: Some(sparse),
             head: head.as_ref(),
             offload: None,
+            experts: None,
         },
     )?;
     for &t in tokens {

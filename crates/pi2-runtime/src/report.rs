@@ -76,11 +76,41 @@ pub fn offload_json(o: &Offload, tokens: usize, decode_secs: f64) -> Value {
     })
 }
 
+/// A plain model's streamed experts: budget split, cache, hit rate, reads.
+pub fn experts_json(x: &pi2_engine::ExpertStream, tokens: usize, decode_secs: f64) -> Value {
+    let st = x.stats();
+    let rd = x.reader_stats();
+    let regions: serde_json::Map<String, Value> = (x.budget().breakdown())
+        .map(|(r, v)| (format!("{r:?}").to_lowercase(), v.into()))
+        .collect();
+    json!({
+        "budget_bytes": x.budget().limit(),
+        "regions_bytes": regions,
+        "expert_bytes": x.expert_bytes(),
+        "cache_slots": x.slots(),
+        "engine": x.engine().0,
+        "io_depth": x.engine().1,
+        "direct": x.direct().0,
+        "hit_rate": st.hit_rate(),
+        "experts": {"cached": st.hits, "read": st.reads},
+        "waves": st.waves,
+        "bytes_read": rd.bytes_read,
+        "expert_bytes_per_token": st.bytes as f64 / tokens.max(1) as f64,
+        "device_reads": rd.reads,
+        "device_busy_secs": rd.busy_ns as f64 / 1e9,
+        "io_wait_share": if decode_secs > 0.0 { st.io_wait_ns as f64 / 1e9 / decode_secs } else { 0.0 },
+    })
+}
+
 /// Bytes read from flash per token over `tokens` tokens, by part: FFN neuron rows (and whole
 /// layers a batch read), output head rows, attention projections and embedding rows (zeros in
 /// memory).
 pub fn bytes_read_json(e: &Engine<'_>, tokens: usize) -> Value {
     let per = |x: u64| x as f64 / tokens.max(1) as f64;
+    if let Some(x) = e.experts() {
+        let ffn = per(x.stats().bytes);
+        return json!({"ffn": ffn, "head": 0.0, "attention": 0.0, "embedding": 0.0, "total": ffn});
+    }
     let Some(o) = e.offload() else {
         return json!({"ffn": 0.0, "head": 0.0, "attention": 0.0, "embedding": 0.0, "total": 0.0});
     };
@@ -109,6 +139,7 @@ pub fn engine_json(e: &Engine<'_>, tokens: usize, decode_secs: f64) -> Value {
         "sparse": if e.is_sparse() { sparse_json(e.sparse_stats()) } else { Value::Null },
         "head": head_json(&e.head_stats(), n_vocab),
         "offload": e.offload().map(|o| offload_json(o, tokens, decode_secs)),
+        "experts": e.experts().map(|x| experts_json(x, tokens, decode_secs)),
         "bytes_read_per_token": bytes_read_json(e, tokens),
     })
 }

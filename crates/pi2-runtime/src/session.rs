@@ -68,7 +68,8 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
         sparse_opts.dense = true;
     }
     let sparse = crate::sparse::build(&sparse_opts, model, path, o.sparse_batches)?;
-    if offloads && sparse.is_none() {
+    let streams = offloads && crate::offload::streams_experts(model);
+    if offloads && sparse.is_none() && !streams {
         return Err(RuntimeError::option(
             "--mem-budget",
             "reads FFN neurons from flash: it needs a model made by `pi2 convert` (and not --dense)",
@@ -117,6 +118,7 @@ impl<'m> Prepared<'m> {
             sparse: self.sparse.as_ref(),
             head: self.head.as_ref(),
             offload: self.offload(&cfg, n_batch)?,
+            experts: self.experts(&cfg, n_batch)?,
         };
         Ok(Engine::with_parts(self.model, &cfg, parts)?)
     }
@@ -151,6 +153,22 @@ impl<'m> Prepared<'m> {
             ));
         }
         Ok((engine, n_batch))
+    }
+
+    /// A plain mixture-of-experts model's experts streamed under the options' budget (`None`
+    /// without a budget, or for a converted or dense model).
+    pub fn experts(
+        &self,
+        cfg: &pi2_engine::EngineConfig,
+        n_batch: usize,
+    ) -> Result<Option<pi2_engine::ExpertStream>> {
+        let Some(b) = self.budget.filter(|_| crate::offload::streams_experts(self.model)) else {
+            return Ok(None);
+        };
+        let file = self.model.file.file_size();
+        let ocfg = self.offload.config(b, file, &self.path)?;
+        let x = crate::offload::build_experts(&ocfg, self.model, &self.path, cfg, n_batch)?;
+        Ok(Some(x))
     }
 
     /// The offloaded FFN the options or plan ask for, for an engine built with `cfg` (`None`

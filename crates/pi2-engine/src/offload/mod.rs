@@ -22,6 +22,7 @@
 //! as in-memory sparse decode.
 
 use crate::EngineError;
+mod experts;
 mod layout;
 mod moving;
 mod residency;
@@ -33,6 +34,8 @@ use crate::residency::Tag;
 use crate::sparse::SparseFfn;
 pub(crate) use layout::Part;
 use layout::{hot_block, least_cold_slots, AttnLayout, FfnLayout, HotLayer, PAD};
+pub use experts::{expert_budget, ExpertBudget, ExpertStats, ExpertStream};
+pub(crate) use experts::Streamed;
 pub use layout::{min_budget, regions, Regions};
 use pi2_cache::{Budget, Lru, SlotCache};
 use pi2_io::{

@@ -70,6 +70,7 @@ pub fn sparse_engine<'m>(
         sparse: Some(sp),
         head: None,
         offload,
+        experts: None,
     };
     Engine::with_parts(m, cfg, parts)
 }

@@ -695,6 +695,11 @@ impl TensorView {
         f.release(&f.tensors[self.index], range);
     }
 
+    /// Where the tensor's data starts in the file.
+    pub fn file_offset(&self, f: &GgufFile) -> u64 {
+        f.data_offset + f.tensors[self.index].offset
+    }
+
     /// Bytes of data.
     pub fn bytes(&self, f: &GgufFile) -> u64 {
         f.tensors[self.index].size
