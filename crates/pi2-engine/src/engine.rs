@@ -7,7 +7,7 @@
 use crate::error::EngineError;
 use crate::head::{ClusteredHead, HeadRef, HeadState, HeadStats};
 use crate::kv::KvCache;
-use crate::moe::Routes;
+use crate::moe::{Routes, RoutingStats};
 use crate::offload::{ExpertStream, Offload, Offloaded, Streamed};
 use crate::pipeline::StepBuffers;
 use crate::scratch::Scratch;
@@ -355,6 +355,12 @@ impl<'m> Engine<'m> {
         if let Some(x) = self.store.experts_mut() {
             x.reset_stats();
         }
+        self.routes.stats = RoutingStats::default();
+    }
+
+    /// How a mixture of experts routed tokens since the last reset (empty for a dense model).
+    pub fn routing_stats(&self) -> &RoutingStats {
+        &self.routes.stats
     }
 
     pub fn model(&self) -> &'m Model {

@@ -44,6 +44,7 @@ pub use generate::{
 pub use guide::{TokenConstraint, TokenLogprob};
 pub use head::{ClusteredHead, HeadStats};
 pub use kv::kv_bytes;
+pub use moe::RoutingStats;
 pub use neurons::fires;
 pub use offload::{
     expert_budget, min_budget, regions, ExpertBudget, ExpertStats, ExpertStream, Offload,

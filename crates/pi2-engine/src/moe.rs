@@ -19,12 +19,75 @@ pub(crate) struct Routes {
     pub per_expert: Vec<Vec<(usize, f32)>>,
     /// The experts the last routed token chose, with their weights.
     pub picked: Vec<(usize, f32)>,
+    pub stats: RoutingStats,
+}
+
+/// How tokens were routed since the last reset: what decides how well a cache of experts
+/// serves them (how uneven the experts' popularity is, how often a token reuses its
+/// predecessor's experts).
+#[derive(Clone, Debug, Default)]
+pub struct RoutingStats {
+    /// Per layer and expert (`layer * n_expert + e`): tokens routed to it.
+    pub counts: Vec<u64>,
+    /// Token-layers routed, and the expert slots among them that the previous token routed
+    /// in the same layer chose too.
+    pub routings: u64,
+    pub repeated: u64,
+    n_expert: usize,
+    /// Per layer: the previous token's experts.
+    last: Vec<Vec<usize>>,
+}
+
+impl RoutingStats {
+    fn note(&mut self, li: usize, n_layer: usize, n_expert: usize, picked: &[(usize, f32)]) {
+        if self.counts.len() != n_layer * n_expert {
+            *self = RoutingStats {
+                counts: vec![0; n_layer * n_expert],
+                n_expert,
+                last: vec![Vec::new(); n_layer],
+                ..Default::default()
+            };
+        }
+        self.routings += 1;
+        let last = &mut self.last[li];
+        self.repeated += picked.iter().filter(|p| last.contains(&p.0)).count() as u64;
+        last.clear();
+        last.extend(picked.iter().map(|p| p.0));
+        for p in picked {
+            self.counts[li * n_expert + p.0] += 1;
+        }
+    }
+
+    /// Share of a token's chosen experts its predecessor chose too (in the same layer).
+    pub fn reuse(&self) -> f64 {
+        let slots = self.routings * self.last.first().map_or(0, Vec::len) as u64;
+        self.repeated as f64 / slots.max(1) as f64
+    }
+
+    /// Per layer: the most chosen expert's share of the layer's routings, and the share of
+    /// experts that take `mass` of them (fewest first: most popular first).
+    pub fn popularity(&self, mass: f64) -> Vec<(f64, f64)> {
+        (self.counts.chunks(self.n_expert.max(1)))
+            .map(|layer| {
+                let mut c = layer.to_vec();
+                c.sort_unstable_by(|a, b| b.cmp(a));
+                let total = c.iter().sum::<u64>().max(1) as f64;
+                let (mut sum, mut k) = (0u64, 0);
+                while k < c.len() && (sum as f64) < mass * total {
+                    sum += c[k];
+                    k += 1;
+                }
+                (c[0] as f64 / total, k as f64 / c.len() as f64)
+            })
+            .collect()
+    }
 }
 
 /// Routes the `n` tokens of `s.xn` through `router` (rows: one per expert).
 pub(crate) fn route_tokens(
     ks: &KernelSet,
     c: &ModelConfig,
+    li: usize,
     router: &MatRef<'_>,
     s: &mut Scratch,
     routes: &mut Routes,
@@ -46,6 +109,7 @@ pub(crate) fn route_tokens(
         for &(e, w) in &routes.picked {
             routes.per_expert[e].push((t, w));
         }
+        (routes.stats).note(li, c.n_layer, ne, &routes.picked);
     }
 }
 

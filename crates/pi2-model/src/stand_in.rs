@@ -42,10 +42,17 @@ pub struct Shape {
     pub n_expert_used: usize,
     pub n_ctx: usize,
     pub rope_base: f32,
+    /// `llama`, or `qwen3moe` (per-head Q/K norms, the experts' size under its own key).
+    pub arch: &'static str,
+    /// Width of an attention head (`n_embd / n_head` when 0).
+    pub head_dim: usize,
+    /// Standard deviation of an expert's router bias, in units of its logit's random part: how
+    /// unevenly a mixture routes.
+    pub router_bias: f32,
 }
 
 /// The shapes `pi2 synth` knows. `tiny` and `tiny-moe` are for tests.
-pub const SHAPES: [Shape; 7] = [
+pub const SHAPES: [Shape; 9] = [
     // Qwen2.5-1.5B's shape (without its attention biases and tied output): a 1.5B-class model
     // for timing profiling and conversion.
     Shape {
@@ -59,6 +66,9 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 0,
         n_ctx: 32768,
         rope_base: 1_000_000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
     },
     Shape {
         name: "llama2-7b",
@@ -71,6 +81,9 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 0,
         n_ctx: 4096,
         rope_base: 10000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
     },
     Shape {
         name: "llama2-13b",
@@ -83,6 +96,9 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 0,
         n_ctx: 4096,
         rope_base: 10000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
     },
     Shape {
         name: "mistral-7b",
@@ -95,6 +111,9 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 0,
         n_ctx: 32768,
         rope_base: 10000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
     },
     Shape {
         name: "mixtral-8x7b",
@@ -107,6 +126,42 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 2,
         n_ctx: 32768,
         rope_base: 1_000_000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
+    },
+    // Qwen3-30B-A3B's shape: 48 layers of 128 experts (768 neurons), 8 chosen per token;
+    // routing skewed as the real model's (about half the experts take 90% of routings).
+    Shape {
+        name: "qwen3-30b-a3b",
+        n_layer: 48,
+        n_embd: 2048,
+        n_ff: 768,
+        n_head: 32,
+        n_head_kv: 4,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ctx: 40960,
+        rope_base: 1_000_000.0,
+        arch: "qwen3moe",
+        head_dim: 128,
+        router_bias: 1.0,
+    },
+    // OLMoE-1B-7B's shape (Q/K norms per head here: the stand-in's arch is qwen3moe's).
+    Shape {
+        name: "olmoe-1b-7b",
+        n_layer: 16,
+        n_embd: 2048,
+        n_ff: 1024,
+        n_head: 16,
+        n_head_kv: 16,
+        n_expert: 64,
+        n_expert_used: 8,
+        n_ctx: 4096,
+        rope_base: 10000.0,
+        arch: "qwen3moe",
+        head_dim: 128,
+        router_bias: 1.0,
     },
     Shape {
         name: "tiny",
@@ -119,6 +174,9 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 0,
         n_ctx: 2048,
         rope_base: 10000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
     },
     Shape {
         name: "tiny-moe",
@@ -131,12 +189,23 @@ pub const SHAPES: [Shape; 7] = [
         n_expert_used: 2,
         n_ctx: 2048,
         rope_base: 1_000_000.0,
+        arch: "llama",
+        head_dim: 0,
+        router_bias: ROUTER_BIAS,
     },
 ];
 
 impl Shape {
     pub fn by_name(name: &str) -> Option<Shape> {
         SHAPES.iter().find(|s| s.name == name).copied()
+    }
+
+    /// Width of an attention head.
+    pub fn head_dim(&self) -> usize {
+        match self.head_dim {
+            0 => self.n_embd / self.n_head,
+            h => h,
+        }
     }
 }
 
@@ -483,7 +552,8 @@ impl StandIn {
                     x.iter_mut().for_each(|v| *v = rng.uniform() * scale);
                     let rest = x[1..].iter().map(|v| v * v).sum::<f32>().sqrt();
                     // Uniform on [-1, 1] has standard deviation 1/sqrt(3).
-                    x[0] = x[0] / scale * 3f32.sqrt() * ROUTER_BIAS * rest * self.sigma_x / self.a;
+                    x[0] = x[0] / scale * 3f32.sqrt() * self.spec.shape.router_bias * rest * self.sigma_x
+                        / self.a;
                 }
                 Kind::Gate { layer, scale } => {
                     x.iter_mut().for_each(|v| *v = rng.uniform() * scale);
@@ -537,7 +607,7 @@ fn check_spec(spec: &StandInSpec) -> Result<(), ModelError> {
 /// The stand-in's llama metadata and its own `pi2.synth.*` keys (the tokenizer's come after).
 fn metadata(spec: &StandInSpec, n_vocab: usize) -> Vec<(String, Value)> {
     let (s, q) = (spec.shape, spec.quant);
-    let a = "llama";
+    let a = s.arch;
     let name = format!("pi2 stand-in {} {} {}", s.name, spec.ffn_act.name(), q);
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
@@ -552,7 +622,9 @@ fn metadata(spec: &StandInSpec, n_vocab: usize) -> Vec<(String, Value)> {
         ("feed_forward_length", u(s.n_ff)),
         ("attention.head_count", u(s.n_head)),
         ("attention.head_count_kv", u(s.n_head_kv)),
-        ("rope.dimension_count", u(s.n_embd / s.n_head)),
+        ("rope.dimension_count", u(s.head_dim())),
+        ("attention.key_length", u(s.head_dim())),
+        ("attention.value_length", u(s.head_dim())),
         ("rope.freq_base", Value::F32(s.rope_base)),
         ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
         ("vocab_size", u(n_vocab)),
@@ -562,6 +634,9 @@ fn metadata(spec: &StandInSpec, n_vocab: usize) -> Vec<(String, Value)> {
     if s.n_expert > 0 {
         meta.push((format!("{a}.expert_count"), u(s.n_expert)));
         meta.push((format!("{a}.expert_used_count"), u(s.n_expert_used)));
+        if a == "qwen3moe" {
+            meta.push((format!("{a}.expert_feed_forward_length"), u(s.n_ff)));
+        }
     }
     meta.extend([
         (
@@ -601,7 +676,7 @@ impl Table {
 
     fn new(spec: &StandInSpec, n_vocab: usize, sigma_x: f32) -> Table {
         let (s, q) = (spec.shape, spec.quant);
-        let (d, ff, hd) = (s.n_embd, s.n_ff, s.n_embd / s.n_head);
+        let (d, ff, hd) = (s.n_embd, s.n_ff, s.head_dim());
         let (qd, kvd) = (s.n_head * hd, s.n_head_kv * hd);
         let experts = s.n_expert.max(1);
         let w_in = (6.0 / d as f32).sqrt();
@@ -652,6 +727,11 @@ impl Table {
                 q,
                 uni(w_in, false),
             );
+            if s.arch == "qwen3moe" {
+                for k in ["attn_q_norm.weight", "attn_k_norm.weight"] {
+                    t.add(n(k), vec![hd as u64], QuantType::F32, Kind::Ones);
+                }
+            }
             t.add(
                 n("attn_output.weight"),
                 vec![qd as u64, d64],

@@ -76,6 +76,30 @@ pub fn offload_json(o: &Offload, tokens: usize, decode_secs: f64) -> Value {
     })
 }
 
+/// How a mixture of experts routed (`null` for a dense model or no tokens): per layer, the most
+/// chosen expert's share and the share of experts taking 90% of routings (mean, least, most
+/// over layers), and the share of a token's experts its predecessor chose too.
+pub fn routing_json(r: &pi2_engine::RoutingStats) -> Value {
+    if r.routings == 0 {
+        return Value::Null;
+    }
+    let layers = r.popularity(0.9);
+    let spread = |f: fn(&(f64, f64)) -> f64| {
+        let v: Vec<f64> = layers.iter().map(f).collect();
+        json!({
+            "mean": v.iter().sum::<f64>() / v.len().max(1) as f64,
+            "min": v.iter().copied().fold(f64::INFINITY, f64::min),
+            "max": v.iter().copied().fold(0.0, f64::max),
+        })
+    };
+    json!({
+        "token_layers": r.routings,
+        "top_expert_share": spread(|l| l.0),
+        "experts_for_90pct": spread(|l| l.1),
+        "reuse_from_previous_token": r.reuse(),
+    })
+}
+
 /// A plain model's streamed experts: budget split, cache, hit rate, reads.
 pub fn experts_json(x: &pi2_engine::ExpertStream, tokens: usize, decode_secs: f64) -> Value {
     let st = x.stats();
@@ -140,6 +164,7 @@ pub fn engine_json(e: &Engine<'_>, tokens: usize, decode_secs: f64) -> Value {
         "head": head_json(&e.head_stats(), n_vocab),
         "offload": e.offload().map(|o| offload_json(o, tokens, decode_secs)),
         "experts": e.experts().map(|x| experts_json(x, tokens, decode_secs)),
+        "routing": routing_json(e.routing_stats()),
         "bytes_read_per_token": bytes_read_json(e, tokens),
     })
 }

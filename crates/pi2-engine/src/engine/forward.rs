@@ -187,6 +187,7 @@ impl Engine<'_> {
             moe::route_tokens(
                 &self.ks,
                 c,
+                li,
                 &router.mat(f),
                 &mut self.s,
                 &mut self.routes,
