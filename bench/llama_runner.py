@@ -65,9 +65,10 @@ def no_repack():
     C.llama_model_default_params = params
 
 
-def complete(model, threads, n_gen, prompt_file, lookup):
+def complete(model, threads, n_gen, prompt_file, lookup, repack=0):
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    no_repack()
+    if not repack:
+        no_repack()
     draft = LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=lookup) if lookup else None
     llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=4096,
                           n_batch=512, use_mmap=True, verbose=False, draft_model=draft)
@@ -104,7 +105,8 @@ if __name__ == "__main__":
     mode, model = sys.argv[1], sys.argv[2]
     if mode == "complete":
         threads, n_gen, prompt_file, lookup = sys.argv[3:7]
-        print(json.dumps(complete(model, int(threads), int(n_gen), prompt_file, int(lookup))))
+        repack = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+        print(json.dumps(complete(model, int(threads), int(n_gen), prompt_file, int(lookup), repack)))
     else:
         rest = [int(x) for x in sys.argv[3:]]
         print(json.dumps(bench(model, *rest) if mode == "bench" else decode(model, *rest)))

@@ -373,6 +373,25 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_key_is_gone_and_its_slot_is_reused_first() {
+        let mut c = SlotCache::new(10, 5, 100, 3, Lru::default()).unwrap();
+        let a = c.insert(1).unwrap();
+        let b = c.insert(2).unwrap();
+        c.insert(3).unwrap();
+        c.add_parts(b, 3);
+        c.begin_step();
+        c.remove(2);
+        c.remove(7); // not cached: nothing happens
+        assert_eq!(c.peek(2), None);
+        assert_eq!(c.parts(b), 0);
+        // The emptied slot goes before the least recent key's (1, in slot `a`).
+        assert_eq!(c.insert(4), Some(b));
+        assert_eq!(c.insert(5), Some(a));
+        assert_eq!(c.peek(1), None);
+        assert_eq!(c.peek(4), Some(b));
+    }
+
+    #[test]
     fn fifo_ignores_hits() {
         let mut c = SlotCache::new(10, 10, 8, 2, Fifo::default()).unwrap();
         let a = c.insert(1).unwrap();

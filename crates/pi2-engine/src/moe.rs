@@ -20,6 +20,9 @@ pub(crate) struct Routes {
     /// The experts the last routed token chose, with their weights.
     pub picked: Vec<(usize, f32)>,
     pub stats: RoutingStats,
+    /// Units the next layer's router picks from this layer's input (a decoded token under a
+    /// store that streams experts): read ahead while this layer computes.
+    pub guess: Vec<usize>,
 }
 
 /// How tokens were routed since the last reset: what decides how well a cache of experts
@@ -135,6 +138,9 @@ pub(crate) fn experts<'o>(
     while i < chosen.len() {
         if i == wave_end {
             wave_end = i + store.gather(&chosen[i..])?.clamp(1, chosen.len() - i);
+            if i == 0 && !routes.guess.is_empty() {
+                store.prefetch(&routes.guess)?;
+            }
         }
         let (unit, next) = (chosen[i], chosen[..wave_end].get(i + 1).copied());
         i += 1;
@@ -181,6 +187,30 @@ pub(crate) fn experts<'o>(
         }
     }
     Ok(())
+}
+
+/// The units layer `li + 1`'s router picks for the one token whose residual stream is `s.x`
+/// (normed with that layer's FFN norm): where the layer's own input will be after this layer,
+/// guessed from where it is now.
+pub(crate) fn guess_next(
+    ks: &KernelSet,
+    c: &ModelConfig,
+    li: usize,
+    norm: &[f32],
+    router: &MatRef<'_>,
+    s: &mut Scratch,
+    out: &mut Vec<usize>,
+) {
+    let (d, ne) = (c.n_embd, c.n_expert);
+    let xn = grow(&mut s.q, d);
+    crate::scratch::rms_norm(&s.x[..d], norm, c.rms_eps, xn);
+    s.acts.quantize(router.ty.act_kind(), &s.q[..d], d);
+    let logits = grow(&mut s.logits, ne);
+    matmul(ks, router, &s.acts, logits);
+    let mut picked = Vec::with_capacity(c.n_expert_used);
+    route(&s.logits[..ne], c.n_expert_used, c.gating, &mut picked);
+    out.clear();
+    out.extend(picked.iter().map(|&(e, _)| (li + 1) * ne + e));
 }
 
 /// The `k` experts with the largest router logits (ties: the lower index), weighted by the

@@ -74,6 +74,12 @@ pub(crate) trait Store: Send {
         Ok(units.len())
     }
 
+    /// A guess of the units the next wave will ask for: a store that streams experts may start
+    /// reading them (after the current wave's reads). Never changes what is computed.
+    fn prefetch(&mut self, _units: &[usize]) -> Result<(), EngineError> {
+        Ok(())
+    }
+
     /// Unit `unit`'s whole FFN (a layer, or one expert `layer * n_expert + e`) for a dense
     /// pass; `next` is the unit the pass needs after it, which a store may start reading.
     fn ffn(&mut self, unit: usize, next: Option<usize>) -> Result<FfnMats<'_>, EngineError>;

@@ -324,7 +324,7 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
             assert!(st.reads > 0, "{name}: {st:?}");
             match slots == half {
                 // Decode finds experts chosen before.
-                true => assert!(st.hits > 0, "{name}: {st:?}"),
+                true => assert!(st.hits > 0 && st.prefetched > 0, "{name}: {st:?}"),
                 // The prompt's batch chose more experts than the cache holds.
                 false => assert!(st.waves > (13 * m.config.n_layer) as u64, "{name}: {st:?}"),
             }
@@ -344,4 +344,58 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
         assert!(err.contains(&need.minimum.to_string()), "{name}: {err}");
     }
     assert!(seen >= 2, "no mixture-of-experts recipes");
+}
+
+/// A read of an expert that fails (a short read: the file changed under the reader) is the
+/// pass's error, naming the read; the half-read expert is never served, so the next pass reads
+/// it again and computes what memory does, bit for bit.
+#[test]
+fn a_failed_expert_read_is_an_error_and_never_a_different_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig {
+        threads: 2,
+        n_ctx: 64,
+        ..Default::default()
+    };
+    let r = references()
+        .into_iter()
+        .find(|r| r["arch"] == "qwen3moe")
+        .expect("a qwen3moe recipe");
+    let path = dir.path().join("moe.gguf");
+    std::fs::write(&path, pi2_model::recipe::build(&r).unwrap().to_bytes()).unwrap();
+    let m = Model::load(&path).unwrap();
+    let prompt = ids(&r["llama_cpp"]["prompt"]);
+    let want = Engine::new(&m, &cfg)
+        .unwrap()
+        .forward(&prompt, Logits::Last)
+        .unwrap()
+        .to_vec();
+    let kv = pi2_engine::kv_bytes_start(&m, &cfg, prompt.len()) as u64;
+    let scratch = pi2_engine::scratch_bytes(&m, &cfg, prompt.len()) as u64;
+    let need = pi2_engine::expert_budget(&m, kv + scratch);
+    let x = pi2_engine::ExpertStream::new(
+        &m,
+        &path,
+        kv,
+        scratch,
+        &pi2_engine::OffloadConfig {
+            budget: need.minimum + 4 * need.slot,
+            faults: Some(pi2_io::FaultPlan {
+                short_at: Some(4),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let parts = pi2_engine::EngineParts {
+        experts: Some(x),
+        ..Default::default()
+    };
+    let mut e = Engine::with_parts(&m, &cfg, parts).unwrap();
+    let err = e.forward(&prompt, Logits::Last).unwrap_err().to_string();
+    assert!(err.contains("short read"), "{err}");
+    e.truncate(0);
+    let got = e.forward(&prompt, Logits::Last).unwrap();
+    assert_eq!(got, &want[..]);
 }

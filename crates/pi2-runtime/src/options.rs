@@ -187,6 +187,8 @@ pub struct OffloadOptions {
     /// memory of its own says here how much of it the budget covers (`Some(0)` counts as
     /// `None`).
     pub process_bytes: Option<u64>,
+    /// A plain mixture of experts under a budget: read the next layer's likely experts ahead.
+    pub prefetch_experts: bool,
 }
 
 impl Default for OffloadOptions {
@@ -200,6 +202,7 @@ impl Default for OffloadOptions {
             merge_gap: "0".into(),
             emulate_flash: None,
             process_bytes: None,
+            prefetch_experts: true,
         }
     }
 }
@@ -288,6 +291,7 @@ impl OffloadOptions {
             // Without a plan every layer runs the sparse step: the text is the same at every
             // budget (a plan runs wholly pinned layers dense where that is faster).
             dense_layers: None,
+            prefetch_experts: self.prefetch_experts,
         })
     }
 }

@@ -525,6 +525,7 @@ pub fn apply(
                 depth: k.io_depth,
                 merge_gap: k.merge_gap,
             },
+            prefetch_experts: true,
             faults: None,
             emulate: plan
                 .device

@@ -118,6 +118,8 @@ pub fn experts_json(x: &pi2_engine::ExpertStream, tokens: usize, decode_secs: f6
         "hit_rate": st.hit_rate(),
         "experts": {"cached": st.hits, "read": st.reads},
         "waves": st.waves,
+        "prefetch": {"on": x.prefetches(), "read_ahead": st.prefetched, "used": st.prefetch_used,
+                     "accuracy": st.prefetch_accuracy()},
         "bytes_read": rd.bytes_read,
         "expert_bytes_per_token": st.bytes as f64 / tokens.max(1) as f64,
         "device_reads": rd.reads,

@@ -69,7 +69,8 @@ impl SparseArgs {
 #[derive(Args, Clone, Debug, Default)]
 pub struct OffloadArgs {
     /// Keep at most SIZE resident and read the rest from flash (a plain GGUF is profiled and
-    /// converted once into the per-user cache; a file made by `pi2 convert` runs as it is):
+    /// converted once into the per-user cache, a plain mixture of experts streams its experts
+    /// from the file as it is; a file made by `pi2 convert` runs as it is):
     /// bytes with an optional K/M/G suffix (48M, 1.5G) or a percentage of the model file
     /// (50%). `bench` takes a comma-separated list
     #[arg(long = "mem-budget", value_delimiter = ',')]
@@ -101,6 +102,11 @@ pub struct OffloadArgs {
     /// the page cache, each read taking the latency plus its size over the bandwidth
     #[arg(long)]
     pub emulate_flash: Option<String>,
+    /// A mixture of experts streamed from its file: do not read the next layer's likely
+    /// experts ahead (a guess from the next layer's router on this layer's input; a wrong
+    /// guess costs reads, never a different answer)
+    #[arg(long)]
+    pub no_prefetch: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -122,6 +128,7 @@ impl OffloadArgs {
             merge_gap: self.merge_gap.clone(),
             emulate_flash: self.emulate_flash.clone(),
             process_bytes: None,
+            prefetch_experts: !self.no_prefetch,
         }
     }
 

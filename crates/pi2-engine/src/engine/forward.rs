@@ -145,6 +145,17 @@ impl Engine<'_> {
         let nd = n * c.n_embd;
         let s = &mut self.s;
         rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
+        self.routes.guess.clear();
+        let next = m.weights.layers.get(li + 1);
+        if let Some((next, router)) = next.and_then(|nl| Some((nl, nl.router.as_ref()?))) {
+            // A decoded token's next experts, guessed now so that they can be read meanwhile.
+            if n == 1 && pass != Pass::Prompt && self.store.experts().is_some_and(|x| x.prefetches()) {
+                let (norm, router) = (next.ffn_norm.f32s(f), router.mat(f));
+                let (s, guess) = (&mut self.s, &mut self.routes.guess);
+                moe::guess_next(&self.ks, c, li, norm, &router, s, guess);
+            }
+        }
+        let s = &mut self.s;
         if l.post_ffn_norm.is_none() && c.residual_scale == 1.0 {
             return self.ffn_output(li, l, n, pass, observer);
         }

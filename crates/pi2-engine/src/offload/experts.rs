@@ -44,12 +44,22 @@ pub struct ExpertStats {
     /// Waves of a layer's experts (one per layer and batch unless the cache is smaller than
     /// what the batch chose).
     pub waves: u64,
+    /// Experts read ahead on a guess of the next layer's choice, and those of them the layer
+    /// then chose (counted in neither `hits` nor `reads`).
+    pub prefetched: u64,
+    pub prefetch_used: u64,
 }
 
 impl ExpertStats {
-    /// Share of chosen experts served from memory.
+    /// Share of chosen experts served from memory (a prefetched one counts as read).
     pub fn hit_rate(&self) -> f64 {
-        self.hits as f64 / (self.hits + self.reads).max(1) as f64
+        let reads = self.reads + self.prefetch_used;
+        self.hits as f64 / (self.hits + reads).max(1) as f64
+    }
+
+    /// Share of experts read ahead that the next layer chose.
+    pub fn prefetch_accuracy(&self) -> f64 {
+        self.prefetch_used as f64 / self.prefetched.max(1) as f64
     }
 }
 
@@ -120,8 +130,9 @@ pub struct ExpertStream {
     cache: SlotCache<Lru>,
     /// Per slot: reads of the slot's expert still in flight.
     landing: Vec<u8>,
-    /// Units put in flight by the current wave.
+    /// Units put in flight by the current wave, and read ahead for the next one.
     wave: Vec<u32>,
+    ahead: Vec<u32>,
     budget: Budget,
     /// Slots the KV cache may never take back: one token's experts.
     least_slots: usize,
@@ -129,6 +140,7 @@ pub struct ExpertStream {
     stats: ExpertStats,
     direct: bool,
     fallback: Option<String>,
+    prefetch: bool,
 }
 
 impl ExpertStream {
@@ -190,6 +202,7 @@ impl ExpertStream {
             n_expert: c.n_expert,
             landing: vec![0; slots],
             wave: Vec::new(),
+            ahead: Vec::new(),
             cache,
             budget,
             least_slots: c.n_expert_used.max(1),
@@ -197,6 +210,7 @@ impl ExpertStream {
             stats: ExpertStats::default(),
             direct: opened.direct,
             fallback: opened.fallback,
+            prefetch: cfg.prefetch_experts,
         })
     }
 
@@ -206,6 +220,11 @@ impl ExpertStream {
 
     pub fn reset_stats(&mut self) {
         self.stats = ExpertStats::default();
+    }
+
+    /// Whether the next layer's likely experts are read ahead.
+    pub fn prefetches(&self) -> bool {
+        self.prefetch
     }
 
     /// The reader's counters since it started.
@@ -242,15 +261,20 @@ impl ExpertStream {
     /// holds at once, every one not cached put in flight. Returns the prefix's length (at least
     /// one). Nothing may be in flight from an earlier wave.
     pub(crate) fn gather(&mut self, units: &[usize]) -> Result<usize, EngineError> {
-        debug_assert_eq!(self.reader.outstanding(), 0, "a wave still in flight");
+        // What was read ahead lands first: no slot may change hands with a read in flight.
+        self.drain()?;
         self.cache.begin_step();
         self.stats.waves += 1;
         let mut reqs = Vec::with_capacity(3 * units.len());
         self.wave.clear();
+        let ahead = std::mem::take(&mut self.ahead);
         let mut taken = 0;
         for &unit in units {
             if self.cache.lookup(unit as u32).is_some() {
-                self.stats.hits += 1;
+                match ahead.contains(&(unit as u32)) {
+                    true => self.stats.prefetch_used += 1,
+                    false => self.stats.hits += 1,
+                }
                 taken += 1;
                 continue;
             }
@@ -272,6 +296,53 @@ impl ExpertStream {
             return Err(e.into());
         }
         Ok(taken.max(1).min(units.len()))
+    }
+
+    /// Puts in flight the reads of `units` not cached (a guess of the next wave), as far as
+    /// slots not used by the current wave allow. A wrong guess costs reads, never an answer.
+    pub(crate) fn prefetch(&mut self, units: &[usize]) -> Result<(), EngineError> {
+        let mut reqs = Vec::with_capacity(3 * units.len());
+        for &unit in units {
+            if self.cache.peek(unit as u32).is_some() {
+                continue;
+            }
+            let Some(slot) = self.cache.insert(unit as u32) else {
+                break;
+            };
+            self.ahead.push(unit as u32);
+            self.wave.push(unit as u32);
+            if let Err(e) = self.reads_for(unit, slot, &mut reqs) {
+                self.forget();
+                return Err(e);
+            }
+            self.stats.prefetched += 1;
+        }
+        // SAFETY: as in `gather`: the slots are this step's, never evicted before the next
+        // `gather`, which waits for every read in flight first.
+        if let Err(e) = unsafe { self.reader.submit(&reqs) } {
+            self.forget();
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Waits for every read in flight.
+    fn drain(&mut self) -> Result<(), EngineError> {
+        if self.reader.outstanding() == 0 {
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        while self.reader.outstanding() > 0 {
+            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
+                Ok(tag) => self.landing[tag as usize] -= 1,
+                Err(e) => {
+                    self.forget();
+                    return Err(e.into());
+                }
+            }
+        }
+        self.stats.io_wait_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
     }
 
     /// The three reads of `unit` into `slot`.
@@ -311,6 +382,7 @@ impl ExpertStream {
             self.cache.remove(unit);
         }
         self.wave.clear();
+        self.ahead.clear();
     }
 
     /// Unit `unit`'s gate, up and down, waiting for its reads. It must be in the current wave.
@@ -426,6 +498,10 @@ impl Store for Streamed<'_> {
 
     fn gather(&mut self, units: &[usize]) -> Result<usize, EngineError> {
         self.stream.gather(units)
+    }
+
+    fn prefetch(&mut self, units: &[usize]) -> Result<(), EngineError> {
+        self.stream.prefetch(units)
     }
 
     fn ffn(&mut self, unit: usize, next: Option<usize>) -> Result<FfnMats<'_>, EngineError> {

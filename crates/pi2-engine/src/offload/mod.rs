@@ -80,6 +80,9 @@ pub struct OffloadConfig {
     /// decode's text does not depend on how a budget splits. Only with
     /// [`crate::EngineConfig::dense_resident`] and no predictor.
     pub dense_layers: Option<Vec<bool>>,
+    /// A plain mixture's streamed experts: read the next layer's likely experts ahead, on the
+    /// next layer's router applied to this layer's input ([`ExpertStream`]).
+    pub prefetch_experts: bool,
 }
 
 impl Default for OffloadConfig {
@@ -95,6 +98,7 @@ impl Default for OffloadConfig {
             faults: None,
             emulate: None,
             dense_layers: None,
+            prefetch_experts: true,
         }
     }
 }
