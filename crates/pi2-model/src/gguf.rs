@@ -619,6 +619,39 @@ impl GgufFile {
         let _ = self.mmap.advise(memmap2::Advice::Random);
     }
 
+    /// Reads the whole file into memory now and maps it, as llama.cpp's `MAP_POPULATE` does, so
+    /// that a model run in memory never waits for the device in its first tokens. Only when
+    /// the file fits in the memory available now (`/proc/meminfo`); elsewhere, and for an
+    /// in-memory image, nothing happens. Returns whether it populated.
+    pub fn populate(&self) -> bool {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            let available = std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| {
+                    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+                    line.split_whitespace().nth(1)?.parse::<u64>().ok()
+                })
+                .map_or(0, |kib| kib * 1024);
+            if !self.file_backed || self.file_size() >= available / 10 * 9 {
+                return false;
+            }
+            #[cfg(target_os = "linux")]
+            if self.mmap.advise(memmap2::Advice::PopulateRead).is_ok() {
+                return true;
+            }
+            // Older kernels: touch one byte of every page.
+            let mut x = 0u8;
+            for i in (0..self.mmap.len()).step_by(4096) {
+                x ^= self.mmap[i];
+            }
+            std::hint::black_box(x);
+            true
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        false
+    }
+
     /// Drop this process's resident pages of bytes `range` of tensor `t` (after copying them
     /// elsewhere, e.g. into a row-interleaved copy): they leave the process's RSS, stay in the
     /// page cache, and come back from the file if touched again. Only whole pages inside the

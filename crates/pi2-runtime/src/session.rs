@@ -76,6 +76,8 @@ pub fn prepare<'m>(model: &'m Model, path: &Path, o: &SessionOptions) -> Result<
         ));
     }
     if !offloads {
+        // Run from memory: read in now, not in the first tokens' time.
+        model.file.populate();
         // Used from memory: its bytes are checked once here (offloads check theirs as read).
         pi2_engine::verify_checksums(model).map_err(|e| RuntimeError::Damaged {
             path: path.to_path_buf(),
