@@ -280,6 +280,8 @@ pub enum Finish {
 pub struct TextOutcome {
     pub generation: Generation,
     pub finish: Finish,
+    /// The stop string that ended the text, if one did.
+    pub stop_word: Option<String>,
 }
 
 /// Generates from `prompt` on `engine` (whose cache holds `cached`, reused where it agrees with
@@ -433,7 +435,11 @@ pub fn generate_pieces(
         StopReason::Limit | StopReason::ContextFull => Finish::Length,
         StopReason::EndOfGeneration | StopReason::Callback => Finish::Stop,
     };
-    Ok(TextOutcome { generation, finish })
+    Ok(TextOutcome {
+        generation,
+        finish,
+        stop_word: stops.matched().map(str::to_string),
+    })
 }
 
 /// A generation's counts, as `pi2 run --json` reports them.

@@ -36,7 +36,8 @@ impl Utf8Stream {
 pub struct StopStrings {
     stops: Vec<String>,
     held: String,
-    stopped: bool,
+    /// The stop string found, once one is.
+    matched: Option<String>,
 }
 
 impl StopStrings {
@@ -50,18 +51,26 @@ impl StopStrings {
 
     /// Whether a stop string has been seen (nothing more is released after it).
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
+    }
+
+    /// The stop string that ended the text (the earliest found), if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Adds `piece`; returns the text now known not to belong to a stop string. After a stop
     /// string is found, returns the text before it and then nothing.
     pub fn push(&mut self, piece: &str) -> String {
-        if self.stopped {
+        if self.matched.is_some() {
             return String::new();
         }
         self.held.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
-            self.stopped = true;
+        let found = (self.stops.iter())
+            .filter_map(|s| Some((self.held.find(s.as_str())?, s)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((at, s)) = found {
+            self.matched = Some(s.clone());
             self.held.truncate(at);
             return std::mem::take(&mut self.held);
         }

@@ -49,6 +49,9 @@ pub struct CompletionRequest {
     pub json_schema: Option<Value>,
     pub logprobs: Option<crate::wire::Logprobs>,
     pub top_logprobs: Option<u64>,
+    /// llama-server's: the alternatives scored per token (native `/completion`:
+    /// `completion_probabilities`; elsewhere the endpoint's `logprobs` with that many).
+    pub n_probs: Option<u64>,
     /// Functions the model may call (read by [`crate::tools`]).
     pub tools: Option<Vec<crate::wire::Tool>>,
     pub tool_choice: Option<crate::wire::ToolChoice>,
@@ -86,6 +89,17 @@ pub struct ContentPart {
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
+    /// Token ids.
+    Ids(Vec<u64>),
+    /// Text and token ids, in order (llama-server's mixed prompt).
+    Mixed(Vec<PromptPiece>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptPiece {
+    Text(String),
+    Id(u64),
 }
 
 #[derive(Debug, Deserialize)]
@@ -229,7 +243,39 @@ impl CompletionRequest {
             Some(Prompt::Texts(_)) => {
                 Err(ApiError::bad("`prompt`: one prompt per request").param("prompt"))
             }
+            Some(Prompt::Ids(_) | Prompt::Mixed(_)) => Err(ApiError::bad(
+                "`prompt`: token ids here are not taken (send text, or use /completion)",
+            )
+            .param("prompt")),
             None => Err(ApiError::bad("`prompt` is required").param("prompt")),
+        }
+    }
+
+    /// A completion's prompt as tokens: text (control tokens parsed, as llama-server takes a
+    /// prompt: the model's whole input), token ids (checked against `n_vocab`), or both mixed
+    /// (text after the first piece gets no BOS).
+    pub fn prompt_tokens(&self, tok: &pi2_model::tokenizer::Tokenizer) -> Result<Vec<u32>, ApiError> {
+        let n_vocab = tok.vocab_size() as u64;
+        let id = |i: u64| match i < n_vocab {
+            true => Ok(i as u32),
+            false => Err(ApiError::bad(format!(
+                "`prompt`: {i} is not a token id (the vocabulary has {n_vocab})"
+            ))
+            .param("prompt")),
+        };
+        match &self.prompt {
+            Some(Prompt::Ids(ids)) => ids.iter().map(|&i| id(i)).collect(),
+            Some(Prompt::Mixed(pieces)) => {
+                let mut out = Vec::new();
+                for (k, p) in pieces.iter().enumerate() {
+                    match p {
+                        PromptPiece::Text(t) => out.extend(tok.encode(t, k == 0, true)),
+                        PromptPiece::Id(i) => out.push(id(*i)?),
+                    }
+                }
+                Ok(out)
+            }
+            _ => Ok(tok.encode(self.prompt_text()?, true, true)),
         }
     }
 
@@ -385,6 +431,8 @@ pub struct Summary {
     /// Speculative decoding: tokens drafted, and of those kept (llama-server's names).
     pub draft_n: usize,
     pub draft_n_accepted: usize,
+    /// The stop string that ended the answer, if one did.
+    pub stop_word: Option<String>,
 }
 
 impl Summary {
@@ -424,6 +472,8 @@ impl Summary {
 pub enum Kind {
     Chat,
     Completion,
+    /// llama-server's native `/completion`.
+    Native,
 }
 
 /// The fields every answer and chunk carries.
@@ -436,6 +486,9 @@ pub struct Envelope {
     /// A stream's usage in a chunk of its own, with no choices (OpenAI's
     /// `stream_options.include_usage`); otherwise in the last chunk, as llama-server sends it.
     pub usage_chunk: bool,
+    /// Native answers: the prompt's text and the settings the answer was made with.
+    pub prompt: String,
+    pub settings: Value,
 }
 
 /// What OpenAI's `system_fingerprint` names: the build that answered.
@@ -446,13 +499,14 @@ impl Envelope {
         match (self.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
+            (Kind::Completion | Kind::Native, _) => "text_completion",
         }
     }
 
     /// The whole answer (`logprobs`: its tokens' scores, when asked for).
     pub fn answer(&self, text: &str, s: &Summary, logprobs: Option<Value>) -> Value {
         let choice = match self.kind {
+            Kind::Native => return crate::native::answer(self, text, s, logprobs),
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
@@ -489,6 +543,7 @@ impl Envelope {
     ) -> Value {
         let finish = end.map(|s| s.finish.as_str());
         let choice = match self.kind {
+            Kind::Native => return crate::native::chunk(text, end, logprobs),
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
                 if first {
@@ -561,8 +616,8 @@ mod tests {
         assert!(e.message.contains("JSON object"), "{}", e.message);
         let r = CompletionRequest::parse(br#"{"prompt":"x","logit_bias":{},"user":"u"}"#).unwrap();
         assert_eq!(r.prompt_text().unwrap(), "x");
-        let e = CompletionRequest::parse(br#"{"prompt":"x","n_probs":3}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("n_probs"), "{}", e.message);
+        let e = CompletionRequest::parse(br#"{"prompt":"x","typical_p":0.5}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("typical_p"), "{}", e.message);
     }
 
     #[test]

@@ -38,6 +38,7 @@ const SERVED: &[&str] = &[
     "json_schema",
     "logprobs",
     "top_logprobs",
+    "n_probs",
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -99,7 +100,6 @@ fn asks_nothing(name: &str, v: &Value, body: &Map<String, Value>) -> Option<bool
         "continue_final_message" | "add_generation_prompt" => v.as_bool() == Some(false),
         "chat_template_kwargs" => empty(),
         "min_keep" => zero(),
-        "n_probs" => zero(),
         "functions" => empty(),
         "function_call" => v.as_str() == Some("none"),
         "suffix" => v.as_str() == Some("") || empty(),
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn fields_that_ask_for_something_pi2_lacks_are_refused_by_name() {
         for (field, value) in [
-            ("n_probs", json!(3)),
+            ("typical_p", json!(0.5)),
             ("functions", json!([{"name": "f"}])),
             ("function_call", json!("auto")),
             ("suffix", json!("}")),

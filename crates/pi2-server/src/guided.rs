@@ -53,7 +53,19 @@ impl CompletionRequest {
             }
             Ok(n as usize)
         };
+        let n_probs = self.n_probs.filter(|&n| n > 0);
+        if kind == Kind::Native {
+            if self.logprobs.is_some() || self.top_logprobs.is_some() {
+                return Err(ApiError::bad(
+                    "/completion scores tokens with `n_probs` (`logprobs` is the OpenAI routes')",
+                )
+                .param("logprobs"));
+            }
+            return n_probs.map(|n| range("n_probs", n)).transpose();
+        }
         let top = match (kind, &self.logprobs) {
+            // llama-server's `n_probs` asks for the endpoint's scores with that many alternatives.
+            (_, None) if n_probs.is_some() => range("n_probs", n_probs.unwrap_or(0))?,
             (_, None) | (_, Some(Logprobs::On(false))) => {
                 if self.top_logprobs.is_some_and(|n| n > 0) {
                     return Err(ApiError::bad("`top_logprobs` needs `logprobs: true`")
@@ -70,6 +82,8 @@ impl CompletionRequest {
             .param("logprobs")),
             (Kind::Completion, Some(Logprobs::Top(n))) => range("logprobs", *n)?,
             (Kind::Completion, Some(Logprobs::On(true))) => 0,
+            // Answered above.
+            (Kind::Native, _) => 0,
         };
         if kind == Kind::Completion && self.echo == Some(true) {
             return Err(ApiError::bad(
@@ -150,6 +164,7 @@ pub fn logprobs_value(kind: Kind, tok: &Tokenizer, lps: &[TokenLogprob], offset:
     match kind {
         Kind::Chat => chat_logprobs(tok, lps),
         Kind::Completion => completion_logprobs(tok, lps, offset),
+        Kind::Native => crate::native::probabilities(tok, lps),
     }
 }
 

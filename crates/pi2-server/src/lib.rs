@@ -19,6 +19,7 @@ pub mod fields;
 pub mod guard;
 pub mod guided;
 pub mod metrics;
+pub mod native;
 pub mod routes;
 pub mod sched;
 pub mod slots;

@@ -34,7 +34,9 @@ pub fn router(state: Arc<AppState>, ui: bool) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
-        .route("/completions", post(completion))
+        // llama-server's native route, under both its names.
+        .route("/completion", post(native))
+        .route("/completions", post(native))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/embeddings", post(crate::embeddings::embeddings))
         .route("/tokenize", post(crate::tokens::tokenize))
@@ -147,6 +149,10 @@ async fn completion(State(s): State<Arc<AppState>>, body: Body) -> Response {
     answer(&s, body, Kind::Completion).await
 }
 
+async fn native(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    answer(&s, body, Kind::Native).await
+}
+
 async fn answer(s: &Arc<AppState>, body: Body, kind: Kind) -> Response {
     s.metrics.request();
     match start(s, body, kind).await {
@@ -191,16 +197,25 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         })??;
     let (tx, rx) = mpsc::channel(64);
     if req.echo == Some(true) {
-        if kind == Kind::Chat {
+        if kind != Kind::Completion {
             return Err(ApiError::bad("`echo` is for /v1/completions").param("echo"));
         }
         // The prompt's text, as the answer's first text (the channel is new: there is room).
         let _ = tx.try_send(Event::Text(req.prompt_text()?.to_string(), Vec::new()));
     }
+    let sampler = req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?;
+    let max_tokens = req.max_tokens(s.n_ctx)?;
+    let (native_prompt, settings) = match kind {
+        Kind::Native => (
+            String::from_utf8_lossy(&s.model.tokenizer.decode(&prompt, true)).into_owned(),
+            crate::native::settings(&sampler, max_tokens, s.n_ctx, &req),
+        ),
+        _ => (String::new(), serde_json::Value::Null),
+    };
     let job = Job {
         prompt,
-        sampler: req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?,
-        max_tokens: req.max_tokens(s.n_ctx)?,
+        sampler,
+        max_tokens,
         stops: req.stops()?,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         stream: req.streams(),
@@ -214,7 +229,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     s.queue.submit(job)?;
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
-        Kind::Completion => "cmpl",
+        Kind::Completion | Kind::Native => "cmpl",
     };
     let env = Envelope {
         id: format!("{prefix}-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -226,6 +241,8 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage == Some(true)),
+        prompt: native_prompt,
+        settings,
     };
     let out = Output {
         env,
@@ -248,16 +265,18 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
     let tok = &s.model.tokenizer;
     let plan = match kind {
         Kind::Chat => req.tool_plan()?,
-        Kind::Completion if req.tools.as_ref().is_some_and(|t| !t.is_empty()) => {
+        _ if req.tools.as_ref().is_some_and(|t| !t.is_empty()) => {
             return Err(ApiError::bad("`tools` are for /v1/chat/completions").param("tools"))
         }
-        Kind::Completion => None,
+        _ => None,
     };
     let prompt = match kind {
         Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
         // A completion prompt is the model's whole input, control tokens and all (as
         // llama-server takes it).
         Kind::Completion => tok.encode(req.prompt_text()?, true, true),
+        // Text, token ids or both.
+        Kind::Native => req.prompt_tokens(tok)?,
     };
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty"));
@@ -405,8 +424,10 @@ fn events(
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let first = match out.env.kind {
         Kind::Chat => Some(data(out.env.chunk(None, true, None, None))),
-        Kind::Completion => None,
+        Kind::Completion | Kind::Native => None,
     };
+    // llama-server ends a native stream with its last chunk, OpenAI's with `[DONE]`.
+    let done = (out.env.kind != Kind::Native).then(|| SseEvent::default().data("[DONE]"));
     let calls = out.tools.is_some().then(crate::tools::ToolStream::default);
     let state = Streamed {
         out,
@@ -427,7 +448,7 @@ fn events(
     });
     stream::iter(first)
         .chain(body.flatten())
-        .chain(stream::once(async { SseEvent::default().data("[DONE]") }))
+        .chain(stream::iter(done))
         .map(Ok)
 }
 
@@ -484,7 +505,10 @@ impl Streamed {
                         s.finish = crate::api::Finish::ToolCalls;
                     }
                 }
-                evs.push(data(env.chunk(None, false, Some(&s), None)));
+                evs.push(data(match env.kind {
+                    Kind::Native => crate::native::last(env, &s),
+                    _ => env.chunk(None, false, Some(&s), None),
+                }));
                 if env.usage_chunk {
                     evs.push(data(env.usage(&s)));
                 }

@@ -360,6 +360,7 @@ impl Slot<'_> {
             predicted_ms: g.predicted_time.as_secs_f64() * 1e3,
             draft_n: g.drafted,
             draft_n_accepted: g.accepted,
+            stop_word: out.stop_word,
         };
         self.metrics.completed(&summary, started.elapsed());
         Some(Event::Done(summary))

@@ -1,0 +1,110 @@
+//! llama-server's native `/completion` (and `/completions`): its request forms (text, token
+//! ids, both mixed; `n_predict`, `n_probs`, `stop`) and its answer's shape, whole and streamed,
+//! with the same text `pi2 run` gives and `/v1/completions` gives.
+
+mod common;
+
+use common::server::{post, sse_data, Server};
+use serde_json::{json, Value};
+
+const PROMPT: &str = "The capital of France is";
+
+#[test]
+fn native_completion_answers_as_llama_server_does() {
+    let s = Server::start(&[]);
+    let oai = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(oai.status, 200, "{}", oai.body);
+    let want = oai.json()["choices"][0]["text"].as_str().unwrap().to_string();
+
+    let body = json!({"prompt": PROMPT, "n_predict": 8, "temperature": 0});
+    let r = post(&s.addr, "/completion", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["content"], want.as_str(), "{v}");
+    assert_eq!(v["stop"], true);
+    assert_eq!(v["stop_type"], "limit");
+    assert_eq!(v["tokens_predicted"], 8);
+    assert!(v["tokens_evaluated"].as_u64().unwrap() > 0);
+    assert_eq!(v["generation_settings"]["n_predict"], 8);
+    assert!(v["prompt"].as_str().unwrap().ends_with(PROMPT), "{v}");
+    assert!(v["timings"]["predicted_n"].as_u64().is_some(), "{v}");
+    assert!(v.get("choices").is_none());
+
+    // The same as token ids, and mixed with text; `/completions` is the same route.
+    let ids = post(&s.addr, "/tokenize", &json!({"content": PROMPT, "add_special": true}));
+    let ids = ids.json()["tokens"].clone();
+    let r = post(
+        &s.addr,
+        "/completions",
+        &json!({"prompt": ids, "n_predict": 8, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["content"], want.as_str());
+    let n = ids.as_array().unwrap().len();
+    let r = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": [PROMPT, 13], "n_predict": 2, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["tokens_evaluated"], n as u64 + 1, "{}", r.body);
+
+    // Streamed: `content` pieces, a last chunk with `stop: true` and the counts, no [DONE].
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(&s.addr, "/completion", &streamed);
+    assert_eq!(r.status, 200);
+    let chunks: Vec<Value> = sse_data(&r.body)
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{d}: {e}")))
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["content"].as_str())
+        .collect();
+    assert_eq!(text, want);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["stop"], true, "{last}");
+    assert_eq!(last["tokens_predicted"], 8, "{last}");
+    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["stop"] == false));
+
+    // A stop string: `stop_type` word and the word; `n_probs`: each token's alternatives.
+    let first_word = want.split_whitespace().next().unwrap().to_string();
+    let r = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": PROMPT, "n_predict": 8, "temperature": 0, "stop": [first_word],
+                "n_probs": 3}),
+    );
+    let v = r.json();
+    assert_eq!(v["stop_type"], "word", "{v}");
+    assert_eq!(v["stopping_word"], first_word.as_str());
+    let probs = v["completion_probabilities"].as_array().unwrap();
+    assert!(!probs.is_empty(), "{v}");
+    assert_eq!(probs[0]["top_logprobs"].as_array().unwrap().len(), 3);
+    assert!(probs[0]["id"].as_u64().is_some() && probs[0]["logprob"].as_f64().unwrap() <= 0.0);
+
+    // Refused by name: an id outside the vocabulary, OpenAI's `logprobs` here.
+    let r = post(&s.addr, "/completion", &json!({"prompt": [1, 99999999]}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("99999999 is not a token id"), "{}", r.body);
+    let r = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": PROMPT, "logprobs": 2}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    // `n_probs` on the OpenAI route: its `logprobs` with that many alternatives.
+    let r = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 2, "n_probs": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let lp = &r.json()["choices"][0]["logprobs"];
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2, "{lp}");
+}
