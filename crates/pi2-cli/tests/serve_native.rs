@@ -108,3 +108,58 @@ fn native_completion_answers_as_llama_server_does() {
     let lp = &r.json()["choices"][0]["logprobs"];
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2, "{lp}");
 }
+
+/// `/infill` as llama-server builds it (its `format_prompt_infill`): the other files after the
+/// repository and file separators, then prefix marker, prefix, suffix marker, suffix, middle
+/// marker; answered as a native completion. A model without FIM tokens is refused by name.
+#[test]
+fn infill_fills_the_middle_with_the_models_fim_tokens() {
+    let plain = Server::start(&[]);
+    let body = json!({"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
+                      "input_extra": [{"filename": "util.py", "text": "X = 1\n"}],
+                      "n_predict": 8, "temperature": 0});
+    let r = post(&plain.addr, "/infill", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("no fill-in-the-middle tokens"), "{}", r.body);
+    let r = post(&plain.addr, "/completion", &json!({"prompt": "x", "input_prefix": "a"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("`input_prefix` is for /infill"), "{}", r.body);
+    drop(plain);
+
+    let qwen = common::root().join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
+    let s = Server::start_model(qwen.to_str().unwrap(), &["-c", "4096"]);
+    let r = post(&s.addr, "/infill", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert!(!v["content"].as_str().unwrap().is_empty(), "{v}");
+    // The same tokens, laid out by hand from llama.cpp's recipe, through /completion.
+    let ids = |text: &str| -> Vec<Value> {
+        let r = post(&s.addr, "/tokenize", &json!({"content": text, "parse_special": false}));
+        r.json()["tokens"].as_array().unwrap().clone()
+    };
+    let special = |text: &str| -> Value {
+        let r = post(&s.addr, "/tokenize", &json!({"content": text}));
+        let t = r.json()["tokens"].as_array().unwrap().clone();
+        assert_eq!(t.len(), 1, "{text}: {t:?}");
+        t[0].clone()
+    };
+    let mut prompt = vec![special("<|repo_name|>")];
+    prompt.extend(ids("myproject\n"));
+    prompt.push(special("<|file_sep|>"));
+    prompt.extend(ids("util.py\n"));
+    prompt.extend(ids("X = 1\n"));
+    prompt.push(special("<|file_sep|>"));
+    prompt.extend(ids("filename\n"));
+    prompt.push(special("<|fim_prefix|>"));
+    prompt.extend(ids("def add(a, b):\n    return "));
+    prompt.push(special("<|fim_suffix|>"));
+    prompt.extend(ids("\n\nprint(add(1, 2))\n"));
+    prompt.push(special("<|fim_middle|>"));
+    assert_eq!(v["tokens_evaluated"], prompt.len() as u64, "{v}");
+    let by_hand = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 8, "temperature": 0}),
+    );
+    assert_eq!(by_hand.json()["content"], v["content"]);
+}

@@ -14,6 +14,7 @@ pub mod bundle;
 pub mod chat;
 pub mod checksum;
 pub mod error;
+pub mod fim;
 pub mod gguf;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 mod isolate;

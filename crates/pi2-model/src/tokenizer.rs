@@ -71,6 +71,8 @@ pub struct Tokenizer {
     pub add_eos: bool,
     /// End-of-generation tokens (EOS, EOT, and control tokens llama.cpp treats as such).
     pub eog: Vec<TokenId>,
+    /// Fill-in-the-middle tokens.
+    pub fim: crate::fim::Fim,
 }
 
 const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -287,6 +289,13 @@ impl Tokenizer {
                 eog.push(i as TokenId);
             }
         }
+        let fim = crate::fim::Fim::find(f, &tokens);
+        // llama.cpp ends generation at the FIM padding and separators too.
+        for id in [fim.pad, fim.rep, fim.sep].into_iter().flatten() {
+            if !eog.contains(&id) {
+                eog.push(id);
+            }
+        }
         let mut specials: Vec<TokenId> = (0..n as TokenId)
             .filter(|&i| {
                 matches!(
@@ -311,6 +320,7 @@ impl Tokenizer {
             add_bos: flag("tokenizer.ggml.add_bos_token", is_spm),
             add_eos: flag("tokenizer.ggml.add_eos_token", false),
             eog,
+            fim,
         })
     }
 

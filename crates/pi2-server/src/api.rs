@@ -52,11 +52,22 @@ pub struct CompletionRequest {
     /// llama-server's: the alternatives scored per token (native `/completion`:
     /// `completion_probabilities`; elsewhere the endpoint's `logprobs` with that many).
     pub n_probs: Option<u64>,
+    /// `/infill`: the text before and after the cursor, and other files for context.
+    pub input_prefix: Option<String>,
+    pub input_suffix: Option<String>,
+    pub input_extra: Option<Vec<ExtraChunk>>,
     /// Functions the model may call (read by [`crate::tools`]).
     pub tools: Option<Vec<crate::wire::Tool>>,
     pub tool_choice: Option<crate::wire::ToolChoice>,
     /// `false`: at most one call per answer.
     pub parallel_tool_calls: Option<bool>,
+}
+
+/// One file given to `/infill` for context.
+#[derive(Debug, Deserialize)]
+pub struct ExtraChunk {
+    pub text: String,
+    pub filename: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -474,6 +485,15 @@ pub enum Kind {
     Completion,
     /// llama-server's native `/completion`.
     Native,
+    /// llama-server's `/infill`: a native completion of a fill-in-the-middle prompt.
+    Infill,
+}
+
+impl Kind {
+    /// Whether answers take llama-server's native shape.
+    pub fn native(self) -> bool {
+        matches!(self, Kind::Native | Kind::Infill)
+    }
 }
 
 /// The fields every answer and chunk carries.
@@ -499,14 +519,14 @@ impl Envelope {
         match (self.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion | Kind::Native, _) => "text_completion",
+            (Kind::Completion | Kind::Native | Kind::Infill, _) => "text_completion",
         }
     }
 
     /// The whole answer (`logprobs`: its tokens' scores, when asked for).
     pub fn answer(&self, text: &str, s: &Summary, logprobs: Option<Value>) -> Value {
         let choice = match self.kind {
-            Kind::Native => return crate::native::answer(self, text, s, logprobs),
+            Kind::Native | Kind::Infill => return crate::native::answer(self, text, s, logprobs),
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
@@ -543,7 +563,7 @@ impl Envelope {
     ) -> Value {
         let finish = end.map(|s| s.finish.as_str());
         let choice = match self.kind {
-            Kind::Native => return crate::native::chunk(text, end, logprobs),
+            Kind::Native | Kind::Infill => return crate::native::chunk(text, end, logprobs),
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
                 if first {

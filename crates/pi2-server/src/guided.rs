@@ -54,7 +54,7 @@ impl CompletionRequest {
             Ok(n as usize)
         };
         let n_probs = self.n_probs.filter(|&n| n > 0);
-        if kind == Kind::Native {
+        if kind.native() {
             if self.logprobs.is_some() || self.top_logprobs.is_some() {
                 return Err(ApiError::bad(
                     "/completion scores tokens with `n_probs` (`logprobs` is the OpenAI routes')",
@@ -83,7 +83,7 @@ impl CompletionRequest {
             (Kind::Completion, Some(Logprobs::Top(n))) => range("logprobs", *n)?,
             (Kind::Completion, Some(Logprobs::On(true))) => 0,
             // Answered above.
-            (Kind::Native, _) => 0,
+            (Kind::Native | Kind::Infill, _) => 0,
         };
         if kind == Kind::Completion && self.echo == Some(true) {
             return Err(ApiError::bad(
@@ -164,7 +164,7 @@ pub fn logprobs_value(kind: Kind, tok: &Tokenizer, lps: &[TokenLogprob], offset:
     match kind {
         Kind::Chat => chat_logprobs(tok, lps),
         Kind::Completion => completion_logprobs(tok, lps, offset),
-        Kind::Native => crate::native::probabilities(tok, lps),
+        Kind::Native | Kind::Infill => crate::native::probabilities(tok, lps),
     }
 }
 

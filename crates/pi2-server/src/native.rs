@@ -107,3 +107,74 @@ pub fn settings(
         "n_probs": req.n_probs.unwrap_or(0),
     })
 }
+
+/// llama-server's default batch, which sizes its fill-in-the-middle window (at most the
+/// context).
+const FIM_BATCH: usize = 2048;
+
+/// `/infill`'s prompt, as llama-server builds it: the other files (`input_extra`, each after
+/// the file separator and its name, the repository's name first; or after a plain separator
+/// where the model has no such tokens), then the prefix marker, the end of `input_prefix` (up to
+/// three quarters of the window) and `prompt`, the suffix marker and the start of
+/// `input_suffix`, and the middle marker, where the model's answer goes.
+pub fn infill_prompt(
+    tok: &Tokenizer,
+    req: &crate::api::CompletionRequest,
+    n_ctx: usize,
+) -> Result<Vec<u32>, crate::api::ApiError> {
+    use crate::api::ApiError;
+    let Some((pre, suf, mid)) = tok.fim.markers() else {
+        return Err(ApiError::bad(
+            "this model has no fill-in-the-middle tokens (prefix, suffix and middle): /infill needs a code model that has them",
+        ));
+    };
+    let need = |v: &Option<String>, name: &'static str| {
+        v.clone()
+            .ok_or_else(|| ApiError::bad(format!("`{name}` is required")).param(name))
+    };
+    let (prefix, suffix) = (need(&req.input_prefix, "input_prefix")?, need(&req.input_suffix, "input_suffix")?);
+    let prompt = match &req.prompt {
+        None => Vec::new(),
+        Some(crate::api::Prompt::Text(t)) => tok.encode(t, false, true),
+        Some(_) => return Err(ApiError::bad("`prompt` must be a string").param("prompt")),
+    };
+    let plain = |t: &str| tok.encode(t, false, false);
+    let mut extra = Vec::new();
+    if let Some(rep) = tok.fim.rep {
+        extra.push(rep);
+        extra.extend(plain("myproject\n"));
+    }
+    for chunk in req.input_extra.iter().flatten() {
+        match tok.fim.sep {
+            Some(sep) => {
+                extra.push(sep);
+                extra.extend(plain(&format!("{}\n", chunk.filename.as_deref().unwrap_or("tmp"))));
+            }
+            None => extra.extend(plain("\n\n--- snippet ---\n\n")),
+        }
+        extra.extend(plain(&chunk.text));
+    }
+    if let Some(sep) = tok.fim.sep {
+        extra.push(sep);
+        extra.extend(plain("filename\n"));
+    }
+    let batch = FIM_BATCH.min(n_ctx) as i64;
+    let (mut head, mut tail) = (plain(&prefix), plain(&suffix));
+    let prefix_take = head.len().min((3 * (batch / 4)) as usize);
+    let suffix_take = tail.len().min((batch / 4 - (2 + prompt.len() as i64)).max(0) as usize);
+    // The server's n_predict is unlimited (-1): the extra files fill what a batch leaves.
+    let extra_take = extra.len().min((n_ctx as i64 - batch + 2).max(0) as usize);
+    head.drain(..head.len() - prefix_take);
+    tail.truncate(suffix_take);
+    let mut out = extra[extra.len() - extra_take..].to_vec();
+    if tok.add_bos {
+        out.extend(tok.bos);
+    }
+    out.push(pre);
+    out.extend(head);
+    out.extend(prompt);
+    out.push(suf);
+    out.extend(tail);
+    out.push(mid);
+    Ok(out)
+}

@@ -37,6 +37,7 @@ pub fn router(state: Arc<AppState>, ui: bool) -> Router {
         // llama-server's native route, under both its names.
         .route("/completion", post(native))
         .route("/completions", post(native))
+        .route("/infill", post(infill))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/embeddings", post(crate::embeddings::embeddings))
         .route("/tokenize", post(crate::tokens::tokenize))
@@ -153,6 +154,10 @@ async fn native(State(s): State<Arc<AppState>>, body: Body) -> Response {
     answer(&s, body, Kind::Native).await
 }
 
+async fn infill(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    answer(&s, body, Kind::Infill).await
+}
+
 async fn answer(s: &Arc<AppState>, body: Body, kind: Kind) -> Response {
     s.metrics.request();
     match start(s, body, kind).await {
@@ -206,7 +211,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     let sampler = req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?;
     let max_tokens = req.max_tokens(s.n_ctx)?;
     let (native_prompt, settings) = match kind {
-        Kind::Native => (
+        Kind::Native | Kind::Infill => (
             String::from_utf8_lossy(&s.model.tokenizer.decode(&prompt, true)).into_owned(),
             crate::native::settings(&sampler, max_tokens, s.n_ctx, &req),
         ),
@@ -229,7 +234,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     s.queue.submit(job)?;
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
-        Kind::Completion | Kind::Native => "cmpl",
+        Kind::Completion | Kind::Native | Kind::Infill => "cmpl",
     };
     let env = Envelope {
         id: format!("{prefix}-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -270,6 +275,14 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
         }
         _ => None,
     };
+    let fim_fields = [
+        ("input_prefix", req.input_prefix.is_some()),
+        ("input_suffix", req.input_suffix.is_some()),
+        ("input_extra", req.input_extra.is_some()),
+    ];
+    if let Some((name, _)) = fim_fields.iter().find(|f| f.1 && kind != Kind::Infill) {
+        return Err(ApiError::bad(format!("`{name}` is for /infill")).param(*name));
+    }
     let prompt = match kind {
         Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
         // A completion prompt is the model's whole input, control tokens and all (as
@@ -277,6 +290,7 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
         Kind::Completion => tok.encode(req.prompt_text()?, true, true),
         // Text, token ids or both.
         Kind::Native => req.prompt_tokens(tok)?,
+        Kind::Infill => crate::native::infill_prompt(tok, &req, s.n_ctx)?,
     };
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty"));
@@ -424,10 +438,10 @@ fn events(
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let first = match out.env.kind {
         Kind::Chat => Some(data(out.env.chunk(None, true, None, None))),
-        Kind::Completion | Kind::Native => None,
+        Kind::Completion | Kind::Native | Kind::Infill => None,
     };
     // llama-server ends a native stream with its last chunk, OpenAI's with `[DONE]`.
-    let done = (out.env.kind != Kind::Native).then(|| SseEvent::default().data("[DONE]"));
+    let done = (!out.env.kind.native()).then(|| SseEvent::default().data("[DONE]"));
     let calls = out.tools.is_some().then(crate::tools::ToolStream::default);
     let state = Streamed {
         out,
@@ -506,7 +520,7 @@ impl Streamed {
                     }
                 }
                 evs.push(data(match env.kind {
-                    Kind::Native => crate::native::last(env, &s),
+                    Kind::Native | Kind::Infill => crate::native::last(env, &s),
                     _ => env.chunk(None, false, Some(&s), None),
                 }));
                 if env.usage_chunk {
