@@ -213,6 +213,30 @@ def gemma3(r, s):
         layer_ffn(r, s, i)
         norm(r, f"blk.{i}.post_ffw_norm.weight", s["n_embd"])
 
+def gpt_oss(r, s):
+    # gpt-oss: biased Q/K/V/O, attention sinks, every other layer in a sliding window, YaRN,
+    # the FFN's norm named post_attention_norm, a biased router and biased experts.
+    hd, e, f, n = s["head_dim"], s["n_embd"], s["n_ff_exp"], s["n_expert"]
+    common(r, s, head_dim=hd)
+    moe_meta(r, s, True)
+    r.kv("attention.sliding_window", "u32", s["window"])
+    r.kv("rope.scaling.type", "str", "yarn")
+    r.kv("rope.scaling.factor", "f32", s["yarn_factor"])
+    r.kv("rope.scaling.original_context_length", "u32", s["yarn_orig"])
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd, bias=True)
+        r.t(f"blk.{i}.attn_output.bias", [e], 0.5)
+        r.t(f"blk.{i}.attn_sinks.weight", [s["n_head"]], 2.0)
+        norm(r, f"blk.{i}.post_attention_norm.weight", e)
+        mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, 2.0)
+        r.t(f"blk.{i}.ffn_gate_inp.bias", [n], 1.0)
+        r.t(f"blk.{i}.ffn_gate_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+        r.t(f"blk.{i}.ffn_gate_exps.bias", [n, f], 0.5)
+        r.t(f"blk.{i}.ffn_up_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+        r.t(f"blk.{i}.ffn_up_exps.bias", [n, f], 0.5)
+        r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5)
+        r.t(f"blk.{i}.ffn_down_exps.bias", [n, e], 0.2)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -232,6 +256,12 @@ FAMILIES = {
              n_expert=8, n_expert_used=2, n_ff_exp=48),
         dict(n_embd=96, n_layer=3, n_ff=512, n_head=6, n_head_kv=2, head_dim=16, tied=True,
              n_expert=16, n_expert_used=4, n_ff_exp=32),
+    ]),
+    "gpt-oss": (gpt_oss, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, rope_base=150000.0,
+             n_expert=8, n_expert_used=2, n_ff_exp=48, window=8, yarn_factor=32.0, yarn_orig=64),
+        dict(n_embd=96, n_layer=4, n_ff=128, n_head=6, n_head_kv=2, head_dim=32, rope_base=10000.0,
+             n_expert=16, n_expert_used=4, n_ff_exp=32, window=16, yarn_factor=4.0, yarn_orig=256),
     ]),
     "olmoe": (olmoe, [
         dict(n_embd=64, n_layer=2, n_ff=0, n_head=4, n_head_kv=4, n_expert=8, n_expert_used=2, n_ff_exp=48),

@@ -81,11 +81,17 @@ pub(crate) fn block(
         &s.q[..n * qd],
         &cache,
         pos0,
+        l.sinks.as_ref().map(|t| t.f32s(f)),
         grow(&mut s.att, n * qd),
     );
     s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
     let o = grow(&mut s.o, n * d);
     matmul(ks, &wo, &s.acts, o);
+    if let Some(b) = &l.bo {
+        let b = b.f32s(f);
+        o.chunks_exact_mut(d)
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(y, bb)| *y += bb));
+    }
     if let Some(w) = &l.post_attn_norm {
         let w = w.f32s(f);
         o.chunks_exact_mut(d)
@@ -101,18 +107,21 @@ pub(crate) fn block(
 
 /// Causal attention, one task per (token, head): `out` gets each head's softmax-weighted
 /// values over the cached positions up to its own (the last `window` of them in a
-/// sliding-window layer).
+/// sliding-window layer); with `sinks`, each head's softmax also counts its sink logit (which
+/// weights no value).
 fn attend(
     ks: &KernelSet,
     c: &ModelConfig,
     qs: &[f32],
     cache: &KvView<'_>,
     pos0: usize,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let group = c.n_head / c.n_head_kv;
-    let scale = c.attn_scale;
+    // YaRN scales both rotated Q and K: their product by its square.
+    let scale = c.attn_scale * c.yarn.map_or(1.0, |y| y.mscale * y.mscale);
     let cap = c.attn_softcap;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
         let (t, h) = (i / c.n_head, i % c.n_head);
@@ -133,10 +142,17 @@ fn attend(
                 max = max.max(sc);
                 scores.push(sc);
             }
+            let sink = sinks.map(|s| s[h]);
+            if let Some(sk) = sink {
+                max = max.max(sk);
+            }
             let mut sum = 0.0;
             for sc in scores.iter_mut() {
                 *sc = (*sc - max).exp();
                 sum += *sc;
+            }
+            if let Some(sk) = sink {
+                sum += (sk - max).exp();
             }
             out.fill(0.0);
             for (p, &w) in (first..).zip(scores.iter()) {

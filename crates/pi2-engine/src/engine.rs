@@ -216,6 +216,11 @@ impl<'m> Engine<'m> {
         }
         if let Some(sp) = parts.sparse {
             check_sparse(model, sp)?;
+            if model.weights.layers.iter().any(|l| l.expert_biases.is_some()) {
+                return Err(EngineError::Offload(
+                    "the sparse FFN does not carry biased experts (gpt-oss): run the file as it is (under --mem-budget its experts stream)".into(),
+                ));
+            }
         }
         check_head(model, parts.head.is_some(), cfg.head_share)?;
         let head = match parts.head {
@@ -580,16 +585,28 @@ fn rope_frequencies(model: &Model) -> (Vec<f32>, Option<Vec<f32>>) {
         .rope_freqs
         .as_ref()
         .map(|t| t.f32s(&model.file));
-    let inv_freq = (0..c.n_rot / 2)
+    // YaRN: per pair, between the interpolated (scaled) and the plain frequency.
+    let corr = c.yarn.map(|y| y.corr_dims(c.n_rot, c.rope_base));
+    let inv_freq: Vec<f32> = (0..c.n_rot / 2)
         .map(|i| {
-            let f = c.rope_base.powf(-2.0 * i as f32 / c.n_rot as f32) * c.rope_freq_scale;
-            f / freq_factors.map_or(1.0, |ff| ff[i])
+            let plain = c.rope_base.powf(-2.0 * i as f32 / c.n_rot as f32);
+            let scale = match (c.yarn, corr) {
+                (Some(y), Some(dims)) => {
+                    let mix = y.extrapolation(i, dims);
+                    c.rope_freq_scale * (1.0 - mix) + mix
+                }
+                _ => c.rope_freq_scale,
+            };
+            plain * scale / freq_factors.map_or(1.0, |ff| ff[i])
         })
         .collect();
-    let local = c.sliding_window.map(|w| {
-        (0..c.n_rot / 2)
+    // Sliding layers with a base of their own rotate plainly (Gemma 3); with the same base,
+    // as the others do (gpt-oss, YaRN included).
+    let local = c.sliding_window.map(|w| match w.rope_base == c.rope_base {
+        true => inv_freq.clone(),
+        false => (0..c.n_rot / 2)
             .map(|i| w.rope_base.powf(-2.0 * i as f32 / c.n_rot as f32))
-            .collect()
+            .collect(),
     });
     (inv_freq, local)
 }

@@ -86,12 +86,14 @@ impl RoutingStats {
     }
 }
 
-/// Routes the `n` tokens of `s.xn` through `router` (rows: one per expert).
+/// Routes the `n` tokens of `s.xn` through `router` (rows: one per expert) and its `bias`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn route_tokens(
     ks: &KernelSet,
     c: &ModelConfig,
     li: usize,
     router: &MatRef<'_>,
+    bias: Option<&[f32]>,
     s: &mut Scratch,
     routes: &mut Routes,
     n: usize,
@@ -100,6 +102,7 @@ pub(crate) fn route_tokens(
     let logits = grow(&mut s.logits, n * ne);
     s.acts.quantize(router.ty.act_kind(), &s.xn[..n * d], d);
     matmul(ks, router, &s.acts, logits);
+    add_rows(logits, bias);
     routes.per_expert.iter_mut().for_each(Vec::clear);
     routes.per_expert.resize_with(ne, Vec::new);
     for t in 0..n {
@@ -116,14 +119,24 @@ pub(crate) fn route_tokens(
     }
 }
 
+/// `bias` added to every row of `rows` (nothing without one).
+fn add_rows(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        rows.chunks_exact_mut(b.len())
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(y, bb)| *y += bb));
+    }
+}
+
 /// The routed experts of layer `li` over the batch, each on the tokens routed to it, added to
 /// `s.x` with their weights; each expert's matrices come from `store` (which may read the next
-/// chosen expert meanwhile).
+/// chosen expert meanwhile); `biases`: every expert's gate, up and down biases, stacked.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn experts<'o>(
     ks: &KernelSet,
     c: &ModelConfig,
     li: usize,
     routes: &Routes,
+    biases: Option<[&[f32]; 3]>,
     s: &mut Scratch,
     store: &mut dyn Store,
     mut observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
@@ -159,6 +172,9 @@ pub(crate) fn experts<'o>(
             d,
             [(mats.gate, g), (mats.up, u)],
         );
+        let bias = |k: usize, len: usize| biases.map(|b| &b[k][e * len..(e + 1) * len]);
+        add_rows(&mut s.gate[..m * ff], bias(0, ff));
+        add_rows(&mut s.up[..m * ff], bias(1, ff));
         if let Some(obs) = observer.as_deref_mut() {
             obs.observe_expert(li, e, &s.q[..m * d], &s.gate[..m * ff]);
         }
@@ -179,6 +195,7 @@ pub(crate) fn experts<'o>(
                 .quantize(mats.down.ty.act_kind(), &s.gate[..m * ff], ff);
             matmul(ks, &mats.down, &s.acts, o);
         }
+        add_rows(&mut s.o[..m * d], bias(2, d));
         for (j, &(t, w)) in toks.iter().enumerate() {
             let x = &mut s.x[t * d..(t + 1) * d];
             x.iter_mut()
@@ -192,12 +209,14 @@ pub(crate) fn experts<'o>(
 /// The units layer `li + 1`'s router picks for the one token whose residual stream is `s.x`
 /// (normed with that layer's FFN norm): where the layer's own input will be after this layer,
 /// guessed from where it is now.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn guess_next(
     ks: &KernelSet,
     c: &ModelConfig,
     li: usize,
     norm: &[f32],
     router: &MatRef<'_>,
+    bias: Option<&[f32]>,
     s: &mut Scratch,
     out: &mut Vec<usize>,
 ) {
@@ -207,6 +226,7 @@ pub(crate) fn guess_next(
     s.acts.quantize(router.ty.act_kind(), &s.q[..d], d);
     let logits = grow(&mut s.logits, ne);
     matmul(ks, router, &s.acts, logits);
+    add_rows(logits, bias);
     let mut picked = Vec::with_capacity(c.n_expert_used);
     route(&s.logits[..ne], c.n_expert_used, c.gating, &mut picked);
     out.clear();

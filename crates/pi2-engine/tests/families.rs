@@ -138,6 +138,11 @@ fn every_family_runs_under_a_budget_as_llama_cpp_does() {
     for r in references() {
         let name = r["name"].as_str().unwrap().to_string();
         let want = &r["llama_cpp"];
+        // Biased experts (gpt-oss) have no sparse FFN: under a budget their experts stream
+        // (the test below).
+        if model(&r).weights.layers[0].expert_biases.is_some() {
+            continue;
+        }
         let path = converted(dir.path(), &r, &cfg);
         let m = Model::load(&path).unwrap();
         let (sp, _) = pi2_engine::load_sparse(&m).unwrap().unwrap();

@@ -151,8 +151,9 @@ impl Engine<'_> {
             // A decoded token's next experts, guessed now so that they can be read meanwhile.
             if n == 1 && pass != Pass::Prompt && self.store.experts().is_some_and(|x| x.prefetches()) {
                 let (norm, router) = (next.ffn_norm.f32s(f), router.mat(f));
+                let bias = next.router_bias.as_ref().map(|b| b.f32s(f));
                 let (s, guess) = (&mut self.s, &mut self.routes.guess);
-                moe::guess_next(&self.ks, c, li, norm, &router, s, guess);
+                moe::guess_next(&self.ks, c, li, norm, &router, bias, s, guess);
             }
         }
         let s = &mut self.s;
@@ -200,6 +201,7 @@ impl Engine<'_> {
                 c,
                 li,
                 &router.mat(f),
+                l.router_bias.as_ref().map(|b| b.f32s(f)),
                 &mut self.s,
                 &mut self.routes,
                 n,
@@ -214,11 +216,13 @@ impl Engine<'_> {
                     .collect();
                 return self.sparse_token(li, l, &units, pass);
             }
+            let biases = (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
             return moe::experts(
                 &self.ks,
                 c,
                 li,
                 &self.routes,
+                biases,
                 &mut self.s,
                 self.store.as_mut(),
                 observer,

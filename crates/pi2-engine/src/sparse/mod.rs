@@ -16,7 +16,8 @@ use pi2_model::Model;
 /// The activation a profile of a model with `act` records (scores are `|act(gate . x)|`).
 pub fn profile_activation(act: pi2_model::FfnAct) -> pi2_sparse::Activation {
     match act {
-        pi2_model::FfnAct::Silu => pi2_sparse::Activation::Silu,
+        // gpt-oss's clamped SwiGLU scores as SwiGLU does (its sparse FFN is not built).
+        pi2_model::FfnAct::Silu | pi2_model::FfnAct::SwigluOai => pi2_sparse::Activation::Silu,
         pi2_model::FfnAct::Gelu => pi2_sparse::Activation::Gelu,
         pi2_model::FfnAct::Relu | pi2_model::FfnAct::DRelu => pi2_sparse::Activation::Relu,
     }

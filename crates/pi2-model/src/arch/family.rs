@@ -38,6 +38,13 @@ pub struct Family {
     /// The family's own hyper-parameters, from the file's keys (prefix given) into the shared
     /// config: sliding windows, scales, layers without RoPE.
     pub hyper: fn(&GgufFile, &str, &mut ModelConfig) -> Result<()>,
+    /// The tensor of each layer's norm before its FFN (`ffn_norm`, or gpt-oss's
+    /// `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// Per head, a learned logit every query also attends to ("attention sinks", gpt-oss).
+    pub sinks: bool,
+    /// Biases of the attention output, the router and each expert's projections (gpt-oss).
+    pub biases: bool,
 }
 
 /// Where Q and K are RMS-normed before RoPE.
@@ -56,7 +63,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 9] = [
+pub const FAMILIES: [&Family; 10] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -66,4 +73,5 @@ pub const FAMILIES: [&Family; 9] = [
     &super::granite::FAMILY,
     &super::gemma2::FAMILY,
     &super::gemma3::FAMILY,
+    &super::gpt_oss::FAMILY,
 ];

@@ -24,6 +24,9 @@ pub const FAMILY: Family = Family {
     post_norms: true,
     scale_embeddings: true,
     hyper,
+    ffn_norm: "ffn_norm.weight",
+    sinks: false,
+    biases: false,
 };
 
 fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {

@@ -23,6 +23,9 @@ pub const FAMILY: Family = Family {
     post_norms: false,
     scale_embeddings: false,
     hyper,
+    ffn_norm: "ffn_norm.weight",
+    sinks: false,
+    biases: false,
 };
 
 fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {

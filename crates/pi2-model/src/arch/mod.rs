@@ -6,6 +6,7 @@
 mod family;
 mod gemma2;
 mod gemma3;
+mod gpt_oss;
 mod granite;
 mod llama;
 mod olmoe;
@@ -32,6 +33,7 @@ pub enum Arch {
     Granite,
     Gemma2,
     Gemma3,
+    GptOss,
 }
 
 impl Arch {
@@ -77,7 +79,14 @@ pub enum FfnAct {
     DRelu,
     /// GeGLU: `gelu(g) * u` with GELU's tanh approximation (Gemma).
     Gelu,
+    /// gpt-oss's SwiGLU: `g * sigmoid(1.702 g) * (u + 1)` with `g` clamped at 7 and `u` to
+    /// [-7, 7].
+    SwigluOai,
 }
+
+/// gpt-oss's gate clamp and sigmoid slope (llama.cpp's `ggml_swiglu_oai`).
+const OAI_LIMIT: f32 = 7.0;
+const OAI_ALPHA: f32 = 1.702;
 
 /// Metadata key naming the FFN nonlinearity (`silu` when absent). GGUF has no standard key for
 /// it: llama.cpp ignores this one and runs such files as SwiGLU, which costs it the same time.
@@ -91,6 +100,7 @@ impl FfnAct {
             FfnAct::Relu => "reglu",
             FfnAct::DRelu => "drelu",
             FfnAct::Gelu => "geglu",
+            FfnAct::SwigluOai => "swiglu_oai",
         }
     }
 
@@ -101,6 +111,7 @@ impl FfnAct {
             "relu" | "reglu" => Some(FfnAct::Relu),
             "drelu" | "dreglu" => Some(FfnAct::DRelu),
             "gelu" | "geglu" => Some(FfnAct::Gelu),
+            "swiglu_oai" => Some(FfnAct::SwigluOai),
             _ => None,
         }
     }
@@ -111,6 +122,10 @@ impl FfnAct {
             FfnAct::Silu => g / (1.0 + (-g).exp()),
             FfnAct::Relu | FfnAct::DRelu => g.max(0.0),
             FfnAct::Gelu => 0.5 * g * (1.0 + (0.797_884_6 * (g + 0.044_715 * g * g * g)).tanh()),
+            FfnAct::SwigluOai => {
+                let g = g.min(OAI_LIMIT);
+                g / (1.0 + (-OAI_ALPHA * g).exp())
+            }
         }
     }
 
@@ -118,6 +133,7 @@ impl FfnAct {
     pub fn up(self, u: f32) -> f32 {
         match self {
             FfnAct::DRelu => u.max(0.0),
+            FfnAct::SwigluOai => u.clamp(-OAI_LIMIT, OAI_LIMIT) + 1.0,
             FfnAct::Silu | FfnAct::Relu | FfnAct::Gelu => u,
         }
     }
@@ -173,6 +189,40 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Logits soft-capped the same way, after `logit_scale`.
     pub final_softcap: Option<f32>,
+    /// YaRN context extension (with `rope_freq_scale` its factor's inverse).
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (llama.cpp's `rope_yarn`): per rotated pair, a ramp between interpolated (scaled) and
+/// extrapolated (plain) frequencies over the pairs between the correction dimensions, and Q
+/// and K scaled by `mscale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// The context the model was trained on before extension.
+    pub orig_ctx: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// Factor of the rotated Q and K (`1 + 0.1 ln(factor)` times `rope.scaling.attn_factor`).
+    pub mscale: f32,
+}
+
+impl Yarn {
+    /// The first and last rotated pair the ramp runs over (ggml's `rope_yarn_corr_dims`).
+    pub fn corr_dims(&self, n_rot: usize, base: f32) -> (f32, f32) {
+        let dim = |beta: f32| {
+            n_rot as f32 * (self.orig_ctx as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let start = dim(self.beta_fast).floor().max(0.0);
+        let end = dim(self.beta_slow).ceil().min(n_rot as f32 - 1.0);
+        (start, end)
+    }
+
+    /// The share of pair `i`'s frequency that stays unscaled (1 below the ramp, 0 above).
+    pub fn extrapolation(&self, i: usize, (low, high): (f32, f32)) -> f32 {
+        let y = (i as f32 - low) / (high - low).max(0.001);
+        1.0 - y.clamp(0.0, 1.0)
+    }
 }
 
 /// How a token's chosen experts are weighted (llama.cpp's `build_moe_ffn` with softmax gating):
@@ -235,6 +285,14 @@ pub struct LayerWeights {
     /// A converted file's copy of the source's `ffn_down` (in the source's neuron order), for
     /// layers that run dense.
     pub down_dense: Option<TensorView>,
+    /// The attention output's bias (gpt-oss).
+    pub bo: Option<TensorView>,
+    /// Per head, the sink logit every query's softmax also counts (gpt-oss).
+    pub sinks: Option<TensorView>,
+    /// The router's bias, and each expert's gate, up and down biases (stacked: `n_expert`
+    /// rows of `n_ff`, `n_ff` and `n_embd`) (gpt-oss).
+    pub router_bias: Option<TensorView>,
+    pub expert_biases: Option<[TensorView; 3]>,
     /// Mixture-of-experts layers: the router. `gate`, `up` and `down` then stack the experts
     /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down, or
     /// `e*n_ff..` of a transposed down).
@@ -365,7 +423,7 @@ impl ModelConfig {
                 "value head size {v_dim} differs from key head size {head_dim}"
             )));
         }
-        let (n_rot, rope_base, rope_freq_scale) = rope(f, a, head_dim)?;
+        let (n_rot, rope_base, rope_freq_scale, yarn) = rope(f, a, head_dim, n_ctx_train)?;
         // Required, as llama.cpp requires it: a default would be a silent guess.
         let eps_key = k("attention.layer_norm_rms_epsilon");
         if f.get(&eps_key).is_none() {
@@ -410,6 +468,7 @@ impl ModelConfig {
             logit_scale: 1.0,
             attn_softcap: None,
             final_softcap: None,
+            yarn,
         };
         (fam.hyper)(f, a, &mut config)?;
         Ok(config)
@@ -488,8 +547,13 @@ fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
     Ok((n_expert, used, gating))
 }
 
-/// RoPE's rotated dimensions, base and linear frequency scale (`a`: the key prefix).
-fn rope(f: &GgufFile, a: &str, head_dim: usize) -> Result<(usize, f32, f32)> {
+/// RoPE's rotated dimensions, base, frequency scale and YaRN (`a`: the key prefix).
+fn rope(
+    f: &GgufFile,
+    a: &str,
+    head_dim: usize,
+    n_ctx_train: usize,
+) -> Result<(usize, f32, f32, Option<Yarn>)> {
     let k = |s: &str| format!("{a}.{s}");
     let n_rot = get_usize_or(f, &k("rope.dimension_count"), head_dim)?;
     if n_rot > head_dim || n_rot % 2 != 0 {
@@ -499,16 +563,42 @@ fn rope(f: &GgufFile, a: &str, head_dim: usize) -> Result<(usize, f32, f32)> {
     }
     let rope_base = get_f32_or(f, &k("rope.freq_base"), 10000.0)?;
     let mut freq_scale = get_f32_or(f, &k("rope.scale_linear"), 1.0)?.recip();
+    let mut yarn = None;
     match f.get(&k("rope.scaling.type")).and_then(Value::as_str) {
         None | Some("none") => {}
         Some("linear") => freq_scale = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?.recip(),
+        Some("yarn") => {
+            let factor = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(ModelError::Corrupt(format!(
+                    "{a}.rope.scaling.factor = {factor} is not a positive number"
+                )));
+            }
+            if get_f32_or(f, &k("rope.scaling.yarn_log_multiplier"), 0.0)? != 0.0 {
+                return Err(ModelError::Unsupported(
+                    "YaRN with `rope.scaling.yarn_log_multiplier` (DeepSeek's attention scale)".into(),
+                ));
+            }
+            freq_scale = factor.recip();
+            let orig_ctx = get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
+            // llama.cpp cancels its own attention factor where YaRN scales Q and K itself, so
+            // the factor is ggml's `1 + 0.1 ln(factor)` (1 for a factor up to 1).
+            let mscale = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)?
+                * (1.0 + 0.1 * factor.ln()).max(1.0);
+            yarn = Some(Yarn {
+                orig_ctx: orig_ctx.max(1),
+                beta_fast: get_f32_or(f, &k("rope.scaling.yarn_beta_fast"), 32.0)?,
+                beta_slow: get_f32_or(f, &k("rope.scaling.yarn_beta_slow"), 1.0)?,
+                mscale,
+            });
+        }
         Some(other) => {
             return Err(ModelError::Unsupported(format!(
                 "RoPE scaling type `{other}`"
             )))
         }
     }
-    Ok((n_rot, rope_base, freq_scale))
+    Ok((n_rot, rope_base, freq_scale, yarn))
 }
 
 /// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
@@ -545,6 +635,18 @@ fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
 /// A vector tensor that the engine reads as plain f32 (norms, biases).
 fn f32_view(f: &GgufFile, name: &str, len: usize) -> Result<TensorView> {
     let v = view(f, name, &[len])?;
+    if v.ty != QuantType::F32 {
+        return Err(ModelError::Unsupported(format!(
+            "tensor `{name}` must be F32, found {}",
+            v.ty
+        )));
+    }
+    Ok(v)
+}
+
+/// Rows of f32 vectors (a bias per expert): GGML dims `[len, rows]`.
+fn f32_rows(f: &GgufFile, name: &str, dims: [usize; 2]) -> Result<TensorView> {
+    let v = view(f, name, &dims)?;
     if v.ty != QuantType::F32 {
         return Err(ModelError::Unsupported(format!(
             "tensor `{name}` must be F32, found {}",
@@ -640,7 +742,7 @@ impl Weights {
                 k_norm: qk_norm("attn_k_norm.weight", c.kv_dim())?,
                 wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
                 post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
-                ffn_norm: f32_view(f, &n("ffn_norm.weight"), c.n_embd)?,
+                ffn_norm: f32_view(f, &n(fam.ffn_norm), c.n_embd)?,
                 post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,
                 gate: view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
                 up: view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
@@ -658,6 +760,17 @@ impl Weights {
                     Some(view(f, &n("ffn_gate_inp.weight"), &[c.n_embd, c.n_expert])?)
                 } else {
                     None
+                },
+                bo: norm_if(fam.biases, "attn_output.bias", c.n_embd)?,
+                sinks: norm_if(fam.sinks, "attn_sinks.weight", c.n_head)?,
+                router_bias: norm_if(fam.biases, "ffn_gate_inp.bias", c.n_expert)?,
+                expert_biases: match fam.biases {
+                    true => Some([
+                        f32_rows(f, &n("ffn_gate_exps.bias"), [c.n_ff, c.n_expert])?,
+                        f32_rows(f, &n("ffn_up_exps.bias"), [c.n_ff, c.n_expert])?,
+                        f32_rows(f, &n("ffn_down_exps.bias"), [c.n_embd, c.n_expert])?,
+                    ]),
+                    false => None,
                 },
             });
         }

@@ -19,4 +19,7 @@ pub const FAMILY: Family = Family {
     post_norms: false,
     scale_embeddings: false,
     hyper: plain,
+    ffn_norm: "ffn_norm.weight",
+    sinks: false,
+    biases: false,
 };

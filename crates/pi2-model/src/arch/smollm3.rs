@@ -20,6 +20,9 @@ pub const FAMILY: Family = Family {
     post_norms: false,
     scale_embeddings: false,
     hyper,
+    ffn_norm: "ffn_norm.weight",
+    sinks: false,
+    biases: false,
 };
 
 fn hyper(_: &GgufFile, _: &str, c: &mut ModelConfig) -> Result<()> {
