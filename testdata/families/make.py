@@ -72,10 +72,10 @@ class Recipe:
     def kv(self, key, ty, value):
         self.meta.append([f"{self.arch}.{key}" if not key.startswith(("general.", "tokenizer.")) else key, ty, value])
 
-    def t(self, name, shape, scale, offset=0.0):
-        """A tensor of numpy `shape` (rows first; GGML dims are reversed)."""
+    def t(self, name, shape, scale, offset=0.0, ty=None):
+        """A tensor of numpy `shape` (rows first; GGML dims are reversed), F32 unless `ty`."""
         self.tensors.append({"name": name, "shape": list(shape), "seed": (self.seed * 1000003 + len(self.tensors)) & M64,
-                             "scale": scale, "offset": offset})
+                             "scale": scale, "offset": offset, **({"type": ty} if ty else {})})
 
 def norm(r, name, n):
     r.t(name, [n], 0.2, 1.0)
@@ -230,11 +230,12 @@ def gpt_oss(r, s):
         norm(r, f"blk.{i}.post_attention_norm.weight", e)
         mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, 2.0)
         r.t(f"blk.{i}.ffn_gate_inp.bias", [n], 1.0)
-        r.t(f"blk.{i}.ffn_gate_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+        ty = s.get("experts")  # gpt-oss ships its experts in MXFP4
+        r.t(f"blk.{i}.ffn_gate_exps.weight", [n, f, e], (3.0 / e) ** 0.5, ty=ty)
         r.t(f"blk.{i}.ffn_gate_exps.bias", [n, f], 0.5)
-        r.t(f"blk.{i}.ffn_up_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+        r.t(f"blk.{i}.ffn_up_exps.weight", [n, f, e], (3.0 / e) ** 0.5, ty=ty)
         r.t(f"blk.{i}.ffn_up_exps.bias", [n, f], 0.5)
-        r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5)
+        r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5, ty=ty)
         r.t(f"blk.{i}.ffn_down_exps.bias", [n, e], 0.2)
 
 FAMILIES = {
@@ -262,6 +263,9 @@ FAMILIES = {
              n_expert=8, n_expert_used=2, n_ff_exp=48, window=8, yarn_factor=32.0, yarn_orig=64),
         dict(n_embd=96, n_layer=4, n_ff=128, n_head=6, n_head_kv=2, head_dim=32, rope_base=10000.0,
              n_expert=16, n_expert_used=4, n_ff_exp=32, window=16, yarn_factor=4.0, yarn_orig=256),
+        dict(n_embd=64, n_layer=3, n_ff=128, n_head=4, n_head_kv=1, head_dim=16, rope_base=150000.0,
+             n_expert=8, n_expert_used=4, n_ff_exp=64, window=8, yarn_factor=32.0, yarn_orig=64,
+             experts="mxfp4"),
     ]),
     "olmoe": (olmoe, [
         dict(n_embd=64, n_layer=2, n_ff=0, n_head=4, n_head_kv=4, n_expert=8, n_expert_used=2, n_ff_exp=48),
@@ -322,6 +326,11 @@ def write_gguf(r, path):
     crcs = {}
     for t in r.tensors:
         v = values(t).reshape(t["shape"])
+        if t.get("type") == "mxfp4":
+            q = gguf.quants.quantize(v, gguf.GGMLQuantizationType.MXFP4)
+            crcs[t["name"]] = zlib.crc32(q.tobytes())
+            w.add_tensor(t["name"], q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            continue
         crcs[t["name"]] = zlib.crc32(v.tobytes())
         w.add_tensor(t["name"], v)
     w.write_header_to_file()

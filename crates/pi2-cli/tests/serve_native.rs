@@ -18,7 +18,10 @@ fn native_completion_answers_as_llama_server_does() {
         &json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0}),
     );
     assert_eq!(oai.status, 200, "{}", oai.body);
-    let want = oai.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let want = oai.json()["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     let body = json!({"prompt": PROMPT, "n_predict": 8, "temperature": 0});
     let r = post(&s.addr, "/completion", &body);
@@ -35,7 +38,11 @@ fn native_completion_answers_as_llama_server_does() {
     assert!(v.get("choices").is_none());
 
     // The same as token ids, and mixed with text; `/completions` is the same route.
-    let ids = post(&s.addr, "/tokenize", &json!({"content": PROMPT, "add_special": true}));
+    let ids = post(
+        &s.addr,
+        "/tokenize",
+        &json!({"content": PROMPT, "add_special": true}),
+    );
     let ids = ids.json()["tokens"].clone();
     let r = post(
         &s.addr,
@@ -70,7 +77,9 @@ fn native_completion_answers_as_llama_server_does() {
     let last = chunks.last().unwrap();
     assert_eq!(last["stop"], true, "{last}");
     assert_eq!(last["tokens_predicted"], 8, "{last}");
-    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["stop"] == false));
+    assert!(chunks[..chunks.len() - 1]
+        .iter()
+        .all(|c| c["stop"] == false));
 
     // A stop string: `stop_type` word and the word; `n_probs`: each token's alternatives.
     let first_word = want.split_whitespace().next().unwrap().to_string();
@@ -120,10 +129,22 @@ fn infill_fills_the_middle_with_the_models_fim_tokens() {
                       "n_predict": 8, "temperature": 0});
     let r = post(&plain.addr, "/infill", &body);
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("no fill-in-the-middle tokens"), "{}", r.body);
-    let r = post(&plain.addr, "/completion", &json!({"prompt": "x", "input_prefix": "a"}));
+    assert!(
+        r.body.contains("no fill-in-the-middle tokens"),
+        "{}",
+        r.body
+    );
+    let r = post(
+        &plain.addr,
+        "/completion",
+        &json!({"prompt": "x", "input_prefix": "a"}),
+    );
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("`input_prefix` is for /infill"), "{}", r.body);
+    assert!(
+        r.body.contains("`input_prefix` is for /infill"),
+        "{}",
+        r.body
+    );
     drop(plain);
 
     let qwen = common::root().join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
@@ -134,7 +155,11 @@ fn infill_fills_the_middle_with_the_models_fim_tokens() {
     assert!(!v["content"].as_str().unwrap().is_empty(), "{v}");
     // The same tokens, laid out by hand from llama.cpp's recipe, through /completion.
     let ids = |text: &str| -> Vec<Value> {
-        let r = post(&s.addr, "/tokenize", &json!({"content": text, "parse_special": false}));
+        let r = post(
+            &s.addr,
+            "/tokenize",
+            &json!({"content": text, "parse_special": false}),
+        );
         r.json()["tokens"].as_array().unwrap().clone()
     };
     let special = |text: &str| -> Value {

@@ -216,7 +216,12 @@ impl<'m> Engine<'m> {
         }
         if let Some(sp) = parts.sparse {
             check_sparse(model, sp)?;
-            if model.weights.layers.iter().any(|l| l.expert_biases.is_some()) {
+            if model
+                .weights
+                .layers
+                .iter()
+                .any(|l| l.expert_biases.is_some())
+            {
                 return Err(EngineError::Offload(
                     "the sparse FFN does not carry biased experts (gpt-oss): run the file as it is (under --mem-budget its experts stream)".into(),
                 ));

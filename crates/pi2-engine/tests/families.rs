@@ -74,6 +74,15 @@ fn every_family_computes_what_llama_cpp_computes() {
         let want = &r["llama_cpp"];
         let m = model(&r);
 
+        // Quantized experts (MXFP4, bit for bit the bytes llama.cpp's `gguf` writes): the
+        // logits after the prompt came within 0.057 of llama.cpp's (perplexity within 0.01%,
+        // every greedy token equal); F32 files within 0.004.
+        let quantized = r["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t.get("type").is_some());
+        let tolerance = if quantized { 0.1 } else { 0.05 };
         let mut e = engine(&m, tier);
         let ppl = perplexity(&mut e, &ids(&want["text"]));
         let ppl_want = want["ppl"].as_f64().unwrap();
@@ -92,7 +101,7 @@ fn every_family_computes_what_llama_cpp_computes() {
             .map(|(a, b)| (a - b.as_f64().unwrap() as f32).abs())
             .fold(0f32, f32::max);
         assert!(
-            diff < 0.05,
+            diff < tolerance,
             "{name}: logits after the prompt differ by {diff}"
         );
 
@@ -290,7 +299,10 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
         let kv = pi2_engine::kv_bytes_start(&m, &cfg, prompt.len()) as u64;
         let scratch = pi2_engine::scratch_bytes(&m, &cfg, prompt.len()) as u64;
         let need = pi2_engine::expert_budget(&m, kv + scratch);
-        let half = (m.config.n_layer * m.config.n_expert / 2) as u64;
+        // Half the experts, or at least two tokens' worth (so that decode finds some cached).
+        let all = (m.config.n_layer * m.config.n_expert) as u64;
+        let per_token = (m.config.n_layer * m.config.n_expert_used) as u64;
+        let half = (all / 2).max(2 * per_token).min(all);
         let want: Vec<Vec<f32>> = {
             let mut out = vec![mem.forward(&prompt, Logits::Last).unwrap().to_vec()];
             for _ in 0..12 {
@@ -320,7 +332,10 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
             };
             let mut streamed = Engine::with_parts(&m, &cfg, parts).unwrap();
             let got = streamed.forward(&prompt, Logits::Last).unwrap().to_vec();
-            assert_eq!(got, want[0], "{name}: logits after the prompt, {slots} slots");
+            assert_eq!(
+                got, want[0],
+                "{name}: logits after the prompt, {slots} slots"
+            );
             for w in want.windows(2) {
                 let got = streamed.forward(&[argmax(&w[0])], Logits::Last).unwrap();
                 assert_eq!(got, &w[1][..], "{name}: decode logits, {slots} slots");
@@ -329,7 +344,11 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
             assert!(st.reads > 0, "{name}: {st:?}");
             match slots == half {
                 // Decode finds experts chosen before.
-                true => assert!(st.hits > 0 && st.prefetched > 0, "{name}: {st:?}"),
+                // (A cache of every expert leaves nothing to read ahead.)
+                true => assert!(
+                    st.hits > 0 && (st.prefetched > 0 || slots == all),
+                    "{name}: {st:?}"
+                ),
                 // The prompt's batch chose more experts than the cache holds.
                 false => assert!(st.waves > (13 * m.config.n_layer) as u64, "{name}: {st:?}"),
             }

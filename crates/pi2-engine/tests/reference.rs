@@ -168,6 +168,10 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
                                 (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g.powi(3));
                             0.5 * g * (1.0 + inner.tanh()) * u
                         }
+                        FfnAct::SwigluOai => {
+                            let g = g.min(7.0);
+                            g / (1.0 + (-1.702 * g).exp()) * (u.clamp(-7.0, 7.0) + 1.0)
+                        }
                     })
                     .collect();
                 let y = matvec(&wd[e * d..(e + 1) * d], &h);

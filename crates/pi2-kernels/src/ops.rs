@@ -46,6 +46,10 @@ macro_rules! by_block_type {
                 let $k = &$ks.iq4_nl;
                 $blocks
             }
+            QuantType::MXFP4 => {
+                let $k = &$ks.mxfp4;
+                $blocks
+            }
             QuantType::IQ4_XS => {
                 let $k = &$ks.iq4_xs;
                 $blocks

@@ -42,6 +42,7 @@ pub enum QuantType {
     IQ4_XS,
     Q2_K,
     Q3_K,
+    MXFP4,
 }
 
 /// The activation format a weight type's dot product consumes.
@@ -49,14 +50,14 @@ pub enum QuantType {
 pub enum ActKind {
     /// Plain f32 (F32, F16 and BF16 weights).
     F32,
-    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL).
+    /// [`quant::BlockQ8`], 32 per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4).
     Q8,
     /// [`quant::BlockQ8K`], 256 per block (k-quants, IQ4_XS).
     Q8K,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 15] = [
+    pub const ALL: [QuantType; 16] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -72,6 +73,7 @@ impl QuantType {
         Self::IQ4_XS,
         Self::Q2_K,
         Self::Q3_K,
+        Self::MXFP4,
     ];
 
     /// Map a GGML type id (as stored in GGUF tensor infos) to a supported type.
@@ -86,6 +88,7 @@ impl QuantType {
             8 => Self::Q8_0,
             10 => Self::Q2_K,
             11 => Self::Q3_K,
+            39 => Self::MXFP4,
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
@@ -108,6 +111,7 @@ impl QuantType {
             Self::Q8_0 => 8,
             Self::Q2_K => 10,
             Self::Q3_K => 11,
+            Self::MXFP4 => 39,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
@@ -121,7 +125,13 @@ impl QuantType {
     pub fn block_len(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => QK,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::IQ4_NL
+            | Self::MXFP4 => QK,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => QK_K,
         }
     }
@@ -144,6 +154,7 @@ impl QuantType {
             Self::IQ4_XS => size_of::<quant::BlockIQ4XS>(),
             Self::Q2_K => size_of::<quant::BlockQ2K>(),
             Self::Q3_K => size_of::<quant::BlockQ3K>(),
+            Self::MXFP4 => size_of::<quant::BlockMXFP4>(),
         }
     }
 
@@ -167,9 +178,13 @@ impl QuantType {
     pub fn act_kind(self) -> ActKind {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => ActKind::F32,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => {
-                ActKind::Q8
-            }
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::IQ4_NL
+            | Self::MXFP4 => ActKind::Q8,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => {
                 ActKind::Q8K
             }
@@ -206,6 +221,7 @@ impl QuantType {
             Self::Q8_0 => blocks(x, quant::BlockQ8_0::quantize),
             Self::Q4_K => blocks(x, quant::BlockQ4K::quantize),
             Self::IQ4_NL => blocks(x, quant::BlockIQ4NL::quantize),
+            Self::MXFP4 => blocks(x, quant::BlockMXFP4::quantize),
             Self::IQ4_XS => blocks(x, quant::BlockIQ4XS::quantize),
             Self::Q2_K | Self::Q3_K | Self::Q5_K | Self::Q6_K => return None,
         })
@@ -236,6 +252,7 @@ impl QuantType {
             Self::IQ4_XS => blocks::<quant::BlockIQ4XS>(row, out),
             Self::Q2_K => blocks::<quant::BlockQ2K>(row, out),
             Self::Q3_K => blocks::<quant::BlockQ3K>(row, out),
+            Self::MXFP4 => blocks::<quant::BlockMXFP4>(row, out),
         }
     }
 }
@@ -258,6 +275,7 @@ impl fmt::Display for QuantType {
             Self::IQ4_XS => "IQ4_XS",
             Self::Q2_K => "Q2_K",
             Self::Q3_K => "Q3_K",
+            Self::MXFP4 => "MXFP4",
         })
     }
 }

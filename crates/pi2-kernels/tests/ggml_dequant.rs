@@ -1,5 +1,5 @@
-//! Block layouts against llama.cpp's own Python reader: random blocks of Q2_K, Q3_K, IQ4_NL and
-//! IQ4_XS (`testdata/dequant/*.blocks`) dequantize to exactly the values PyPI `gguf`'s
+//! Block layouts against llama.cpp's own Python reader: random blocks of Q2_K, Q3_K, IQ4_NL,
+//! IQ4_XS and MXFP4 (`testdata/dequant/*.blocks`) dequantize to exactly the values PyPI `gguf`'s
 //! `quants.dequantize` gave (`*.f32`; see `meta.json`). The SIMD kernels are checked against
 //! the same scalar definitions in `simd_vs_ref.rs`.
 
@@ -14,6 +14,7 @@ fn blocks_dequantize_as_ggml_does() {
         QuantType::Q3_K,
         QuantType::IQ4_NL,
         QuantType::IQ4_XS,
+        QuantType::MXFP4,
     ] {
         let blocks = std::fs::read(dir.join(format!("{ty}.blocks"))).unwrap();
         let want: Vec<f32> = std::fs::read(dir.join(format!("{ty}.f32")))
@@ -28,4 +29,18 @@ fn blocks_dequantize_as_ggml_does() {
             assert_eq!(g.to_bits(), w.to_bits(), "{ty} element {i}: {g} vs {w}");
         }
     }
+}
+
+/// MXFP4's quantizer (the one ggml and `gguf` share) gives `gguf`'s bytes, so files pi2 writes
+/// in MXFP4 are the ones llama.cpp's tools would write.
+#[test]
+fn mxfp4_quantizes_as_gguf_does() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dequant");
+    let x: Vec<f32> = std::fs::read(dir.join("MXFP4.quant.f32"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let want = std::fs::read(dir.join("MXFP4.quant.blocks")).unwrap();
+    assert_eq!(QuantType::MXFP4.quantize_row(&x).unwrap(), want);
 }

@@ -51,6 +51,12 @@ fn row_bytes(ty: QuantType, blocks: usize, seed: &[u8]) -> Vec<u8> {
                 c[108..].copy_from_slice(&scale(i));
             }
         }
+        QuantType::MXFP4 => {
+            // Scales from 2^-4 to 2^3: finite products.
+            for (i, c) in b.chunks_exact_mut(17).enumerate() {
+                c[0] = 124 + (seed[i % seed.len()] % 8);
+            }
+        }
         QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4_K | QuantType::Q5_K => {
             for (i, c) in b.chunks_exact_mut(ty.block_bytes()).enumerate() {
                 c[..2].copy_from_slice(&scale(i));

@@ -21,18 +21,57 @@ pub struct Fim {
 const ROLES: [(&str, &[&str]); 6] = [
     (
         "fim_pre",
-        &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"],
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<｜fim▁begin｜>",
+            "<PRE>",
+            "▁<PRE>",
+            "<|code_prefix|>",
+            "<|prefix|>",
+        ],
     ),
     (
         "fim_suf",
-        &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"],
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<｜fim▁hole｜>",
+            "<SUF>",
+            "▁<SUF>",
+            "<|code_suffix|>",
+            "<|suffix|>",
+        ],
     ),
     (
         "fim_mid",
-        &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"],
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<｜fim▁end｜>",
+            "<MID>",
+            "▁<MID>",
+            "<|code_middle|>",
+            "<|middle|>",
+        ],
     ),
-    ("fim_pad", &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"]),
-    ("fim_rep", &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"]),
+    (
+        "fim_pad",
+        &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"],
+    ),
+    (
+        "fim_rep",
+        &[
+            "<|fim_repo|>",
+            "<|repo_name|>",
+            "<fim-repo>",
+            "<REPO>",
+            "<reponame>",
+        ],
+    ),
     ("fim_sep", &["<|file_sep|>"]),
 ];
 
@@ -49,9 +88,9 @@ impl Fim {
                     .filter(|&id| (id as usize) < n)
                     .map(|id| id as TokenId);
                 given.or_else(|| {
-                    texts.iter().find_map(|t| {
-                        tokens.iter().position(|v| v == t).map(|i| i as TokenId)
-                    })
+                    texts
+                        .iter()
+                        .find_map(|t| tokens.iter().position(|v| v == t).map(|i| i as TokenId))
                 })
             })
             .collect();

@@ -76,9 +76,18 @@ pub fn build(recipe: &serde_json::Value) -> Result<GgufWriter, String> {
                 .ok_or(format!("`{name}` has no scale"))?,
             t["offset"].as_f64().unwrap_or(0.0),
         );
-        let bytes: Vec<u8> = splitmix_uniform(seed, n)
-            .flat_map(|u| ((offset + scale * u) as f32).to_le_bytes())
+        let values: Vec<f32> = splitmix_uniform(seed, n)
+            .map(|u| (offset + scale * u) as f32)
             .collect();
+        // F32, or a type pi2 quantizes as llama.cpp's `gguf` package does (MXFP4).
+        let ty = match t["type"].as_str() {
+            None | Some("f32") => pi2_kernels::QuantType::F32,
+            Some("mxfp4") => pi2_kernels::QuantType::MXFP4,
+            Some(other) => return Err(format!("`{name}`: tensor type `{other}`")),
+        };
+        let bytes = ty
+            .quantize_row(&values)
+            .ok_or(format!("`{name}`: cannot quantize its rows as {ty}"))?;
         let want = t["crc32"]
             .as_u64()
             .ok_or(format!("`{name}` has no crc32"))?;
@@ -89,8 +98,7 @@ pub fn build(recipe: &serde_json::Value) -> Result<GgufWriter, String> {
             ));
         }
         let dims: Vec<u64> = shape.iter().rev().copied().collect();
-        // GGML type 0: F32.
-        w.tensor(name, &dims, 0, bytes);
+        w.tensor(name, &dims, ty.ggml_id(), bytes);
     }
     Ok(w)
 }

@@ -552,7 +552,11 @@ impl StandIn {
                     x.iter_mut().for_each(|v| *v = rng.uniform() * scale);
                     let rest = x[1..].iter().map(|v| v * v).sum::<f32>().sqrt();
                     // Uniform on [-1, 1] has standard deviation 1/sqrt(3).
-                    x[0] = x[0] / scale * 3f32.sqrt() * self.spec.shape.router_bias * rest * self.sigma_x
+                    x[0] = x[0] / scale
+                        * 3f32.sqrt()
+                        * self.spec.shape.router_bias
+                        * rest
+                        * self.sigma_x
                         / self.a;
                 }
                 Kind::Gate { layer, scale } => {

@@ -78,7 +78,8 @@ pub fn random_tensor(
             | QuantType::Q5_1
             | QuantType::Q8_0
             | QuantType::IQ4_NL
-            | QuantType::IQ4_XS => {
+            | QuantType::IQ4_XS
+            | QuantType::MXFP4 => {
                 let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * scale).collect();
                 out.extend(ty.quantize_row(&x).expect("these formats have a quantizer"));
             }

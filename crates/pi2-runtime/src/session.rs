@@ -164,7 +164,10 @@ impl<'m> Prepared<'m> {
         cfg: &pi2_engine::EngineConfig,
         n_batch: usize,
     ) -> Result<Option<pi2_engine::ExpertStream>> {
-        let Some(b) = self.budget.filter(|_| crate::offload::streams_experts(self.model)) else {
+        let Some(b) = self
+            .budget
+            .filter(|_| crate::offload::streams_experts(self.model))
+        else {
             return Ok(None);
         };
         let file = self.model.file.file_size();

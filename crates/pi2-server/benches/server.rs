@@ -35,6 +35,8 @@ fn per_request_and_token(c: &mut Criterion) {
         model: "model".into(),
         kind: Kind::Chat,
         usage_chunk: false,
+        prompt: String::new(),
+        settings: serde_json::Value::Null,
     };
     let pieces = ["Once", " upon", " a", " time", ",", " there", " was", "\n"];
     c.bench_function("per token: stop strings + one SSE chunk", |b| {

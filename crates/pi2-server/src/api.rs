@@ -265,7 +265,10 @@ impl CompletionRequest {
     /// A completion's prompt as tokens: text (control tokens parsed, as llama-server takes a
     /// prompt: the model's whole input), token ids (checked against `n_vocab`), or both mixed
     /// (text after the first piece gets no BOS).
-    pub fn prompt_tokens(&self, tok: &pi2_model::tokenizer::Tokenizer) -> Result<Vec<u32>, ApiError> {
+    pub fn prompt_tokens(
+        &self,
+        tok: &pi2_model::tokenizer::Tokenizer,
+    ) -> Result<Vec<u32>, ApiError> {
         let n_vocab = tok.vocab_size() as u64;
         let id = |i: u64| match i < n_vocab {
             true => Ok(i as u32),

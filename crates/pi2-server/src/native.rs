@@ -132,7 +132,10 @@ pub fn infill_prompt(
         v.clone()
             .ok_or_else(|| ApiError::bad(format!("`{name}` is required")).param(name))
     };
-    let (prefix, suffix) = (need(&req.input_prefix, "input_prefix")?, need(&req.input_suffix, "input_suffix")?);
+    let (prefix, suffix) = (
+        need(&req.input_prefix, "input_prefix")?,
+        need(&req.input_suffix, "input_suffix")?,
+    );
     let prompt = match &req.prompt {
         None => Vec::new(),
         Some(crate::api::Prompt::Text(t)) => tok.encode(t, false, true),
@@ -148,7 +151,10 @@ pub fn infill_prompt(
         match tok.fim.sep {
             Some(sep) => {
                 extra.push(sep);
-                extra.extend(plain(&format!("{}\n", chunk.filename.as_deref().unwrap_or("tmp"))));
+                extra.extend(plain(&format!(
+                    "{}\n",
+                    chunk.filename.as_deref().unwrap_or("tmp")
+                )));
             }
             None => extra.extend(plain("\n\n--- snippet ---\n\n")),
         }
@@ -161,7 +167,9 @@ pub fn infill_prompt(
     let batch = FIM_BATCH.min(n_ctx) as i64;
     let (mut head, mut tail) = (plain(&prefix), plain(&suffix));
     let prefix_take = head.len().min((3 * (batch / 4)) as usize);
-    let suffix_take = tail.len().min((batch / 4 - (2 + prompt.len() as i64)).max(0) as usize);
+    let suffix_take = tail
+        .len()
+        .min((batch / 4 - (2 + prompt.len() as i64)).max(0) as usize);
     // The server's n_predict is unlimited (-1): the extra files fill what a batch leaves.
     let extra_take = extra.len().min((n_ctx as i64 - batch + 2).max(0) as usize);
     head.drain(..head.len() - prefix_take);

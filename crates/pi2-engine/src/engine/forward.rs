@@ -149,7 +149,10 @@ impl Engine<'_> {
         let next = m.weights.layers.get(li + 1);
         if let Some((next, router)) = next.and_then(|nl| Some((nl, nl.router.as_ref()?))) {
             // A decoded token's next experts, guessed now so that they can be read meanwhile.
-            if n == 1 && pass != Pass::Prompt && self.store.experts().is_some_and(|x| x.prefetches()) {
+            if n == 1
+                && pass != Pass::Prompt
+                && self.store.experts().is_some_and(|x| x.prefetches())
+            {
                 let (norm, router) = (next.ffn_norm.f32s(f), router.mat(f));
                 let bias = next.router_bias.as_ref().map(|b| b.f32s(f));
                 let (s, guess) = (&mut self.s, &mut self.routes.guess);
@@ -216,7 +219,8 @@ impl Engine<'_> {
                     .collect();
                 return self.sparse_token(li, l, &units, pass);
             }
-            let biases = (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
+            let biases =
+                (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
             return moe::experts(
                 &self.ks,
                 c,

@@ -91,7 +91,12 @@ pub fn expert_budget(model: &Model, fixed: u64) -> ExpertBudget {
         .layers
         .iter()
         .filter(|l| l.router.is_some())
-        .map(|l| [&l.gate, &l.up, &l.down].map(|t| t.bytes(&model.file)).iter().sum::<u64>())
+        .map(|l| {
+            [&l.gate, &l.up, &l.down]
+                .map(|t| t.bytes(&model.file))
+                .iter()
+                .sum::<u64>()
+        })
         .sum();
     let resident = model.file.file_size() - stacked;
     let slot = SlotCache::<Lru>::bytes_for(expert as usize, 1, 0);
@@ -179,9 +184,17 @@ impl ExpertStream {
         if slots < c.n_expert_used.max(1) {
             return Err(over(pi2_cache::CacheError::Empty).into());
         }
-        let cache = SlotCache::new(keys, c.n_expert, need.expert as usize, slots, Lru::default())?;
+        let cache = SlotCache::new(
+            keys,
+            c.n_expert,
+            need.expert as usize,
+            slots,
+            Lru::default(),
+        )?;
         let cold = SlotCache::<Lru>::bytes_for(need.expert as usize, slots, keys);
-        budget.reserve(Region::Cold, cold, "expert cache").map_err(over)?;
+        budget
+            .reserve(Region::Cold, cold, "expert cache")
+            .map_err(over)?;
         let opened = open_engine(path, cfg)?;
         if opened.engine.size() != model.file.file_size() {
             return Err(EngineError::Offload(format!(

@@ -32,10 +32,10 @@ mod vocab;
 
 use crate::residency::Tag;
 use crate::sparse::SparseFfn;
+pub(crate) use experts::Streamed;
+pub use experts::{expert_budget, ExpertBudget, ExpertStats, ExpertStream};
 pub(crate) use layout::Part;
 use layout::{hot_block, least_cold_slots, AttnLayout, FfnLayout, HotLayer, PAD};
-pub use experts::{expert_budget, ExpertBudget, ExpertStats, ExpertStream};
-pub(crate) use experts::Streamed;
 pub use layout::{min_budget, regions, Regions};
 use pi2_cache::{Budget, Lru, SlotCache};
 use pi2_io::{

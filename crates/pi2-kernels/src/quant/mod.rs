@@ -9,6 +9,7 @@ pub mod f16;
 pub mod f32;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod mxfp4;
 pub mod q2_k;
 pub mod q4_0;
 pub mod q4_1;
@@ -22,6 +23,7 @@ pub mod q8_act;
 
 pub use iq4_nl::BlockIQ4NL;
 pub use iq4_xs::BlockIQ4XS;
+pub use mxfp4::BlockMXFP4;
 pub use q2_k::{BlockQ2K, BlockQ3K};
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;

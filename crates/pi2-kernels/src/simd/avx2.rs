@@ -37,6 +37,7 @@ pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
         iq4_xs: super::avx2_k::rows(),
         q2_k: super::avx2_k::rows(),
         q3_k: super::avx2_k::rows(),
+        mxfp4: RowKernels::reference(),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
         q5_1: tiles::<BlockQ5_1>(flavour),

@@ -3,8 +3,8 @@
 
 use crate::packed::{self, Rows8Fn, Rows8KFn};
 use crate::quant::{
-    self, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantBlock,
+    self, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantBlock,
 };
 use crate::QuantType;
 use std::sync::OnceLock;
@@ -217,6 +217,8 @@ pub struct KernelSet {
     pub iq4_xs: RowKernels<BlockIQ4XS>,
     pub q2_k: RowKernels<BlockQ2K>,
     pub q3_k: RowKernels<BlockQ3K>,
+    /// MXFP4: the scalar reference on every tier (the same answer everywhere).
+    pub mxfp4: RowKernels<BlockMXFP4>,
     /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
     pub x8: X8Kernels,
     /// Every token row of a multiplication computed as a one-row multiplication computes it,
@@ -304,6 +306,7 @@ impl KernelSet {
             iq4_xs: RowKernels::reference(),
             q2_k: RowKernels::reference(),
             q3_k: RowKernels::reference(),
+            mxfp4: RowKernels::reference(),
             x8: X8Kernels::reference(),
             rows_alike: false,
         }

@@ -30,6 +30,7 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         iq4_xs: super::neon_k::rows(dot),
         q2_k: super::neon_k::rows(dot),
         q3_k: super::neon_k::rows(dot),
+        mxfp4: RowKernels::reference(),
         q4_1: tiles::<BlockQ4_1>(dot),
         q5_0: tiles::<BlockQ5_0>(dot),
         q5_1: tiles::<BlockQ5_1>(dot),

@@ -576,11 +576,13 @@ fn rope(
             }
             if get_f32_or(f, &k("rope.scaling.yarn_log_multiplier"), 0.0)? != 0.0 {
                 return Err(ModelError::Unsupported(
-                    "YaRN with `rope.scaling.yarn_log_multiplier` (DeepSeek's attention scale)".into(),
+                    "YaRN with `rope.scaling.yarn_log_multiplier` (DeepSeek's attention scale)"
+                        .into(),
                 ));
             }
             freq_scale = factor.recip();
-            let orig_ctx = get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
+            let orig_ctx =
+                get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
             // llama.cpp cancels its own attention factor where YaRN scales Q and K itself, so
             // the factor is ggml's `1 + 0.1 ln(factor)` (1 for a factor up to 1).
             let mscale = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)?
