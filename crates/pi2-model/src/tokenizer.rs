@@ -77,6 +77,7 @@ pub struct Tokenizer {
 
 const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]*[\p{L}&&[^A-Z]]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]+[\p{L}&&[^A-Z]]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// DeepSeek LLM's letters: Latin, Greek, Cyrillic, Armenian, Georgian and other cased scripts
@@ -92,6 +93,9 @@ fn pre_tokenizer(name: &str) -> Result<Vec<&'static str>> {
         }
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => vec![LLAMA3_RE],
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" => vec![QWEN2_RE],
+        // gpt-oss, Llama 4: llama.cpp's form of o200k's expression, where a "capital" is any
+        // letter but a-z and a "small" one any letter but A-Z (other scripts count as both).
+        "gpt-4o" | "llama4" => vec![GPT4O_RE],
         // Qwen 3.5: combining marks join letters.
         "qwen35" => vec![
             r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -120,7 +124,7 @@ fn pre_tokenizer(name: &str) -> Result<Vec<&'static str>> {
         ],
         other => {
             return Err(ModelError::Tokenizer(format!(
-                "unsupported pre-tokenizer `{other}` (supported: default, gpt2, smollm, starcoder, refact, command-r, llama-bpe, qwen2, qwen35, deepseek-r1-qwen, deepseek-llm, deepseek-coder, falcon, mpt)"
+                "unsupported pre-tokenizer `{other}` (supported: default, gpt2, smollm, starcoder, refact, command-r, llama-bpe, qwen2, qwen35, deepseek-r1-qwen, deepseek-llm, deepseek-coder, falcon, mpt, gpt-4o, llama4)"
             )))
         }
     })

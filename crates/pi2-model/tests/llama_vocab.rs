@@ -149,3 +149,33 @@ fn llama_cpp_chat_templates_render() {
         ]
     );
 }
+
+/// llama.cpp's `gpt-4o` pre-tokenizer (gpt-oss, Llama 4): the gpt-2 test vocabulary with its
+/// pre-tokenizer named `gpt-4o`, on llama.cpp's own test texts and a few of cased and other
+/// scripts; the ids llama.cpp gave are in `testdata/tokenizer/gpt-4o.json`.
+#[test]
+fn the_gpt_4o_pre_tokenizer_splits_as_llama_cpp_does() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut file = GgufFile::open(root.join("models/llama-vocab/ggml-vocab-gpt-2.gguf")).unwrap();
+    let pre = (file.metadata.iter())
+        .position(|(k, _)| k == "tokenizer.ggml.pre")
+        .unwrap();
+    file.metadata[pre].1 = pi2_model::gguf::Value::String("gpt-4o".into());
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("testdata/tokenizer/gpt-4o.json")).unwrap(),
+    )
+    .unwrap();
+    let mut failures = Vec::new();
+    for c in cases["cases"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<u32> = (c["ids"].as_array().unwrap().iter())
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let got = tok.encode(text, false, false);
+        if got != want {
+            failures.push(format!("{text:?}: got {got:?}, want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
