@@ -11,11 +11,13 @@
 
 use super::avx2_x8::rows8;
 use super::x86::{
-    f16_scalar, hsum_ps, iq4nl_values, nibbles, Avx512Vnni, AvxVnni, ByteDot, Flavour, Maddubs,
-    PREFETCH,
+    f16_scalar, hsum_ps, iq4nl_values, mxfp4_values, nibbles, Avx512Vnni, AvxVnni, ByteDot,
+    Flavour, Maddubs, PREFETCH,
 };
 use super::{KernelSet, RowKernels};
-use crate::quant::{BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
+use crate::quant::{
+    BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0,
+};
 use std::arch::x86_64::*;
 
 /// The AVX2 set; `tier` `AvxVnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
@@ -37,7 +39,7 @@ pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
         iq4_xs: super::avx2_k::rows(),
         q2_k: super::avx2_k::rows(),
         q3_k: super::avx2_k::rows(),
-        mxfp4: RowKernels::reference(),
+        mxfp4: tiles::<BlockMXFP4>(flavour),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
         q5_1: tiles::<BlockQ5_1>(flavour),
@@ -185,6 +187,30 @@ impl Block32 for BlockIQ4NL {
     #[inline(always)]
     unsafe fn values(&self) -> (__m256i, f32, f32) {
         (iq4nl_values(&self.qs), f16_scalar(self.d), 0.0)
+    }
+}
+
+/// MXFP4: IQ4_NL's form with E2M1 values and a power-of-two scale (so the product of the scales
+/// is exact and the sum equals the scalar reference's).
+impl Block32 for BlockMXFP4 {
+    type Shared = ();
+    #[inline(always)]
+    unsafe fn shared<D: ByteDot>(_: __m256i) {}
+    #[inline(always)]
+    unsafe fn idot<D: ByteDot>(&self, y: __m256i, _: ()) -> __m256i {
+        signed_dot::<D>(mxfp4_values(&self.qs), y)
+    }
+    #[inline(always)]
+    unsafe fn scale(&self) -> f32 {
+        crate::quant::mxfp4::e8m0_half(self.e)
+    }
+    #[inline(always)]
+    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    unsafe fn values(&self) -> (__m256i, f32, f32) {
+        (mxfp4_values(&self.qs), self.scale(), 0.0)
     }
 }
 

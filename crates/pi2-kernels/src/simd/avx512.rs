@@ -12,7 +12,9 @@
 use super::avx2::{self, Block32};
 use super::x86::{Flavour, Maddubs, PREFETCH};
 use super::{KernelSet, RowKernels, Tier};
-use crate::quant::{BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0};
+use crate::quant::{
+    BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0,
+};
 use std::arch::x86_64::*;
 
 /// The AVX-512 set; `tier` `Avx512Vnni` swaps in `vpdpbusd` where a kernel has a VNNI form.
@@ -34,7 +36,7 @@ pub(super) fn kernel_set(tier: Tier) -> KernelSet {
         iq4_xs: super::avx2_k::rows(),
         q2_k: super::avx2_k::rows(),
         q3_k: super::avx2_k::rows(),
-        mxfp4: RowKernels::reference(),
+        mxfp4: tiles::<BlockMXFP4>(flavour),
         q4_1: tiles::<BlockQ4_1>(flavour),
         q5_0: tiles::<BlockQ5_0>(flavour),
         q5_1: tiles::<BlockQ5_1>(flavour),
@@ -174,6 +176,19 @@ unsafe fn signed_dot(w: __m512i, y: __m512i) -> __m512i {
     let neg = _mm512_movepi8_mask(w);
     let sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
     sum_pairs(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sy))
+}
+
+impl Pair for BlockMXFP4 {
+    #[inline(always)]
+    unsafe fn shared2(_: __m512i) -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn idot2(wi: &Self, wj: &Self, y: __m512i, _: __m512i) -> __m512i {
+        let table = _mm_loadu_si128(crate::quant::mxfp4::MXFP4_TABLE.as_ptr() as *const __m128i);
+        let w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), nibble_pair(&wi.qs, &wj.qs));
+        signed_dot(w, y)
+    }
 }
 
 impl Pair for BlockIQ4NL {

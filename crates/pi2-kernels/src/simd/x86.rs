@@ -152,6 +152,18 @@ pub(super) unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
 /// The IQ4_NL levels of a block's 32 indices, element order (one in-lane table lookup).
 #[inline(always)]
 pub(super) unsafe fn iq4nl_values(qs: &[u8; 16]) -> __m256i {
-    let table = _mm_loadu_si128(crate::quant::iq4_nl::IQ4NL_TABLE.as_ptr() as *const __m128i);
+    table_values(&crate::quant::iq4_nl::IQ4NL_TABLE, qs)
+}
+
+/// The MXFP4 values (E2M1, doubled) of a block's 32 indices, element order.
+#[inline(always)]
+pub(super) unsafe fn mxfp4_values(qs: &[u8; 16]) -> __m256i {
+    table_values(&crate::quant::mxfp4::MXFP4_TABLE, qs)
+}
+
+/// `table[q]` for a block's 32 4-bit indices, element order (one in-lane lookup).
+#[inline(always)]
+unsafe fn table_values(table: &[i8; 16], qs: &[u8; 16]) -> __m256i {
+    let table = _mm_loadu_si128(table.as_ptr() as *const __m128i);
     _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(qs))
 }
