@@ -49,8 +49,9 @@ enum Command {
     ProfileHw(cmd::plan::ProfileHwArgs),
     /// Solve for the fastest plan (threads, memory split, I/O shaping) under a memory limit
     Plan(cmd::plan::PlanArgs),
-    /// Write a full-size stand-in model (Llama-2, Mistral, Mixtral shapes; ReLU-family or SiLU
-    /// FFN) with random weights that fire at planted rates, for speed and memory measurements
+    /// Write a full-size stand-in model (Llama-2, Mistral, Mixtral, Qwen3-30B-A3B, OLMoE and
+    /// gpt-oss-20b shapes; ReLU-family or SiLU FFN) with random weights that fire and route at
+    /// planted rates, for speed and memory measurements
     Synth(cmd::synth::SynthArgs),
     /// Download catalogue models (default: smollm2-135m) into the models folder and verify
     /// them; --list shows the catalogue

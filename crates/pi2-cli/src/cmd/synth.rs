@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Model shape: llama2-7b, llama2-13b, mistral-7b, mixtral-8x7b, qwen2.5-1.5b (tiny,
+    /// Model shape: llama2-7b, llama2-13b, mistral-7b, mixtral-8x7b, qwen2.5-1.5b,
+    /// qwen3-30b-a3b, olmoe-1b-7b, gpt-oss-20b (MXFP4 experts; use --quant q8_0) (tiny,
     /// tiny-moe: tests)
     #[arg(long)]
     pub shape: String,

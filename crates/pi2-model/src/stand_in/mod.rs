@@ -29,10 +29,10 @@ use crate::writer::TensorLayout;
 
 mod shapes;
 mod table;
-pub use shapes::{Shape, SHAPES};
-use table::{metadata, Table};
 use crate::ModelError;
 use pi2_kernels::QuantType;
+pub use shapes::{Shape, SHAPES};
+use table::{metadata, Table};
 
 /// Cap of a planted firing rate.
 pub const P_MAX: f32 = 0.95;
@@ -239,6 +239,7 @@ enum Kind {
         scale: f32,
     },
     Ones,
+    Zeros,
 }
 
 /// A stand-in model ready to be streamed: metadata, tensor directory, and row generation.
@@ -362,6 +363,7 @@ impl StandIn {
             let mut rng = Rng::new(mix(self.spec.seed, t as u64, r as u64));
             match self.kinds[t] {
                 Kind::Ones => x.fill(1.0),
+                Kind::Zeros => x.fill(0.0),
                 Kind::Embedding => {
                     x.iter_mut().for_each(|v| *v = rng.uniform() * EMBD_SCALE);
                     x[0] = self.a;

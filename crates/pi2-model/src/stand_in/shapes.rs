@@ -1,6 +1,7 @@
 //! The shapes `pi2 synth` knows: hyper-parameters of real models.
 
 use super::ROUTER_BIAS;
+use pi2_kernels::QuantType;
 /// A model shape: hyper-parameters of a real model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Shape {
@@ -21,10 +22,12 @@ pub struct Shape {
     /// Standard deviation of an expert's router bias, in units of its logit's random part: how
     /// unevenly a mixture routes.
     pub router_bias: f32,
+    /// The experts' type where the model ships them in one of their own (gpt-oss: MXFP4).
+    pub expert_quant: Option<QuantType>,
 }
 
 /// The shapes `pi2 synth` knows. `tiny` and `tiny-moe` are for tests.
-pub const SHAPES: [Shape; 9] = [
+pub const SHAPES: [Shape; 10] = [
     // Qwen2.5-1.5B's shape (without its attention biases and tied output): a 1.5B-class model
     // for timing profiling and conversion.
     Shape {
@@ -41,6 +44,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
     Shape {
         name: "llama2-7b",
@@ -56,6 +60,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
     Shape {
         name: "llama2-13b",
@@ -71,6 +76,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
     Shape {
         name: "mistral-7b",
@@ -86,6 +92,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
     Shape {
         name: "mixtral-8x7b",
@@ -101,6 +108,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
     // Qwen3-30B-A3B's shape: 48 layers of 128 experts (768 neurons), 8 chosen per token;
     // routing skewed as the real model's (about half the experts take 90% of routings).
@@ -118,6 +126,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "qwen3moe",
         head_dim: 128,
         router_bias: 1.0,
+        expert_quant: None,
     },
     // OLMoE-1B-7B's shape (Q/K norms per head here: the stand-in's arch is qwen3moe's).
     Shape {
@@ -134,6 +143,26 @@ pub const SHAPES: [Shape; 9] = [
         arch: "qwen3moe",
         head_dim: 128,
         router_bias: 1.0,
+        expert_quant: None,
+    },
+    // gpt-oss-20b's shape: 24 layers of 32 experts (2880 neurons), 4 chosen per token, 64
+    // heads of 64, 8 KV heads, sinks, YaRN; experts in MXFP4 (the rest in the stand-in's type:
+    // its widths are not multiples of 256, so q8_0).
+    Shape {
+        name: "gpt-oss-20b",
+        n_layer: 24,
+        n_embd: 2880,
+        n_ff: 2880,
+        n_head: 64,
+        n_head_kv: 8,
+        n_expert: 32,
+        n_expert_used: 4,
+        n_ctx: 131072,
+        rope_base: 150000.0,
+        arch: "gpt-oss",
+        head_dim: 64,
+        router_bias: 1.0,
+        expert_quant: Some(QuantType::MXFP4),
     },
     Shape {
         name: "tiny",
@@ -149,6 +178,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
     Shape {
         name: "tiny-moe",
@@ -164,6 +194,7 @@ pub const SHAPES: [Shape; 9] = [
         arch: "llama",
         head_dim: 0,
         router_bias: ROUTER_BIAS,
+        expert_quant: None,
     },
 ];
 
@@ -180,4 +211,3 @@ impl Shape {
         }
     }
 }
-

@@ -37,15 +37,29 @@ pub(super) fn metadata(spec: &StandInSpec, n_vocab: usize) -> Vec<(String, Value
     if s.n_expert > 0 {
         meta.push((format!("{a}.expert_count"), u(s.n_expert)));
         meta.push((format!("{a}.expert_used_count"), u(s.n_expert_used)));
-        if a == "qwen3moe" {
+        if a != "llama" {
             meta.push((format!("{a}.expert_feed_forward_length"), u(s.n_ff)));
         }
     }
+    if a == "gpt-oss" {
+        // gpt-oss-20b's: 128-token windows on every other layer, YaRN from 4096 tokens x32.
+        meta.extend([
+            (format!("{a}.attention.sliding_window"), u(128)),
+            (
+                format!("{a}.rope.scaling.type"),
+                Value::String("yarn".into()),
+            ),
+            (format!("{a}.rope.scaling.factor"), Value::F32(32.0)),
+            (format!("{a}.rope.scaling.original_context_length"), u(4096)),
+        ]);
+    }
+    // gpt-oss computes its own clamped SwiGLU whatever the stand-in planted for.
+    let act = match a {
+        "gpt-oss" => FfnAct::SwigluOai,
+        _ => spec.ffn_act,
+    };
     meta.extend([
-        (
-            KEY_FFN_ACTIVATION.into(),
-            Value::String(spec.ffn_act.name().into()),
-        ),
+        (KEY_FFN_ACTIVATION.into(), Value::String(act.name().into())),
         (KEY_SHAPE.into(), Value::String(s.name.into())),
         (KEY_RATE.into(), Value::F32(spec.rate)),
         (KEY_ALPHA.into(), Value::F32(spec.alpha)),
@@ -141,7 +155,24 @@ impl Table {
                 q,
                 uni(w_o, true),
             );
-            t.add(n("ffn_norm.weight"), vec![d64], QuantType::F32, Kind::Ones);
+            // gpt-oss: zero biases everywhere (the planted statistics hold), sinks at 0.
+            let oss = s.arch == "gpt-oss";
+            let zeros = |t: &mut Table, name: String, dims: Vec<u64>| {
+                t.add(name, dims, QuantType::F32, Kind::Zeros)
+            };
+            if oss {
+                for (b, len) in [("q", qd), ("k", kvd), ("v", kvd)] {
+                    zeros(&mut t, n(&format!("attn_{b}.bias")), vec![len as u64]);
+                }
+                zeros(&mut t, n("attn_output.bias"), vec![d64]);
+                zeros(&mut t, n("attn_sinks.weight"), vec![s.n_head as u64]);
+            }
+            let ffn_norm = if oss {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            };
+            t.add(n(ffn_norm), vec![d64], QuantType::F32, Kind::Ones);
             if s.n_expert > 0 {
                 let router = Kind::Router { scale: w_in };
                 t.add(
@@ -151,6 +182,17 @@ impl Table {
                     router,
                 );
             }
+            if oss {
+                zeros(&mut t, n("ffn_gate_inp.bias"), vec![e64]);
+                for (p, len) in [("gate", ff64), ("up", ff64), ("down", d64)] {
+                    zeros(&mut t, n(&format!("ffn_{p}_exps.bias")), vec![len, e64]);
+                }
+            }
+            // The experts' own type where the shape has one (gpt-oss: MXFP4).
+            let q = match s.n_expert > 0 {
+                true => s.expert_quant.unwrap_or(q),
+                false => q,
+            };
             let gate = Kind::Gate {
                 layer: l,
                 scale: w_in,
@@ -177,4 +219,3 @@ impl Table {
         t
     }
 }
-
