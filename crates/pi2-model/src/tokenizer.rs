@@ -130,6 +130,37 @@ fn pre_tokenizer(name: &str) -> Result<Vec<&'static str>> {
     })
 }
 
+/// The tokens that end generation: EOS, EOT and EOM, the control tokens llama.cpp treats as
+/// such when present, and the FIM padding and separators.
+fn end_of_generation(
+    given: [Option<TokenId>; 3],
+    tokens: &[&str],
+    types: &[TokenType],
+    fim: &crate::fim::Fim,
+) -> Vec<TokenId> {
+    let mut eog: Vec<TokenId> = given.into_iter().flatten().collect();
+    for (i, t) in tokens.iter().enumerate() {
+        let named = matches!(
+            *t,
+            "<|eot_id|>" | "<|im_end|>" | "<|end|>" | "<end_of_turn>" | "<|endoftext|>" | "<EOT>" | "<|end_of_text|>" | "<end_of_utterance>" | "<|return|>" | "<|call|>"
+                // fill-in-the-middle repo/file separators end generation in llama.cpp too
+                | "<|repo_name|>" | "<reponame>" | "<|file_sep|>"
+        );
+        if named
+            && matches!(types[i], TokenType::Control | TokenType::UserDefined)
+            && !eog.contains(&(i as TokenId))
+        {
+            eog.push(i as TokenId);
+        }
+    }
+    for id in [fim.pad, fim.rep, fim.sep].into_iter().flatten() {
+        if !eog.contains(&id) {
+            eog.push(id);
+        }
+    }
+    eog
+}
+
 /// GPT-2's reversible byte -> printable char map.
 pub(crate) fn byte_to_char() -> [char; 256] {
     let mut map = ['\0'; 256];
@@ -277,29 +308,8 @@ impl Tokenizer {
         let eos = opt_id(f, "tokenizer.ggml.eos_token_id", n)?;
         let eot = opt_id(f, "tokenizer.ggml.eot_token_id", n)?;
         let eom = opt_id(f, "tokenizer.ggml.eom_token_id", n)?;
-        let mut eog: Vec<TokenId> = [eos, eot, eom].into_iter().flatten().collect();
-        // llama.cpp also ends generation at these control tokens when present.
-        for (i, t) in tokens.iter().enumerate() {
-            let named = matches!(
-                *t,
-                "<|eot_id|>" | "<|im_end|>" | "<|end|>" | "<end_of_turn>" | "<|endoftext|>" | "<EOT>" | "<|end_of_text|>" | "<end_of_utterance>" | "<|return|>" | "<|call|>"
-                    // fill-in-the-middle repo/file separators end generation in llama.cpp too
-                    | "<|repo_name|>" | "<reponame>" | "<|file_sep|>"
-            );
-            if named
-                && matches!(types[i], TokenType::Control | TokenType::UserDefined)
-                && !eog.contains(&(i as TokenId))
-            {
-                eog.push(i as TokenId);
-            }
-        }
         let fim = crate::fim::Fim::find(f, &tokens);
-        // llama.cpp ends generation at the FIM padding and separators too.
-        for id in [fim.pad, fim.rep, fim.sep].into_iter().flatten() {
-            if !eog.contains(&id) {
-                eog.push(id);
-            }
-        }
+        let eog = end_of_generation([eos, eot, eom], &tokens, &types, &fim);
         let mut specials: Vec<TokenId> = (0..n as TokenId)
             .filter(|&i| {
                 matches!(

@@ -1,0 +1,94 @@
+//! RoPE's hyper-parameters from a file's keys: rotated dimensions, base, linear scaling and
+//! YaRN.
+
+use super::{get_f32_or, get_usize_or};
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, Value};
+
+/// YaRN (llama.cpp's `rope_yarn`): per rotated pair, a ramp between interpolated (scaled) and
+/// extrapolated (plain) frequencies over the pairs between the correction dimensions, and Q
+/// and K scaled by `mscale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// The context the model was trained on before extension.
+    pub orig_ctx: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// Factor of the rotated Q and K (`1 + 0.1 ln(factor)` times `rope.scaling.attn_factor`).
+    pub mscale: f32,
+}
+
+impl Yarn {
+    /// The first and last rotated pair the ramp runs over (ggml's `rope_yarn_corr_dims`).
+    pub fn corr_dims(&self, n_rot: usize, base: f32) -> (f32, f32) {
+        let dim = |beta: f32| {
+            n_rot as f32 * (self.orig_ctx as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let start = dim(self.beta_fast).floor().max(0.0);
+        let end = dim(self.beta_slow).ceil().min(n_rot as f32 - 1.0);
+        (start, end)
+    }
+
+    /// The share of pair `i`'s frequency that stays unscaled (1 below the ramp, 0 above).
+    pub fn extrapolation(&self, i: usize, (low, high): (f32, f32)) -> f32 {
+        let y = (i as f32 - low) / (high - low).max(0.001);
+        1.0 - y.clamp(0.0, 1.0)
+    }
+}
+
+/// RoPE's rotated dimensions, base, frequency scale and YaRN (`a`: the key prefix).
+pub(super) fn rope(
+    f: &GgufFile,
+    a: &str,
+    head_dim: usize,
+    n_ctx_train: usize,
+) -> Result<(usize, f32, f32, Option<Yarn>)> {
+    let k = |s: &str| format!("{a}.{s}");
+    let n_rot = get_usize_or(f, &k("rope.dimension_count"), head_dim)?;
+    if n_rot > head_dim || n_rot % 2 != 0 {
+        return Err(ModelError::Corrupt(format!(
+            "rope.dimension_count {n_rot} is invalid for head size {head_dim}"
+        )));
+    }
+    let rope_base = get_f32_or(f, &k("rope.freq_base"), 10000.0)?;
+    let mut freq_scale = get_f32_or(f, &k("rope.scale_linear"), 1.0)?.recip();
+    let mut yarn = None;
+    match f.get(&k("rope.scaling.type")).and_then(Value::as_str) {
+        None | Some("none") => {}
+        Some("linear") => freq_scale = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?.recip(),
+        Some("yarn") => {
+            let factor = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(ModelError::Corrupt(format!(
+                    "{a}.rope.scaling.factor = {factor} is not a positive number"
+                )));
+            }
+            if get_f32_or(f, &k("rope.scaling.yarn_log_multiplier"), 0.0)? != 0.0 {
+                return Err(ModelError::Unsupported(
+                    "YaRN with `rope.scaling.yarn_log_multiplier` (DeepSeek's attention scale)"
+                        .into(),
+                ));
+            }
+            freq_scale = factor.recip();
+            let orig_ctx =
+                get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
+            // llama.cpp cancels its own attention factor where YaRN scales Q and K itself, so
+            // the factor is ggml's `1 + 0.1 ln(factor)` (1 for a factor up to 1).
+            let mscale = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)?
+                * (1.0 + 0.1 * factor.ln()).max(1.0);
+            yarn = Some(Yarn {
+                orig_ctx: orig_ctx.max(1),
+                beta_fast: get_f32_or(f, &k("rope.scaling.yarn_beta_fast"), 32.0)?,
+                beta_slow: get_f32_or(f, &k("rope.scaling.yarn_beta_slow"), 1.0)?,
+                mscale,
+            });
+        }
+        Some(other) => {
+            return Err(ModelError::Unsupported(format!(
+                "RoPE scaling type `{other}`"
+            )))
+        }
+    }
+    Ok((n_rot, rope_base, freq_scale, yarn))
+}
