@@ -17,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = r.grammar_spec();
         let _ = r.top_logprobs(pi2_server::api::Kind::Chat);
         let _ = r.top_logprobs(pi2_server::api::Kind::Completion);
+        let _ = r.top_logprobs(pi2_server::api::Kind::Native);
         let _ = r.tool_plan();
     }
     let Ok(text) = std::str::from_utf8(data) else {
