@@ -42,6 +42,25 @@ pub fn fetch(
         }
     }
     fs::create_dir_all(dir).map_err(|e| CatalogError::io(dir, "cannot create", e))?;
+    if let Some(found) = verified_elsewhere(m, dir) {
+        // The same file, verified, in the user's models folder (where `pi2 run` fetched it):
+        // linked or copied, not downloaded again.
+        let part = Partial::create(dir, m.file)?;
+        drop(fs::remove_file(&part.path));
+        if fs::hard_link(&found, &part.path).is_err() {
+            check_room(dir, m.size)?;
+            fs::copy(&found, &part.path)
+                .map_err(|e| CatalogError::io(&part.path, "cannot copy into", e))?;
+        }
+        if crate::sha256_file(&part.path)? == m.sha256 {
+            part.persist(&dest)?;
+            events(Event::Reused {
+                from: &found,
+                path: &dest,
+            });
+            return Ok(dest);
+        }
+    }
     check_room(dir, m.size)?;
     let part = Partial::create(dir, m.file)?;
     events(Event::Start {
@@ -83,6 +102,19 @@ pub fn fetch(
     part.persist(&dest)?;
     events(Event::Ready { path: &dest });
     Ok(dest)
+}
+
+/// Catalogue model `m` in the user's models folder when that is not `dir`, with the right
+/// checksum.
+fn verified_elsewhere(m: &CatalogModel, dir: &Path) -> Option<std::path::PathBuf> {
+    let home = crate::models_dir().ok()?;
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let found = home.join(m.file);
+    let usable = found.is_file() && !same(&home, dir);
+    (usable && crate::sha256_file(&found).ok()? == m.sha256).then_some(found)
 }
 
 /// Removes partial files of `name` left by fetches that were killed (their process is gone).

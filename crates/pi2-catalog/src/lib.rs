@@ -101,6 +101,8 @@ pub enum Event<'a> {
     Finished,
     /// The model is verified and in place.
     Ready { path: &'a Path },
+    /// The same file was in the user's models folder: linked (or copied) from there.
+    Reused { from: &'a Path, path: &'a Path },
 }
 
 impl Event<'_> {
@@ -116,6 +118,11 @@ impl Event<'_> {
             Event::Present { path, sha256 } => Some(format!(
                 "pi2: {} is present and verified (sha256 {sha256})",
                 path.display()
+            )),
+            Event::Reused { from, path } => Some(format!(
+                "pi2: {} taken from {} (verified there; not downloaded again)",
+                path.display(),
+                from.display()
             )),
             Event::Ready { path } => Some(format!(
                 "pi2: ready at {} (sha256 verified)",

@@ -115,3 +115,29 @@ fn run_options_at_their_edges_get_clear_answers() {
         "no answer to the second line"
     );
 }
+
+/// A catalogue file already verified in the user's models folder is taken from there when
+/// another folder asks for it (`cargo xtask fetch-model` fills the repository's `models/`),
+/// never downloaded again.
+#[test]
+fn a_model_in_the_users_folder_is_not_downloaded_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::copy(model(), models.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let other = dir.path().join("repo-models");
+    let out = pi2_in(
+        dir.path(),
+        &[
+            "fetch-model",
+            "smollm2-135m",
+            "--dir",
+            other.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("not downloaded again"), "{err}");
+    let got = std::fs::read(other.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    assert_eq!(got, std::fs::read(model()).unwrap());
+}
