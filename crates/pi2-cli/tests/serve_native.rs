@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::server::{post, sse_data, Server};
+use common::server::{http, post, sse_data, Server};
 use serde_json::{json, Value};
 
 const PROMPT: &str = "The capital of France is";
@@ -187,4 +187,37 @@ fn infill_fills_the_middle_with_the_models_fim_tokens() {
         &json!({"prompt": prompt, "n_predict": 8, "temperature": 0}),
     );
     assert_eq!(by_hand.json()["content"], v["content"]);
+}
+
+/// llama-server's `GET /slots`: one entry per slot, idle between requests, with the tokens its
+/// KV cache kept from the last one; slot actions are refused by name.
+#[test]
+fn slots_list_each_slot_and_actions_are_refused_by_name() {
+    let s = Server::start(&["--parallel", "2"]);
+    let list = |s: &Server| -> Vec<Value> {
+        let r = http(&s.addr, "GET", "/slots", &[], b"");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json().as_array().unwrap().clone()
+    };
+    let before = list(&s);
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert!(before
+        .iter()
+        .all(|v| v["is_processing"] == false && v["cached_tokens"] == 0));
+    assert_eq!(before[1]["id"], 1);
+    let r = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": PROMPT, "n_predict": 4}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let after = list(&s);
+    let cached: u64 = after
+        .iter()
+        .map(|v| v["cached_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(cached > 0, "{after:?}");
+    let r = post(&s.addr, "/slots/0?action=erase", &json!({}));
+    assert_eq!(r.status, 501, "{}", r.body);
+    assert!(r.body.contains("not supported by pi2 yet"), "{}", r.body);
 }

@@ -43,6 +43,8 @@ pub fn router(state: Arc<AppState>, ui: bool) -> Router {
         .route("/tokenize", post(crate::tokens::tokenize))
         .route("/detokenize", post(crate::tokens::detokenize))
         .route("/props", get(crate::tokens::props))
+        .route("/slots", get(crate::tokens::slots))
+        .route("/slots/{id}", post(crate::tokens::slot_action))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -134,6 +134,24 @@ impl<J> Scheduler<J> {
     pub fn queued(&self) -> usize {
         self.state.lock().queue.len()
     }
+
+    /// Each slot's state now: busy, and the tokens its KV cache held after its last job.
+    pub fn slots(&self) -> Vec<SlotView> {
+        let st = self.state.lock();
+        (st.slots.iter())
+            .map(|s| SlotView {
+                busy: s.busy || s.mailbox.is_some(),
+                cached_tokens: s.cached.len(),
+            })
+            .collect()
+    }
+}
+
+/// What `GET /slots` shows of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotView {
+    pub busy: bool,
+    pub cached_tokens: usize,
 }
 
 #[cfg(test)]

@@ -93,6 +93,11 @@ impl Queue {
     pub fn waiting(&self) -> usize {
         self.sched.queued()
     }
+
+    /// Each slot's state now.
+    pub fn slots(&self) -> Vec<crate::sched::SlotView> {
+        self.sched.slots()
+    }
 }
 
 /// Starts `parallel` slots over `prepared` behind a queue of `queue` jobs: in memory each with

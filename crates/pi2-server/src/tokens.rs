@@ -88,6 +88,43 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Body) -> Response 
     run.await.into_response()
 }
 
+/// llama-server's `GET /slots`: each slot's id, context, whether it is answering a request,
+/// the tokens its KV cache holds from its last one, and the default settings.
+pub async fn slots(State(s): State<Arc<AppState>>) -> Json<Value> {
+    let d = pi2_engine::SamplerConfig::default();
+    let list: Vec<Value> = (s.queue.slots().iter().enumerate())
+        .map(|(id, v)| {
+            json!({
+                "id": id,
+                "id_task": -1,
+                "n_ctx": s.n_ctx,
+                "speculative": s.draft_model,
+                "is_processing": v.busy,
+                "cached_tokens": v.cached_tokens,
+                "params": {
+                    "temperature": d.temperature,
+                    "top_k": d.top_k,
+                    "top_p": d.top_p,
+                    "min_p": d.min_p,
+                    "repeat_penalty": d.repeat_penalty,
+                    "repeat_last_n": d.repeat_last_n,
+                },
+                "next_token": {"has_next_token": v.busy, "n_remain": -1, "n_decoded": 0},
+            })
+        })
+        .collect();
+    Json(Value::Array(list))
+}
+
+/// llama-server's slot actions (`POST /slots/ID?action=save|restore|erase`): not served yet,
+/// refused by name (llama-server itself refuses them without `--slot-save-path`).
+pub async fn slot_action() -> crate::error::ApiError {
+    crate::error::ApiError::new(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        "slot actions (save, restore, erase) are not supported by pi2 yet; GET /slots lists the slots",
+    )
+}
+
 pub async fn props(State(s): State<Arc<AppState>>) -> Json<Value> {
     let d = pi2_engine::SamplerConfig::default();
     Json(json!({
