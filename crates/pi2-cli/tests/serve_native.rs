@@ -107,6 +107,14 @@ fn native_completion_answers_as_llama_server_does() {
         &json!({"prompt": PROMPT, "logprobs": 2}),
     );
     assert_eq!(r.status, 400, "{}", r.body);
+    // Token ids on the OpenAI route too (its API allows them): the same answer.
+    let r = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], want.as_str());
     // `n_probs` on the OpenAI route: its `logprobs` with that many alternatives.
     let r = post(
         &s.addr,

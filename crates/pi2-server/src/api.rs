@@ -255,7 +255,7 @@ impl CompletionRequest {
                 Err(ApiError::bad("`prompt`: one prompt per request").param("prompt"))
             }
             Some(Prompt::Ids(_) | Prompt::Mixed(_)) => Err(ApiError::bad(
-                "`prompt`: token ids here are not taken (send text, or use /completion)",
+                "`prompt` is token ids here: `echo` needs it as text",
             )
             .param("prompt")),
             None => Err(ApiError::bad("`prompt` is required").param("prompt")),

@@ -288,10 +288,8 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
     let prompt = match kind {
         Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
         // A completion prompt is the model's whole input, control tokens and all (as
-        // llama-server takes it).
-        Kind::Completion => tok.encode(req.prompt_text()?, true, true),
-        // Text, token ids or both.
-        Kind::Native => req.prompt_tokens(tok)?,
+        // llama-server takes it): text, token ids (as OpenAI's API allows), or both.
+        Kind::Completion | Kind::Native => req.prompt_tokens(tok)?,
         Kind::Infill => crate::native::infill_prompt(tok, &req, s.n_ctx)?,
     };
     if prompt.is_empty() {
