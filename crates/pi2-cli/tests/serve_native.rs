@@ -229,3 +229,34 @@ fn slots_list_each_slot_and_actions_are_refused_by_name() {
     assert_eq!(r.status, 501, "{}", r.body);
     assert!(r.body.contains("not supported by pi2 yet"), "{}", r.body);
 }
+
+/// llama-server's `chat_template_kwargs` reach the chat template (as `/apply-template` shows); a
+/// variable the render sets itself is refused by name.
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let s = Server::start(&[]);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let plain = post(&s.addr, "/apply-template", &json!({"messages": msgs}));
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let with = post(
+        &s.addr,
+        "/apply-template",
+        &json!({"messages": msgs, "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    assert_eq!(with.status, 200, "{}", with.body);
+    // SmolLM2's template reads no such variable: the same prompt.
+    assert_eq!(with.json()["prompt"], plain.json()["prompt"]);
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "chat_template_kwargs": {"messages": []}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("chat_template_kwargs"), "{}", r.body);
+}

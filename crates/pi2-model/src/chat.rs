@@ -74,6 +74,7 @@ fn length(v: minijinja::Value) -> std::result::Result<usize, Error> {
 }
 
 /// A compiled chat template.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
@@ -90,7 +91,35 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// Variables every render sets itself: a caller's own variables may not take their names.
+const RENDER_VARIABLES: [&str; 5] = [
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "tools",
+];
+
 impl ChatTemplate {
+    /// This template with `vars` set for every render (llama-server's `chat_template_kwargs`,
+    /// e.g. Qwen3's `enable_thinking`). A name the render sets itself is refused.
+    pub fn with_variables(
+        &self,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<ChatTemplate> {
+        let mut t = self.clone();
+        for (name, v) in vars {
+            if RENDER_VARIABLES.contains(&name.as_str()) {
+                return Err(ModelError::Template(format!(
+                    "`{name}` is set by the render itself and cannot be given as a template variable"
+                )));
+            }
+            t.env
+                .add_global(name.clone(), minijinja::Value::from_serialize(v));
+        }
+        Ok(t)
+    }
+
     /// Compile `source`; `bos`/`eos` are the texts templates see as `bos_token`/`eos_token`.
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<Self> {
         let mut env = Environment::new();
@@ -403,6 +432,30 @@ impl std::io::Write for Capped {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn template_variables_reach_the_template_and_reserved_names_are_refused() {
+        let t = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}{{ messages[0]['content'] }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let msgs = [Message::new("user", "hi")];
+        assert_eq!(t.render(&msgs, true).unwrap(), "hi");
+        let vars = serde_json::json!({"enable_thinking": false});
+        let off = t.with_variables(vars.as_object().unwrap()).unwrap();
+        assert_eq!(off.render(&msgs, true).unwrap(), "/no_think hi");
+        // The original is unchanged.
+        assert_eq!(t.render(&msgs, true).unwrap(), "hi");
+        let bad = serde_json::json!({"messages": []});
+        let e = t.with_variables(bad.as_object().unwrap()).unwrap_err();
+        assert!(
+            e.to_string().contains("`messages` is set by the render"),
+            "{e}"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -52,6 +52,8 @@ pub struct CompletionRequest {
     /// llama-server's: the alternatives scored per token (native `/completion`:
     /// `completion_probabilities`; elsewhere the endpoint's `logprobs` with that many).
     pub n_probs: Option<u64>,
+    /// Variables for the chat template (llama-server's; e.g. Qwen3's `enable_thinking`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// `/infill`: the text before and after the cursor, and other files for context.
     pub input_prefix: Option<String>,
     pub input_suffix: Option<String>,
@@ -290,6 +292,19 @@ impl CompletionRequest {
                 Ok(out)
             }
             _ => Ok(tok.encode(self.prompt_text()?, true, true)),
+        }
+    }
+
+    /// The model's chat template with this request's `chat_template_kwargs` set.
+    pub fn template(
+        &self,
+        template: &pi2_model::ChatTemplate,
+    ) -> Result<pi2_model::ChatTemplate, ApiError> {
+        match &self.chat_template_kwargs {
+            Some(vars) => template.with_variables(vars).map_err(|e| {
+                ApiError::bad(format!("`chat_template_kwargs`: {e}")).param("chat_template_kwargs")
+            }),
+            None => Ok(template.clone()),
         }
     }
 

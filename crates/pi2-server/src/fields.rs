@@ -39,6 +39,7 @@ const SERVED: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "n_probs",
+    "chat_template_kwargs",
     "input_prefix",
     "input_suffix",
     "input_extra",
@@ -101,7 +102,6 @@ fn asks_nothing(name: &str, v: &Value, body: &Map<String, Value>) -> Option<bool
                 .eq(DEFAULT_SAMPLERS.iter().map(|s| Some(*s)))
         }),
         "continue_final_message" | "add_generation_prompt" => v.as_bool() == Some(false),
-        "chat_template_kwargs" => empty(),
         "min_keep" => zero(),
         "functions" => empty(),
         "function_call" => v.as_str() == Some("none"),
@@ -167,7 +167,6 @@ mod tests {
             ("xtc_probability", json!(0.5)),
             ("top_n_sigma", json!(1.5)),
             ("samplers", json!(["top_k", "temperature"])),
-            ("chat_template_kwargs", json!({"enable_thinking": false})),
             ("continue_final_message", json!(true)),
         ] {
             let e = checked(json!({ field: value })).unwrap_err();

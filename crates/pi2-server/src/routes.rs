@@ -127,6 +127,7 @@ async fn apply_template(State(s): State<Arc<AppState>>, body: Body) -> Response 
             let template = state.template.as_ref().map_err(|e| {
                 ApiError::bad(format!("this model has no usable chat template ({e})"))
             })?;
+            let template = req.template(template)?;
             let prompt = template.render(&req.chat_messages()?, true).map_err(|e| {
                 ApiError::bad(format!("the chat template refused the messages: {e}"))
                     .param("messages")
@@ -351,6 +352,7 @@ fn chat_prompt(
             "this model has no usable chat template ({e}); use /v1/completions"
         ))
     })?;
+    let template = &req.template(template)?;
     // Message text stays text: only the template's markup becomes control tokens.
     let mut msgs = req.chat_messages()?;
     let tools = plan.map(|p| &p.tools);
