@@ -2,7 +2,7 @@
 //! causal softmax attention per (token, head), the output projection and the residual add.
 
 use crate::kv::{KvCache, KvView};
-use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, rope, Scratch};
+use crate::scratch::{add_rows, grow, rms_norm_in_place, rms_norm_rows, rope, Scratch};
 use pi2_kernels::{matmul, matmul_many, ActBuf, KernelSet, MatRef};
 use pi2_model::{GgufFile, LayerWeights, ModelConfig, TensorView};
 use rayon::prelude::*;
@@ -87,11 +87,7 @@ pub(crate) fn block(
     s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
     let o = grow(&mut s.o, n * d);
     matmul(ks, &wo, &s.acts, o);
-    if let Some(b) = &l.bo {
-        let b = b.f32s(f);
-        o.chunks_exact_mut(d)
-            .for_each(|r| r.iter_mut().zip(b).for_each(|(y, bb)| *y += bb));
-    }
+    add_rows(o, l.bo.as_ref().map(|b| b.f32s(f)));
     if let Some(w) = &l.post_attn_norm {
         let w = w.f32s(f);
         o.chunks_exact_mut(d)
@@ -188,11 +184,6 @@ fn project_many<const J: usize>(
         start = end;
     }
     for ((_, out), bias) in pairs.iter_mut().zip(biases) {
-        if let Some(b) = bias {
-            let b = b.f32s(f);
-            for row in out.chunks_exact_mut(b.len()) {
-                row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
-            }
-        }
+        add_rows(out, bias.map(|b| b.f32s(f)));
     }
 }

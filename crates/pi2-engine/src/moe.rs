@@ -6,7 +6,7 @@
 
 use crate::error::EngineError;
 use crate::ffn::{accumulate_down_t, gated, project_pair};
-use crate::scratch::{grow, Scratch};
+use crate::scratch::{add_rows, grow, Scratch};
 use crate::weights::Store;
 use pi2_kernels::{matmul, KernelSet, MatRef};
 use pi2_model::{Gating, ModelConfig};
@@ -116,14 +116,6 @@ pub(crate) fn route_tokens(
             routes.per_expert[e].push((t, w));
         }
         (routes.stats).note(li, c.n_layer, ne, &routes.picked);
-    }
-}
-
-/// `bias` added to every row of `rows` (nothing without one).
-fn add_rows(rows: &mut [f32], bias: Option<&[f32]>) {
-    if let Some(b) = bias {
-        rows.chunks_exact_mut(b.len())
-            .for_each(|r| r.iter_mut().zip(b).for_each(|(y, bb)| *y += bb));
     }
 }
 

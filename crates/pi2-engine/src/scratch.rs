@@ -42,6 +42,14 @@ pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 /// `out = x / rms(x) * w`.
+/// `bias` added to every row of `rows` (nothing without one).
+pub(crate) fn add_rows(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        rows.chunks_exact_mut(b.len())
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(y, bb)| *y += bb));
+    }
+}
+
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let r = 1.0 / (ms + eps).sqrt();

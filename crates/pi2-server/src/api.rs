@@ -295,16 +295,21 @@ impl CompletionRequest {
         }
     }
 
-    /// The model's chat template with this request's `chat_template_kwargs` set.
-    pub fn template(
+    /// The model's chat template, with this request's `chat_template_kwargs` set (a copy
+    /// only when it sets any).
+    pub fn template<'t>(
         &self,
-        template: &pi2_model::ChatTemplate,
-    ) -> Result<pi2_model::ChatTemplate, ApiError> {
-        match &self.chat_template_kwargs {
-            Some(vars) => template.with_variables(vars).map_err(|e| {
-                ApiError::bad(format!("`chat_template_kwargs`: {e}")).param("chat_template_kwargs")
-            }),
-            None => Ok(template.clone()),
+        template: &'t pi2_model::ChatTemplate,
+    ) -> Result<std::borrow::Cow<'t, pi2_model::ChatTemplate>, ApiError> {
+        match self.chat_template_kwargs.as_ref().filter(|v| !v.is_empty()) {
+            Some(vars) => template
+                .with_variables(vars)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| {
+                    ApiError::bad(format!("`chat_template_kwargs`: {e}"))
+                        .param("chat_template_kwargs")
+                }),
+            None => Ok(std::borrow::Cow::Borrowed(template)),
         }
     }
 

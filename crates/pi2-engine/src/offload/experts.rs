@@ -341,11 +341,17 @@ impl ExpertStream {
 
     /// Waits for every read in flight.
     fn drain(&mut self) -> Result<(), EngineError> {
-        if self.reader.outstanding() == 0 {
+        self.land_until(|x| x.reader.outstanding() == 0)
+    }
+
+    /// Receives completed reads until `done`, counting the time as I/O wait; a failed read
+    /// forgets the wave.
+    fn land_until(&mut self, done: impl Fn(&Self) -> bool) -> Result<(), EngineError> {
+        if done(self) {
             return Ok(());
         }
         let t0 = std::time::Instant::now();
-        while self.reader.outstanding() > 0 {
+        while !done(self) {
             match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
                 Ok(tag) => self.landing[tag as usize] -= 1,
                 Err(e) => {
@@ -422,21 +428,7 @@ impl ExpertStream {
     }
 
     fn wait(&mut self, slot: Slot) -> Result<(), EngineError> {
-        if self.landing[slot.0 as usize] == 0 {
-            return Ok(());
-        }
-        let t0 = std::time::Instant::now();
-        while self.landing[slot.0 as usize] > 0 {
-            match self.reader.recv().and_then(|c| c.result.map(|()| c.tag)) {
-                Ok(tag) => self.landing[tag as usize] -= 1,
-                Err(e) => {
-                    self.forget();
-                    return Err(e.into());
-                }
-            }
-        }
-        self.stats.io_wait_ns += t0.elapsed().as_nanos() as u64;
-        Ok(())
+        self.land_until(|x| x.landing[slot.0 as usize] == 0)
     }
 
     /// The KV cache will take `kv` bytes once `positions` are written: expert slots above one
