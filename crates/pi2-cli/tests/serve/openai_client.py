@@ -43,7 +43,7 @@ assert other.choices[0].message.content == expected, (other.choices[0].message.c
 
 # Fields pi2 does not serve yet are refused by name, never answered as if honoured; their
 # defaults pass.
-for extra, field in [({"extra_body": {"n_probs": 2}}, "n_probs"),
+for extra, field in [({"n": 2}, "n"),
                      ({"extra_body": {"suffix": "}"}}, "suffix"),
                      ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
                      ({"extra_body": {"mirostat": 2}}, "mirostat")]:
