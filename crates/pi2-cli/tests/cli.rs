@@ -868,3 +868,51 @@ fn odd_arguments_and_files_are_refused_without_a_hang() {
         "not a regular file",
     );
 }
+
+/// A budget below what the conversion it would need can run under is refused before converting
+/// (the floor of the converted file is known from the plain one), and `pi2 info` names that
+/// least budget and what converting takes.
+#[test]
+fn a_budget_too_small_for_the_converted_model_costs_no_conversion() {
+    let cache = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let out = pi2_cached(
+        cache.path(),
+        &[
+            "run",
+            "-m",
+            &m(),
+            "-p",
+            "Hi",
+            "-n",
+            "2",
+            "--mem-budget",
+            "46%",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("is too small for this model"), "{err}");
+    assert!(!err.contains("converting"), "{err}");
+    assert!(
+        started.elapsed().as_secs() < 30,
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(!cache.path().join("converted").exists());
+    let info = ok(&["info", "-m", &m()]);
+    let least = info
+        .lines()
+        .find_map(|l| l.split("then --mem-budget ").nth(1))
+        .unwrap_or_else(|| panic!("{info}"));
+    assert!(info.contains("while converting"), "{info}");
+    // The same least budget as the refusal names (its figure rounds up to whole MiB).
+    let named: f64 = err
+        .split("at least ")
+        .nth(1)
+        .and_then(|r| r.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    let shown: f64 = least.split(" MiB").next().unwrap().parse().unwrap();
+    assert!((named - shown).abs() < 2.0, "{named} vs {shown}");
+}

@@ -45,9 +45,9 @@ fn bench_convert(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Elements(toks.len() as u64));
     g.bench_function("collect_samples_256_tokens", |b| {
-        b.iter(|| collect_samples(&mut e, &toks, 128, &th, |_| {}).unwrap())
+        b.iter(|| collect_samples(&mut e, &toks, 128, &th, true, |_| {}).unwrap())
     });
-    let samples = collect_samples(&mut e, &toks, 128, &th, |_| {}).unwrap();
+    let samples = collect_samples(&mut e, &toks, 128, &th, true, |_| {}).unwrap();
     let cc = ConvertConfig::default();
     g.throughput(Throughput::Elements((2 * spec.n_ff) as u64));
     g.bench_function("fit_and_lay_out_2x768_neurons", |b| {

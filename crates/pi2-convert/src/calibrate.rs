@@ -35,19 +35,24 @@ impl FfnObserver for SampleObserver<'_> {
 
 /// Run the dense model over `tokens` in chunks of `chunk` (each from an empty cache) and record
 /// every layer's (input, fired) pairs at `thresholds` and the final hidden states;
-/// `progress(done)` after each chunk.
+/// `progress(done)` after each chunk. Without `keep_inputs` only the fired bits are kept (no
+/// predictor can be fitted on them; they take about a tenth of the memory).
 pub fn collect_samples(
     engine: &mut Engine<'_>,
     tokens: &[TokenId],
     chunk: usize,
     thresholds: &[f32],
+    keep_inputs: bool,
     mut progress: impl FnMut(usize),
 ) -> Result<Samples, EngineError> {
     let c = &engine.model().config;
     let mut obs = SampleObserver {
         samples: Samples {
             layers: (0..c.n_layer)
-                .map(|_| LayerSamples::new(c.n_embd, c.n_ff))
+                .map(|_| match keep_inputs {
+                    true => LayerSamples::new(c.n_embd, c.n_ff),
+                    false => LayerSamples::fired_only(c.n_embd, c.n_ff),
+                })
                 .collect(),
             hidden: Vec::new(),
         },
@@ -100,7 +105,7 @@ pub fn calibrate(
         .iter()
         .map(|l| l.threshold_for(sparsity))
         .collect::<Result<Vec<f32>, _>>()?;
-    let samples = collect_samples(engine, tokens, chunk, &thresholds, |_| {})?;
+    let samples = collect_samples(engine, tokens, chunk, &thresholds, true, |_| {})?;
     Ok(Calibrated {
         profile,
         thresholds,

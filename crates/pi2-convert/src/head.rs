@@ -115,11 +115,10 @@ pub fn build_checked(
 ) -> Result<(ClusteredHead, HeadCheck), ConvertError> {
     let head = build(out, hidden, cfg)?;
     let d = out.cols;
-    let rows = dequantize(out);
     let n = (check.len() / d).min(CHECK_TOKENS);
     let (k, s) = (head.clusters(), head.cluster);
     let m = picks(cfg.share, out.rows, s);
-    let per: Vec<(bool, f64)> = check[..n * d]
+    let picked: Vec<Vec<bool>> = check[..n * d]
         .par_chunks_exact(d)
         .map(|h| {
             let sc: Vec<(f32, f32)> = (0..k)
@@ -133,31 +132,81 @@ pub fn build_checked(
             best.sort_by(|&a, &b| sc[b].0.total_cmp(&sc[a].0).then(a.cmp(&b)));
             let mut picked = vec![false; k];
             best[..m].iter().for_each(|&c| picked[c] = true);
-            // Exact logits in stored order; the scored flag of each.
-            let logits: Vec<f32> = head
-                .order
-                .iter()
-                .map(|&r| dot(row(&rows, d, r), h))
-                .collect();
-            let top = (0..logits.len())
-                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
-                .unwrap_or(0);
-            let max = logits[top] as f64;
-            let (mut all, mut on) = (0f64, 0f64);
-            for (j, l) in logits.iter().enumerate() {
-                let e = (*l as f64 - max).exp();
-                all += e;
-                on += if picked[j / s] { e } else { 0.0 };
-            }
-            (picked[top / s], on / all)
+            picked
         })
         .collect();
+    // Exact logits in stored order, a block of rows at a time (each block dequantized once for
+    // every checked token), folded into each token's running softmax.
+    let mut runs = vec![Softmax::default(); n];
+    let mut block = Vec::new();
+    for (b, rows) in head.order.chunks(CHECK_BLOCK_ROWS).enumerate() {
+        block.resize(rows.len() * d, 0.0);
+        block
+            .par_chunks_mut(d)
+            .zip(rows)
+            .for_each(|(buf, &r)| out.dequantize_row(r as usize, buf));
+        runs.par_iter_mut()
+            .zip(check[..n * d].par_chunks_exact(d))
+            .zip(&picked)
+            .for_each(|((run, h), picked)| {
+                for (i, w) in block.chunks_exact(d).enumerate() {
+                    let j = b * CHECK_BLOCK_ROWS + i;
+                    run.add(j, dot(w, h), picked[j / s]);
+                }
+            });
+    }
     let check = HeadCheck {
         tokens: n,
-        top1: per.iter().filter(|p| p.0).count() as f32 / n.max(1) as f32,
-        mass: (per.iter().map(|p| p.1).sum::<f64>() / n.max(1) as f64) as f32,
+        top1: runs
+            .iter()
+            .zip(&picked)
+            .filter(|(r, p)| p[r.top / s])
+            .count() as f32
+            / n.max(1) as f32,
+        mass: (runs.iter().map(|r| r.on / r.all).sum::<f64>() / n.max(1) as f64) as f32,
     };
     Ok((head, check))
+}
+
+/// Rows of the output matrix dequantized at once by [`build_checked`].
+const CHECK_BLOCK_ROWS: usize = 4096;
+
+/// One token's softmax over logits seen one at a time: the top row, and the sums of
+/// `exp(logit - max)` over every row and over the scored rows, rescaled as the max grows.
+#[derive(Clone, Copy)]
+struct Softmax {
+    top: usize,
+    max: f64,
+    all: f64,
+    on: f64,
+}
+
+impl Default for Softmax {
+    fn default() -> Self {
+        Self {
+            top: 0,
+            max: f64::NEG_INFINITY,
+            all: 0.0,
+            on: 0.0,
+        }
+    }
+}
+
+impl Softmax {
+    fn add(&mut self, row: usize, logit: f32, scored: bool) {
+        let l = logit as f64;
+        if l > self.max {
+            // The first of equal logits stays the top.
+            let rescale = (self.max - l).exp();
+            self.all *= rescale;
+            self.on *= rescale;
+            self.max = l;
+            self.top = row;
+        }
+        let e = (l - self.max).exp();
+        self.all += e;
+        self.on += if scored { e } else { 0.0 };
+    }
 }
 
 /// Power-iteration steps per split.
@@ -191,24 +240,25 @@ pub fn build(
             "no calibration hidden states for the output head".into(),
         ));
     }
-    let rows = dequantize(out);
     let scale = coordinate_scale(hidden, d, cfg.scale_power);
-    let mut scaled = rows.clone();
-    scaled
-        .par_chunks_mut(d)
-        .for_each(|r| r.iter_mut().zip(&scale).for_each(|(x, s)| *x *= s));
+    let scaled = Rows {
+        mat: out,
+        scale: Some(&scale),
+    };
     let mut leaves = Vec::new();
     split(
         &scaled,
-        d,
         (0..vocab as u32).collect(),
         cfg.cluster,
         &mut leaves,
     );
-    drop(scaled);
-    let centroids: Vec<Vec<f32>> = leaves.par_iter().map(|c| mean(&rows, d, c)).collect();
+    let rows = Rows {
+        mat: out,
+        scale: None,
+    };
+    let centroids: Vec<Vec<f32>> = leaves.par_iter().map(|c| mean(&rows, c)).collect();
     let white = whitening(hidden, d);
-    let spreads = directions(&rows, d, &leaves, &centroids, &white);
+    let spreads = directions(&rows, &leaves, &centroids, &white);
     let frequency = selection_frequency(&centroids, &spreads, hidden, d, &leaves, cfg);
     // Hottest first (ties: the split order).
     let mut by_heat: Vec<usize> = (0..leaves.len()).collect();
@@ -282,12 +332,12 @@ const SPREAD_BATCH: usize = 512;
 /// right singular vector `v` of its residuals whitened by `white` (`X = (W - c) white`), the rows'
 /// coordinates `a = X v`, and the direction `g` with `W - c ~ a g` (least squares).
 fn directions(
-    rows: &[f32],
-    d: usize,
+    rows: &Rows<'_>,
     leaves: &[Vec<u32>],
     centroids: &[Vec<f32>],
     white: &[f32],
 ) -> Vec<Spread> {
+    let d = rows.d();
     let mut out = Vec::with_capacity(leaves.len());
     for (lb, cb) in leaves
         .chunks(SPREAD_BATCH)
@@ -299,10 +349,8 @@ fn directions(
         for (leaf, c) in lb.iter().zip(cb) {
             for &i in leaf {
                 let r = &mut resid[at * d..(at + 1) * d];
-                r.iter_mut()
-                    .zip(row(rows, d, i))
-                    .zip(c)
-                    .for_each(|((o, &w), &m)| *o = w - m);
+                rows.read(i, r);
+                r.iter_mut().zip(c).for_each(|(o, &m)| *o -= m);
                 at += 1;
             }
         }
@@ -381,14 +429,26 @@ fn spread(x: &[f32], r: &[f32], d: usize) -> Spread {
     Spread { dir, coef, spread }
 }
 
-/// Every row of `out` as f32, in parallel.
-fn dequantize(out: &MatRef<'_>) -> Vec<f32> {
-    let d = out.cols;
-    let mut rows = vec![0f32; out.rows * d];
-    rows.par_chunks_mut(d)
-        .enumerate()
-        .for_each(|(r, row)| out.dequantize_row(r, row));
-    rows
+/// The output matrix's rows as f32 (each coordinate times `scale`), dequantized as they are
+/// read: the matrix stays in the file's mapping, since a 150k-row vocabulary in f32 is over
+/// 500 MB, more than the memory budgets conversions run under.
+struct Rows<'a> {
+    mat: &'a MatRef<'a>,
+    scale: Option<&'a [f32]>,
+}
+
+impl Rows<'_> {
+    fn d(&self) -> usize {
+        self.mat.cols
+    }
+
+    /// Row `i` into `out` (`d` long).
+    fn read(&self, i: u32, out: &mut [f32]) {
+        self.mat.dequantize_row(i as usize, out);
+        if let Some(scale) = self.scale {
+            out.iter_mut().zip(scale).for_each(|(x, s)| *x *= s);
+        }
+    }
 }
 
 /// Per coordinate, the calibration root mean square to the power `p` (coordinates never seen
@@ -416,29 +476,32 @@ fn coordinate_scale(hidden: &[f32], d: usize, p: f32) -> Vec<f32> {
 /// Splits `idx` (rows of `x`) at the median of its principal direction until every leaf holds
 /// at most `size` rows; leaves are appended left to right. The left part of a split takes a
 /// multiple of `size` rows, so only the last leaf can be short.
-fn split(x: &[f32], d: usize, idx: Vec<u32>, size: usize, out: &mut Vec<Vec<u32>>) {
+fn split(x: &Rows<'_>, idx: Vec<u32>, size: usize, out: &mut Vec<Vec<u32>>) {
     let n = idx.len();
     if n <= size {
         out.push(idx);
         return;
     }
-    let dir = principal_direction(x, d, &idx);
-    let mut keyed: Vec<(f32, u32)> = idx.iter().map(|&i| (dot(row(x, d, i), &dir), i)).collect();
+    let dir = principal_direction(x, &idx);
+    let mut buf = vec![0f32; x.d()];
+    let mut keyed: Vec<(f32, u32)> = idx
+        .iter()
+        .map(|&i| {
+            x.read(i, &mut buf);
+            (dot(&buf, &dir), i)
+        })
+        .collect();
     keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let k = n.div_ceil(size).div_ceil(2) * size;
     let right: Vec<u32> = keyed[k..].iter().map(|p| p.1).collect();
     let left: Vec<u32> = keyed[..k].iter().map(|p| p.1).collect();
     let (mut a, mut b) = (Vec::new(), Vec::new());
     rayon::join(
-        || split(x, d, left, size, &mut a),
-        || split(x, d, right, size, &mut b),
+        || split(x, left, size, &mut a),
+        || split(x, right, size, &mut b),
     );
     out.append(&mut a);
     out.append(&mut b);
-}
-
-fn row(x: &[f32], d: usize, i: u32) -> &[f32] {
-    &x[i as usize * d..(i as usize + 1) * d]
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -448,8 +511,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The top principal direction of the rows `idx` of `x` (centered), by power iteration from a
 /// fixed start; sums run over fixed tasks added in order, so the result does not depend on the
 /// thread count.
-fn principal_direction(x: &[f32], d: usize, idx: &[u32]) -> Vec<f32> {
-    let mu = mean(x, d, idx);
+fn principal_direction(x: &Rows<'_>, idx: &[u32]) -> Vec<f32> {
+    let d = x.d();
+    let mu = mean(x, idx);
     // A fixed, non-degenerate start.
     let mut v: Vec<f32> = (0..d)
         .map(|j| 1.0 + ((j * 2654435761) % 1000) as f32 / 1000.0)
@@ -461,12 +525,13 @@ fn principal_direction(x: &[f32], d: usize, idx: &[u32]) -> Vec<f32> {
             .par_chunks(TASK_ROWS)
             .map(|chunk| {
                 let mut acc = vec![0f32; d];
+                let mut r = vec![0f32; d];
                 let mut p_sum = 0f32;
                 for &i in chunk {
-                    let r = row(x, d, i);
-                    let p = dot(r, &v) - mv;
+                    x.read(i, &mut r);
+                    let p = dot(&r, &v) - mv;
                     p_sum += p;
-                    acc.iter_mut().zip(r).for_each(|(a, &xi)| *a += p * xi);
+                    acc.iter_mut().zip(&r).for_each(|(a, &xi)| *a += p * xi);
                 }
                 acc.push(p_sum);
                 acc
@@ -495,12 +560,13 @@ fn normalize(v: &mut [f32]) -> f32 {
 }
 
 /// The mean of rows `idx` of `x`.
-fn mean(x: &[f32], d: usize, idx: &[u32]) -> Vec<f32> {
+fn mean(x: &Rows<'_>, idx: &[u32]) -> Vec<f32> {
+    let d = x.d();
     let mut m = vec![0f64; d];
+    let mut r = vec![0f32; d];
     for &i in idx {
-        m.iter_mut()
-            .zip(row(x, d, i))
-            .for_each(|(a, &b)| *a += b as f64);
+        x.read(i, &mut r);
+        m.iter_mut().zip(&r).for_each(|(a, &b)| *a += b as f64);
     }
     m.iter()
         .map(|&s| (s / idx.len().max(1) as f64) as f32)

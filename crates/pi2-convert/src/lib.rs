@@ -29,6 +29,7 @@ pub mod describe;
 pub mod head;
 pub mod moe;
 pub mod pipeline;
+pub mod plan;
 pub mod sensitivity;
 
 pub use atomic::write_atomic;
@@ -129,7 +130,7 @@ impl Default for ConvertConfig {
 }
 
 /// Pick the storage type for predictor rows of `cols`.
-fn predictor_type(cols: usize) -> QuantType {
+pub(crate) fn predictor_type(cols: usize) -> QuantType {
     if cols.is_multiple_of(32) {
         QuantType::Q8_0
     } else {
@@ -139,13 +140,13 @@ fn predictor_type(cols: usize) -> QuantType {
 
 /// Build the converted GGUF image of `model` (see the module docs) from calibration `samples`
 /// (their fired bits must be at `thresholds`).
-pub fn convert(
-    model: &Model,
+pub fn convert<'a>(
+    model: &'a Model,
     profile: &Profile,
     thresholds: &[f32],
     samples: Samples,
     cfg: &ConvertConfig,
-) -> Result<(GgufWriter, ConvertReport), ConvertError> {
+) -> Result<(GgufWriter<'a>, ConvertReport), ConvertError> {
     let Samples {
         layers: mut samples,
         hidden,
@@ -227,7 +228,9 @@ pub fn convert(
     let mut w = GgufWriter::new();
     write_metadata(&mut w, model, profile, thresholds, &layers, cfg);
     // Gate and up are written in the file's neuron order; the source's down matrix is kept as
-    // it is beside its transposed rows, for layers that run dense (`pi2_model::bundle`).
+    // it is beside its transposed rows, for layers that run dense (`pi2_model::bundle`). The
+    // large tensors are produced from the source's mapping as the file is written, so the
+    // conversion never holds a second copy of the model.
     let ffn_name = |n: &str| {
         n.starts_with("blk.") && (n.ends_with(".ffn_gate.weight") || n.ends_with(".ffn_up.weight"))
     };
@@ -239,7 +242,10 @@ pub fn convert(
     for t in &f.tensors {
         let output = head_out == Some(t.name.as_str()) && !model.weights.tied_output;
         if !ffn_name(&t.name) && t.name != pi2_model::checksum::TENSOR && !output {
-            w.tensor(&t.name, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
+            let data = f.tensor_data(t);
+            w.tensor_with(&t.name, &t.dims, t.ggml_type, t.size, move |out| {
+                out.write_all(data)
+            });
         }
     }
     for (li, (perm, pred, _)) in layers.iter().enumerate() {
@@ -257,9 +263,9 @@ pub fn convert(
 /// The clustered output head (see [`head`]): the output matrix in cluster order, the order,
 /// the centroids and their calibration frequencies. The last `held_out` share of the
 /// calibration hidden states is kept out of the clustering and checks it.
-fn write_head(
-    w: &mut GgufWriter,
-    model: &Model,
+fn write_head<'a>(
+    w: &mut GgufWriter<'a>,
+    model: &'a Model,
     hidden: &[f32],
     cfg: &head::HeadConfig,
     held_out: f32,
@@ -273,25 +279,35 @@ fn write_head(
     // Rows in stored order: a row-quantized matrix's rows move whole, or are stored again in
     // the type asked for.
     let ty = cfg.row_type.unwrap_or(out.ty);
-    let mut rows = Vec::with_capacity(vocab * out.row_bytes());
-    let mut values = vec![0f32; d];
-    for &r in &h.order {
-        match ty == out.ty {
-            true => rows.extend_from_slice(out.row(r as usize)),
-            false => {
-                out.dequantize_row(r as usize, &mut values);
-                let row = ty.quantize_row(&values);
-                rows.extend(row.ok_or_else(|| refuse_unstorable("head", ty, d))?);
-            }
-        }
+    if !storable(ty, d) {
+        return Err(refuse_unstorable("head", ty, d));
     }
     // A tied embedding stays in vocabulary order for lookups; the head gets its own matrix.
     let name = match model.weights.tied_output {
         true => "output.weight",
         false => model.weights.output.name.as_str(),
     };
-    let output_bytes = rows.len();
-    w.tensor(name, &[d as u64, vocab as u64], ty.ggml_id(), rows);
+    let output_bytes = vocab * ty.row_bytes(d).expect("checked storable");
+    let order = h.order.clone();
+    w.tensor_with(
+        name,
+        &[d as u64, vocab as u64],
+        ty.ggml_id(),
+        output_bytes as u64,
+        move |sink| {
+            let mut values = vec![0f32; d];
+            for &r in &order {
+                match ty == out.ty {
+                    true => sink.write_all(out.row(r as usize))?,
+                    false => {
+                        out.dequantize_row(r as usize, &mut values);
+                        sink.write_all(&ty.quantize_row(&values).expect("checked storable"))?;
+                    }
+                }
+            }
+            Ok(())
+        },
+    );
     let order: Vec<u8> = h
         .order
         .iter()
@@ -340,7 +356,7 @@ fn write_head(
 /// The source's metadata (but its `pi2.*` keys) and the format's: version, thresholds,
 /// predictor kind and cuts, measured recall and candidates, the renumbered profile.
 fn write_metadata(
-    w: &mut GgufWriter,
+    w: &mut GgufWriter<'_>,
     model: &Model,
     profile: &Profile,
     thresholds: &[f32],
@@ -394,9 +410,9 @@ fn write_metadata(
 
 /// Layer `li`'s bundles in `perm` order: gate and up rows, transposed down rows, the
 /// permutation, and the predictor (its output rows permuted the same way).
-fn write_layer(
-    w: &mut GgufWriter,
-    model: &Model,
+fn write_layer<'a>(
+    w: &mut GgufWriter<'a>,
+    model: &'a Model,
     li: usize,
     perm: &[u32],
     pred: Option<&Predictor>,
@@ -405,23 +421,35 @@ fn write_layer(
     let (f, c) = (&model.file, &model.config);
     let l = &model.weights.layers[li];
     let shape = [c.n_embd as u64, c.n_ff as u64];
+    // Rows are produced in file order while the file is written (see `convert`).
     for (tv, t) in [(&l.gate, Tensor::Gate), (&l.up, Tensor::Up)] {
         let m = tv.mat(f);
-        let mut bytes = Vec::with_capacity(m.bytes().len());
-        for &i in perm {
-            bytes.extend_from_slice(m.row(i as usize));
-        }
-        w.tensor(&t.name(li), &shape, tv.ty.ggml_id(), bytes);
+        let order = perm.to_vec();
+        let bytes = m.bytes().len() as u64;
+        w.tensor_with(&t.name(li), &shape, tv.ty.ggml_id(), bytes, move |out| {
+            order
+                .iter()
+                .try_for_each(|&i| out.write_all(m.row(i as usize)))
+        });
     }
     let down = l.down.mat(f);
     let dt = down_type(cfg.down_type, down.ty, c.n_embd)?;
-    let t = transposed(&down);
-    let mut bytes = Vec::new();
-    for &i in perm {
-        let row = &t[i as usize * c.n_embd..(i as usize + 1) * c.n_embd];
-        bytes.extend(dt.quantize_row(row).expect("type checked by down_type"));
-    }
-    w.tensor(&Tensor::DownT.name(li), &shape, dt.ggml_id(), bytes);
+    let n_embd = c.n_embd;
+    let order = perm.to_vec();
+    let bytes = (perm.len() * dt.row_bytes(n_embd).expect("type checked by down_type")) as u64;
+    w.tensor_with(
+        &Tensor::DownT.name(li),
+        &shape,
+        dt.ggml_id(),
+        bytes,
+        move |out| {
+            let t = transposed(&down);
+            order.iter().try_for_each(|&i| {
+                let row = &t[i as usize * n_embd..(i as usize + 1) * n_embd];
+                out.write_all(&dt.quantize_row(row).expect("type checked by down_type"))
+            })
+        },
+    );
     let perm_bytes: Vec<u8> = perm
         .iter()
         .flat_map(|&i| (i as i32).to_le_bytes())
@@ -560,12 +588,12 @@ fn check_granule(granule: u32) -> Result<(), ConvertError> {
 }
 
 /// Whether pi2 can store rows of `width` values as `ty` (a type it quantizes to, whole blocks).
-fn storable(ty: QuantType, width: usize) -> bool {
+pub(crate) fn storable(ty: QuantType, width: usize) -> bool {
     ty.quantize_row(&vec![0.0; width]).is_some()
 }
 
 /// `--what` rows of `width` stored as `ty`, or why not.
-fn refuse_unstorable(what: &str, ty: QuantType, width: usize) -> ConvertError {
+pub(crate) fn refuse_unstorable(what: &str, ty: QuantType, width: usize) -> ConvertError {
     ConvertError::Refused(format!(
         "cannot store {what} rows of {width} as {ty} (pi2 makes F32, F16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q4_K in whole blocks): choose another --{what}-type"
     ))
@@ -583,7 +611,7 @@ pub(crate) fn check_types(cfg: &ConvertConfig, n_embd: usize) -> Result<(), Conv
     Ok(())
 }
 
-fn down_type(
+pub(crate) fn down_type(
     want: Option<QuantType>,
     model: QuantType,
     n_embd: usize,
@@ -609,7 +637,7 @@ fn down_type(
 /// Write `w` to `out` (see [`write_atomic`]: complete or not at all). Refuses to write over
 /// `input`, and over an existing file unless `force`.
 pub fn write_file(
-    w: &GgufWriter,
+    w: &GgufWriter<'_>,
     out: &Path,
     input: &Path,
     force: bool,
@@ -620,7 +648,7 @@ pub fn write_file(
 /// [`write_file`], with the written file re-read and [`verify`]d against `source` before it
 /// gets its name: a file that fails leaves nothing (and an older `out` untouched).
 pub fn write_verified(
-    w: &GgufWriter,
+    w: &GgufWriter<'_>,
     source: &Model,
     out: &Path,
     input: &Path,

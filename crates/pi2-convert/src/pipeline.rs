@@ -49,6 +49,9 @@ pub struct ProfileOptions {
     pub sparsity: Option<f32>,
     /// What the calibration text is called in the profile.
     pub calibration: String,
+    /// A folder for the activation codes while they are recorded (a byte per token, layer and
+    /// neuron, in unnamed temporary files the system removes); `None`: memory.
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ProfileOptions {
@@ -57,6 +60,7 @@ impl Default for ProfileOptions {
             chunk: 512,
             sparsity: None,
             calibration: "built-in".into(),
+            spill_dir: None,
         }
     }
 }
@@ -83,6 +87,9 @@ pub fn profile(
     }
     let chunk = opts.chunk.min(engine.n_ctx());
     let mut profiler = Profiler::new(c.n_layer, c.n_ff, pi2_engine::profile_activation(c.ffn_act));
+    if let Some(dir) = &opts.spill_dir {
+        profiler = profiler.spill_to(dir)?;
+    }
     let bos = model
         .tokenizer
         .add_bos
@@ -307,17 +314,18 @@ pub fn convert_file(
             (c.thresholds.clone(), mean, Some(c))
         }
     };
-    let samples = crate::collect_samples(&mut engine, tokens, opts.chunk, &thresholds, |d| {
-        progress("calibrate", d, tokens.len())
-    })?;
+    let predictor = predictor_for(model, opts);
+    // Inputs are kept only to fit predictors on.
+    let keep_inputs = predictor.is_some();
+    let samples = crate::collect_samples(
+        &mut engine,
+        tokens,
+        opts.chunk,
+        &thresholds,
+        keep_inputs,
+        |d| progress("calibrate", d, tokens.len()),
+    )?;
     drop(engine);
-    let predictor = opts.predictor.unwrap_or_else(|| {
-        model
-            .config
-            .ffn_act
-            .exact_sparsity()
-            .then_some(PredictorKind::Lowrank)
-    });
     let cfg = ConvertConfig {
         sparsity,
         predictor,
@@ -336,6 +344,33 @@ pub fn convert_file(
         experts: None,
         bytes: file_bytes(output)?,
     })
+}
+
+/// The predictor a conversion of `model` under `opts` fits: the one asked for, else lowrank for
+/// ReLU-family FFNs and none for the others.
+fn predictor_for(model: &Model, opts: &ConvertOptions) -> Option<PredictorKind> {
+    opts.predictor.unwrap_or_else(|| {
+        model
+            .config
+            .ffn_act
+            .exact_sparsity()
+            .then_some(PredictorKind::Lowrank)
+    })
+}
+
+/// What [`convert_file`] would write for the dense `model` under `opts`, known before it runs
+/// ([`crate::plan::planned`]); predictors are counted at the smallest rank the fit may choose,
+/// so a floor computed from it is a lower bound (exact without predictors).
+pub fn planned(
+    model: &Model,
+    opts: &ConvertOptions,
+) -> Result<pi2_engine::PlannedConversion, ConvertError> {
+    let cfg = ConvertConfig {
+        predictor: predictor_for(model, opts),
+        fit: opts.fit.clone(),
+        ..opts.layout.clone()
+    };
+    crate::plan::planned(model, &cfg, opts.fit.rank_step)
 }
 
 fn file_bytes(path: &Path) -> Result<u64, ConvertError> {

@@ -176,6 +176,9 @@ pub fn measure_sensitivity(
     Ok(s)
 }
 
+/// Tokens per forward pass of [`perplexity`].
+const PERPLEXITY_BATCH: usize = 128;
+
 /// Perplexity of the model over `tokens` (chunks of `chunk`, each from an empty cache; every
 /// position but a chunk's last predicts the next token: as many as the tokens allow, since the
 /// quality check compares two runs on them) with per-layer confirm `thresholds` (`None`: dense).
@@ -198,15 +201,20 @@ pub fn perplexity(
     let (mut sum, mut count) = (0.0, 0usize);
     for part in tokens.chunks(chunk.max(1)) {
         engine.truncate(0);
-        let logits = engine.forward_observed(part, Logits::From(0), Some(&mut obs))?;
-        // Rows in parallel (a softmax over the vocabulary each), summed in order.
-        let rows: Vec<f64> = logits
-            .par_chunks_exact(v)
-            .zip(&part[1..])
-            .map(|(row, &next)| nll(row, next))
-            .collect();
-        sum += rows.iter().sum::<f64>();
-        count += rows.len();
+        // In batches of the chunk, the cache carried between them (as llama-perplexity runs
+        // with a smaller batch): a 150k vocabulary's logits for 512 tokens are 311 MB.
+        for (b, batch) in part.chunks(PERPLEXITY_BATCH).enumerate() {
+            let logits = engine.forward_observed(batch, Logits::From(0), Some(&mut obs))?;
+            let next = &part[(b * PERPLEXITY_BATCH + 1).min(part.len())..];
+            // Rows in parallel (a softmax over the vocabulary each), summed in order.
+            let rows: Vec<f64> = logits
+                .par_chunks_exact(v)
+                .zip(next)
+                .map(|(row, &next)| nll(row, next))
+                .collect();
+            sum += rows.iter().sum::<f64>();
+            count += rows.len();
+        }
     }
     engine.truncate(0);
     Ok((sum / count.max(1) as f64).exp())

@@ -47,8 +47,8 @@ pub use kv::kv_bytes;
 pub use moe::RoutingStats;
 pub use neurons::fires;
 pub use offload::{
-    expert_budget, min_budget, regions, ExpertBudget, ExpertStats, ExpertStream, Offload,
-    OffloadConfig, OffloadStats, Regions,
+    expert_budget, min_budget, planned_min_budget, regions, ExpertBudget, ExpertStats,
+    ExpertStream, Offload, OffloadConfig, OffloadStats, PlannedConversion, Regions,
 };
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};
 pub use sampler::{argmax, Sampler, SamplerConfig};

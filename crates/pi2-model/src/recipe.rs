@@ -23,7 +23,7 @@ pub fn splitmix_uniform(seed: u64, n: usize) -> impl Iterator<Item = f64> {
 }
 
 /// The GGUF file of `recipe`, or what in the recipe is wrong.
-pub fn build(recipe: &serde_json::Value) -> Result<GgufWriter, String> {
+pub fn build(recipe: &serde_json::Value) -> Result<GgufWriter<'static>, String> {
     let mut w = GgufWriter::new();
     let meta = recipe["meta"].as_array().ok_or("no `meta` list")?;
     for m in meta {

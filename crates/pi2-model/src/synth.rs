@@ -252,7 +252,7 @@ fn head_dim(spec: &SynthSpec) -> usize {
 }
 
 /// Build the GGUF image of a generated model.
-pub fn build(spec: &SynthSpec) -> GgufWriter {
+pub fn build(spec: &SynthSpec) -> GgufWriter<'static> {
     let mut rng = Rng::new(spec.seed);
     let (tokens, types, merges) = vocab();
     let n_vocab = tokens.len();
@@ -354,7 +354,7 @@ pub fn build(spec: &SynthSpec) -> GgufWriter {
 /// A hand-made SentencePiece-style (`llama`) vocabulary, tokenizer metadata only: `<unk>`,
 /// `<s>`, `</s>`, the 256 byte tokens, and pieces of "hello" and "world" scored by length (so
 /// merges build whole words).
-pub fn spm_vocabulary() -> GgufWriter {
+pub fn spm_vocabulary() -> GgufWriter<'static> {
     let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
     let mut types = vec![2, 3, 3];
     for b in 0..256 {

@@ -4,17 +4,43 @@ use crate::checksum::{self, RecordSums};
 use crate::gguf::Value;
 use std::io::{self, Write};
 
-/// Accumulates metadata and tensors, then writes a GGUF v3 file.
+/// Accumulates metadata and tensors, then writes a GGUF v3 file. A tensor's data is either
+/// held ([`tensor`](Self::tensor)) or produced while the file is written
+/// ([`tensor_with`](Self::tensor_with)), so a file larger than memory can be described first and
+/// written after.
 #[derive(Default)]
-pub struct GgufWriter {
+pub struct GgufWriter<'a> {
     metadata: Vec<(String, Value)>,
-    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, u32, Data<'a>)>,
     alignment: u64,
     magic: Option<[u8; 4]>,
     checksums: bool,
 }
 
-impl GgufWriter {
+/// Writes a tensor's data (exactly its size) when the file is written.
+pub type Produce<'a> = Box<dyn Fn(&mut dyn Write) -> io::Result<()> + 'a>;
+
+enum Data<'a> {
+    Held(Vec<u8>),
+    Produced { bytes: u64, produce: Produce<'a> },
+}
+
+impl Default for Data<'_> {
+    fn default() -> Self {
+        Data::Held(Vec::new())
+    }
+}
+
+impl Data<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Data::Held(v) => v.len() as u64,
+            Data::Produced { bytes, .. } => *bytes,
+        }
+    }
+}
+
+impl<'a> GgufWriter<'a> {
     pub fn new() -> Self {
         Self {
             alignment: 32,
@@ -63,6 +89,25 @@ impl GgufWriter {
 
     /// Add a tensor with GGML dims (`dims[0]` contiguous), type id and raw data.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> &mut Self {
+        self.tensors
+            .push((name.to_string(), dims.to_vec(), ggml_type, Data::Held(data)));
+        self
+    }
+
+    /// Add a tensor of `bytes` bytes whose data `produce` writes when the file is written (it
+    /// may run more than once; a size that differs is an error of the write).
+    pub fn tensor_with(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ggml_type: u32,
+        bytes: u64,
+        produce: impl Fn(&mut dyn Write) -> io::Result<()> + 'a,
+    ) -> &mut Self {
+        let data = Data::Produced {
+            bytes,
+            produce: Box::new(produce),
+        };
         self.tensors
             .push((name.to_string(), dims.to_vec(), ggml_type, data));
         self
@@ -134,7 +179,7 @@ impl GgufWriter {
                 name: name.clone(),
                 dims: dims.clone(),
                 ggml_type: *ty,
-                bytes: data.len() as u64,
+                bytes: data.len(),
             })
             .collect();
         if self.checksums {
@@ -149,7 +194,10 @@ impl GgufWriter {
             &self.metadata,
             self.alignment,
             &layout,
-            |i, out| out.write_all(&self.tensors[i].3),
+            |i, out| match &self.tensors[i].3 {
+                Data::Held(v) => out.write_all(v),
+                Data::Produced { produce, .. } => produce(out),
+            },
         )
     }
 }
@@ -388,6 +436,24 @@ mod tests {
     }
 
     use crate::gguf::{GgufFile, Strings};
+
+    #[test]
+    fn produced_tensors_write_what_held_ones_do_and_a_wrong_size_is_an_error() {
+        let data: Vec<u8> = (0..96u8).collect();
+        let mut held = GgufWriter::new();
+        held.tensor("a", &[8, 3], 0, data.clone()).with_checksums();
+        let mut produced = GgufWriter::new();
+        produced
+            .tensor_with("a", &[8, 3], 0, 96, |out| {
+                data.chunks(7).try_for_each(|c| out.write_all(c))
+            })
+            .with_checksums();
+        assert_eq!(held.to_bytes(), produced.to_bytes());
+        let mut short = GgufWriter::new();
+        short.tensor_with("a", &[8, 3], 0, 96, |out| out.write_all(&data[..95]));
+        let err = short.write(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("95 bytes written for 96"), "{err}");
+    }
 
     #[test]
     fn string_arrays_read_back_compact_whichever_way_they_were_written() {

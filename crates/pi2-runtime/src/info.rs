@@ -13,6 +13,8 @@ pub struct ModelInfo<'m> {
     model: &'m Model,
     path: &'m Path,
     n_ctx: usize,
+    /// A plain dense model's least budget and the memory converting it takes.
+    converting: Option<(u64, u64)>,
     /// Tensors and bytes per tensor type.
     by_type: BTreeMap<&'m str, (usize, u64)>,
     weights: u64,
@@ -29,6 +31,22 @@ pub fn human_bytes(bytes: u64) -> String {
         _ if mib >= 1024.0 => format!("{:.2} GiB", mib / 1024.0),
         _ => format!("{mib:.1} MiB"),
     }
+}
+
+/// For a plain dense model: the least `--mem-budget` its one-command conversion runs under (a
+/// lower bound known before converting) and the memory converting takes.
+fn conversion_figures(model: &Model, n_ctx: usize) -> Option<(u64, u64)> {
+    if model.config.n_expert > 0 || crate::convert_cache::is_converted(model) {
+        return None;
+    }
+    let engine = pi2_engine::EngineConfig {
+        n_ctx,
+        ..Default::default()
+    };
+    let process = crate::offload::process_bytes(model);
+    let floor = crate::offload::converted_floor(model, &engine, process).ok()?;
+    let bytes = crate::convert_cache::conversion_bytes(model, &engine, process);
+    Some((floor, bytes))
 }
 
 impl<'m> ModelInfo<'m> {
@@ -50,10 +68,12 @@ impl<'m> ModelInfo<'m> {
         let f = &model.file;
         let ffn = model.weights.layers.iter();
         let ffn = ffn.map(|l| l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f));
+        let converting = conversion_figures(model, n_ctx);
         Self {
             model,
             path,
             n_ctx,
+            converting,
             by_type,
             weights: f.tensor_bytes(),
             ffn: ffn.sum(),
@@ -90,6 +110,7 @@ impl<'m> ModelInfo<'m> {
             "ffn_activation": c.ffn_act.name(), "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "tied_output": m.weights.tied_output,
             "tensor_types": types,
+            "conversion": self.converting.map(|(floor, bytes)| serde_json::json!({"least_budget_bytes": floor, "converting_bytes": bytes})),
             "memory": {"weights_bytes": self.weights, "ffn_bytes": self.ffn, "kv_cache_bytes": self.kv, "n_ctx": self.n_ctx, "scratch_bytes": self.scratch, "total_bytes": self.total()},
             "chat_template": m.chat_template.is_some(),
             "kernel_tier": Tier::detect().name(),
@@ -183,6 +204,14 @@ impl fmt::Display for ModelInfo<'_> {
         )?;
         writeln!(f, "  buffers      {}", human_bytes(self.scratch as u64))?;
         writeln!(f, "  total        {}", human_bytes(self.total()))?;
+        if let Some((floor, bytes)) = self.converting {
+            writeln!(
+                f,
+                "under a budget: converted once (about {} while converting), then --mem-budget {} or more",
+                human_bytes(bytes),
+                human_bytes(floor)
+            )?;
+        }
         writeln!(f, "kernel tier:   {} (detected)", Tier::detect().name())?;
         writeln!(
             f,

@@ -123,6 +123,30 @@ pub fn check_floor(model: &Model, engine: &EngineConfig, budget: u64) -> Result<
     Ok(())
 }
 
+/// Refuses `budget` when it cannot hold the least the one-command conversion of the dense plain
+/// `model` needs to run (its converted floor, known before converting: see
+/// [`pi2_convert::pipeline::planned`]), so that a budget too small costs no conversion.
+pub fn check_converted_floor(model: &Model, engine: &EngineConfig, budget: u64) -> Result<()> {
+    let process = process_bytes(model);
+    let floor = converted_floor(model, engine, process)?;
+    if budget < floor {
+        let kv = pi2_engine::kv_bytes_start(model, engine, 1) as u64;
+        let scratch = pi2_engine::scratch_bytes(model, engine, 1) as u64;
+        return Err(too_small(budget, floor, process, kv, scratch, 1));
+    }
+    Ok(())
+}
+
+/// The least budget the one-command conversion of the dense plain `model` runs under, known
+/// before converting (a lower bound: predictors counted at their smallest rank, and the
+/// converted file's larger metadata not counted), with `process` this process's own memory.
+pub fn converted_floor(model: &Model, engine: &EngineConfig, process: u64) -> Result<u64> {
+    let plan = pi2_convert::pipeline::planned(model, &Default::default())?;
+    let kv = pi2_engine::kv_bytes_start(model, engine, 1) as u64;
+    let scratch = pi2_engine::scratch_bytes(model, engine, 1) as u64;
+    Ok(pi2_engine::planned_min_budget(model, &plan, kv, scratch)? + process)
+}
+
 /// Bytes a plain model needs to run whole in memory: its file, this process's own memory, and
 /// the KV cache and buffers of its full context (batches of `n_batch`). A budget at least this
 /// large needs no conversion; a smaller one (even 100% of the file) runs offloaded.
@@ -274,6 +298,12 @@ fn object_path(maps: &str, address: usize) -> Option<String> {
 }
 
 /// A `Key:   123 kB` line of `/proc/self/status`.
+/// The most memory this process has held resident at once (`VmHWM`), where the system tells.
+pub fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_kib(&status, "VmHWM:").map(|kib| kib * 1024)
+}
+
 fn status_kib(status: &str, key: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(key))?;
     line[key.len()..].split_whitespace().next()?.parse().ok()

@@ -24,8 +24,15 @@ pub enum Notice<'a> {
         done: usize,
         total: usize,
     },
-    /// The conversion finished after `seconds`.
-    Converted { seconds: f64 },
+    /// The conversion finished after `seconds`. Where the system tells: `own`, the most
+    /// anonymous memory the converting process held (sampled; what no cap can take back), and
+    /// `resident`, its peak resident memory with the pages of the model files it mapped (page
+    /// cache a cap takes back by reading them again).
+    Converted {
+        seconds: f64,
+        own: Option<u64>,
+        resident: Option<u64>,
+    },
 }
 
 impl Notice<'_> {
@@ -45,10 +52,30 @@ impl Notice<'_> {
                 to.display()
             )),
             Notice::Progress { .. } => None,
-            Notice::Converted { seconds } => Some(format!(
-                "pi2: converted in {seconds:.0} s; later runs reuse it"
+            Notice::Converted {
+                seconds,
+                own,
+                resident,
+            } => Some(format!(
+                "pi2: converted in {seconds:.0} s{}; later runs reuse it",
+                peak_words(*own, *resident)
             )),
         }
+    }
+}
+
+/// ", peak memory N MiB of its own (M MiB with the model files' pages)" where known.
+pub fn peak_words(own: Option<u64>, resident: Option<u64>) -> String {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    match (own, resident) {
+        (Some(o), Some(r)) => format!(
+            ", peak memory {:.0} MiB of its own ({:.0} MiB with the model files' pages)",
+            mib(o),
+            mib(r)
+        ),
+        (Some(o), None) => format!(", peak memory {:.0} MiB of its own", mib(o)),
+        (None, Some(r)) => format!(", peak memory {:.0} MiB", mib(r)),
+        (None, None) => String::new(),
     }
 }
 
@@ -97,11 +124,17 @@ pub fn model_file(
         }
         return Ok((path.to_path_buf(), opts));
     }
+    crate::offload::check_converted_floor(&model, &engine, bytes)?;
+    if !crate::convert_cache::cached_path(path, &crate::convert_cache::file_sha256(path)?).exists()
+    {
+        crate::convert_cache::check_room(&model, path, &engine)?;
+    }
     drop(model);
     // Converted in a child process: what the conversion allocated never counts against the
     // budget this process then runs under.
     in_child(|| {
         let t0 = std::time::Instant::now();
+        let watch = crate::memory::AnonPeak::start();
         // The notice before the conversion and its progress share one callback.
         let shared = std::cell::RefCell::new(&mut *notice);
         let conv = crate::convert_cache::converted(
@@ -117,6 +150,8 @@ pub fn model_file(
         if conv.as_ref().is_ok_and(|c| c.made) {
             (shared.borrow_mut())(Notice::Converted {
                 seconds: t0.elapsed().as_secs_f64(),
+                own: watch.finish(),
+                resident: crate::offload::peak_resident_bytes(),
             });
         }
         conv.map(|_| ())

@@ -16,6 +16,7 @@
 //! exact.
 
 mod coact;
+mod codes;
 mod hitrate;
 mod placement;
 #[cfg(feature = "plots")]

@@ -117,13 +117,18 @@ impl Default for FitConfig {
 }
 
 /// Calibration pairs of one layer: inputs and which neurons fired (bit per neuron), split into a
-/// training part (the first tokens) and a held-out part (the rest).
+/// training part (the first tokens) and a held-out part (the rest). Samples made with
+/// [`LayerSamples::fired_only`] keep no inputs (a conversion that fits no predictor needs
+/// only the bits, a tenth of the memory).
 #[derive(Clone, Debug, Default)]
 pub struct LayerSamples {
     pub n_embd: usize,
     pub n_ff: usize,
+    /// Every token's input (`len() * n_embd`), or nothing when made `fired_only`.
     pub x: Vec<f32>,
     fired: Vec<u64>,
+    tokens: usize,
+    keep_inputs: bool,
     /// Tokens `..train` are for fitting, `train..` held out.
     pub train: usize,
 }
@@ -133,16 +138,27 @@ impl LayerSamples {
         Self {
             n_embd,
             n_ff,
+            keep_inputs: true,
             ..Self::default()
         }
     }
 
+    /// Samples that record which neurons fired but not the inputs: enough for placement and
+    /// firing rates, not for fitting a predictor.
+    pub fn fired_only(n_embd: usize, n_ff: usize) -> Self {
+        Self {
+            keep_inputs: false,
+            ..Self::new(n_embd, n_ff)
+        }
+    }
+
+    /// Tokens recorded.
     pub fn len(&self) -> usize {
-        self.x.len() / self.n_embd.max(1)
+        self.tokens
     }
 
     pub fn is_empty(&self) -> bool {
-        self.x.is_empty()
+        self.tokens == 0
     }
 
     fn words(&self) -> usize {
@@ -152,7 +168,10 @@ impl LayerSamples {
     /// Add one token: its FFN input and gate pre-activations; a neuron fired when
     /// `|act(gate)| >= threshold`.
     pub fn push(&mut self, x: &[f32], gate: &[f32], threshold: f32, act: Activation) {
-        self.x.extend_from_slice(x);
+        if self.keep_inputs {
+            self.x.extend_from_slice(x);
+        }
+        self.tokens += 1;
         let w0 = self.fired.len();
         self.fired.resize(w0 + self.words(), 0);
         set_fired(&mut self.fired[w0..], gate, threshold, act);
@@ -162,10 +181,13 @@ impl LayerSamples {
     /// their fired bits computed in parallel (an activation per neuron each: the calibration
     /// pass waited on this).
     pub fn push_batch(&mut self, x: &[f32], gate: &[f32], threshold: f32, act: Activation) {
-        self.x.extend_from_slice(x);
+        if self.keep_inputs {
+            self.x.extend_from_slice(x);
+        }
         let w = self.words();
         let w0 = self.fired.len();
         let m = gate.len() / self.n_ff;
+        self.tokens += m;
         self.fired.resize(w0 + m * w, 0);
         self.fired[w0..]
             .par_chunks_mut(w)
@@ -340,6 +362,13 @@ impl Predictor {
 }
 
 fn check(samples: &LayerSamples) -> Result<(), SparseError> {
+    if samples.x.len() != samples.len() * samples.n_embd {
+        return Err(SparseError::Predictor(
+            "these calibration samples kept no inputs (made `fired_only`): a predictor cannot be \
+             fitted on them"
+                .into(),
+        ));
+    }
     if samples.len() < 16 || samples.train == 0 || samples.train >= samples.len() {
         return Err(SparseError::Predictor(format!(
             "{} calibration tokens with {} for training: too few to fit and hold out",
@@ -851,6 +880,14 @@ mod tests {
             one.push(xt, gt, 0.3, Activation::Silu);
         }
         batch.push_batch(&x, &gate, 0.3, Activation::Silu);
+        // Fired-only samples keep the same bits and count, no inputs, and refuse a fit.
+        let mut bits = LayerSamples::fired_only(d, ff);
+        bits.push_batch(&x, &gate, 0.3, Activation::Silu);
+        assert_eq!((bits.len(), &bits.fired), (batch.len(), &batch.fired));
+        assert!(bits.x.is_empty());
+        bits.hold_out(0.2);
+        let err = lowrank(&vec![0.0; ff * d], &bits, &FitConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("kept no inputs"), "{err}");
         assert_eq!((one.x, one.fired), (batch.x, batch.fired));
     }
 

@@ -2,6 +2,7 @@
 
 use crate::coact::coactivation;
 pub use crate::coact::Coactivation;
+use crate::codes::Codes;
 use crate::hitrate::{hit_rates, HitPoint};
 use crate::{code_edge, score_code, FfnObserver, SparseError, Trace};
 use rayon::prelude::*;
@@ -319,15 +320,21 @@ impl Profile {
     }
 }
 
-/// Records one byte per (layer, token, neuron): the score code of `|act(gate . x)|`.
+/// Records one byte per (layer, token, neuron): the score code of `|act(gate . x)|`, in
+/// memory or (after [`Profiler::spill_to`]) in temporary files.
 pub struct Profiler {
     n_ff: usize,
     act: Activation,
-    codes: Vec<Vec<u8>>,
+    codes: Vec<Codes>,
+    /// Each layer's histogram of codes so far.
+    histograms: Vec<Vec<u64>>,
     sum_abs: Vec<Vec<f64>>,
     max_abs: Vec<Vec<f32>>,
-    /// One batch's absolute activations (reused).
+    /// One batch's absolute activations and codes (reused).
     scores: Vec<f32>,
+    batch: Vec<u8>,
+    /// The first failure to keep codes in their file, reported by `finish`.
+    spill_error: Option<String>,
 }
 
 /// Neurons per parallel task when summing a batch.
@@ -338,27 +345,51 @@ impl Profiler {
         Profiler {
             n_ff,
             act,
-            codes: vec![Vec::new(); n_layer],
+            codes: (0..n_layer).map(|_| Codes::in_memory()).collect(),
+            histograms: vec![vec![0; 256]; n_layer],
             sum_abs: vec![vec![0.0; n_ff]; n_layer],
             max_abs: vec![vec![0.0; n_ff]; n_layer],
             scores: Vec::new(),
+            batch: Vec::new(),
+            spill_error: None,
         }
+    }
+
+    /// Keep the codes in unnamed temporary files in `dir` (removed by the system when the
+    /// profiler is dropped) instead of memory: profiling then holds one batch of codes. Call
+    /// before the first observation.
+    pub fn spill_to(mut self, dir: &Path) -> Result<Profiler, SparseError> {
+        let io = |source| SparseError::Io {
+            path: dir.display().to_string(),
+            source,
+        };
+        if self.codes.iter().any(|c| c.len() > 0) {
+            return Err(io(std::io::Error::other(
+                "codes are already recorded in memory",
+            )));
+        }
+        for c in &mut self.codes {
+            *c = Codes::in_file(dir).map_err(io)?;
+        }
+        Ok(self)
     }
 
     /// Tokens recorded (by the first layer).
     pub fn tokens(&self) -> usize {
-        self.codes.first().map_or(0, |c| c.len() / self.n_ff)
+        self.codes
+            .first()
+            .map_or(0, |c| (c.len() / self.n_ff.max(1) as u64) as usize)
     }
 
-    /// Bytes held so far.
+    /// Bytes of codes held in memory so far.
     pub fn bytes(&self) -> usize {
-        self.codes.iter().map(Vec::capacity).sum()
+        self.codes.iter().map(Codes::memory_bytes).sum()
     }
 
     /// Summarises the recording: thresholds, statistics, co-activation, hit-rate curves, and the
     /// trace at the reference sparsity.
     pub fn finish(
-        self,
+        mut self,
         model: ModelInfo,
         calibration: Calibration,
         cfg: &ProfileConfig,
@@ -370,17 +401,20 @@ impl Profiler {
         if tokens == 0 {
             return Err(SparseError::Empty);
         }
+        if let Some(e) = self.spill_error.take() {
+            return Err(SparseError::Io {
+                path: "the profiler's temporary files".into(),
+                source: std::io::Error::other(e),
+            });
+        }
         let n = self.n_ff;
         let mut trace = Trace::new(self.codes.len(), n, tokens);
         let mut zeros = 0u64;
-        // Histograms, counts and the trace first; then the costly per-layer summaries (each
-        // over the finished trace) in parallel.
+        // Counts and the trace first; then the costly per-layer summaries (each over the
+        // finished trace) in parallel.
         let mut firing = Vec::new();
-        for (li, codes) in self.codes.iter().enumerate() {
-            let mut histogram = vec![0u64; 256];
-            for &c in codes {
-                histogram[c as usize] += 1;
-            }
+        let histograms = std::mem::take(&mut self.histograms);
+        for (li, (codes, histogram)) in self.codes.iter_mut().zip(histograms).enumerate() {
             zeros += histogram[0];
             // Code 0 holds exactly the zero activations when `nonzero` matters (see `observe`).
             let ref_code = match cfg.nonzero {
@@ -388,14 +422,23 @@ impl Profiler {
                 false => threshold_code(&histogram, cfg.reference_sparsity).0,
             };
             let mut counts = vec![0u64; n];
-            for (t, row) in codes.chunks_exact(n).enumerate() {
-                for (i, &c) in row.iter().enumerate() {
-                    if c >= ref_code {
-                        counts[i] += 1;
-                        trace.set(li, t, i);
+            let mut t = 0;
+            codes
+                .for_each_rows(n, |rows| {
+                    for row in rows.chunks_exact(n) {
+                        for (i, &c) in row.iter().enumerate() {
+                            if c >= ref_code {
+                                counts[i] += 1;
+                                trace.set(li, t, i);
+                            }
+                        }
+                        t += 1;
                     }
-                }
-            }
+                })
+                .map_err(|source| SparseError::Io {
+                    path: "the profiler's temporary files".into(),
+                    source,
+                })?;
             firing.push((histogram, ref_code, counts));
         }
         let layers: Vec<LayerProfile> = firing
@@ -454,12 +497,12 @@ impl FfnObserver for Profiler {
         let scores = &mut self.scores;
         scores.clear();
         scores.resize(rows * n, 0.0);
-        let codes = &mut self.codes[layer];
-        let start = codes.len();
-        codes.resize(start + rows * n, 0);
+        let codes = &mut self.batch;
+        codes.clear();
+        codes.resize(rows * n, 0);
         // Tokens in parallel (an activation and a code per neuron), then neurons in parallel
         // (sums over tokens): the profiling pass waited on this.
-        codes[start..]
+        codes
             .par_chunks_mut(n)
             .zip(scores.par_chunks_mut(n))
             .zip(gate.par_chunks_exact(n))
@@ -472,6 +515,11 @@ impl FfnObserver for Profiler {
                     *c = score_code(*s).max(exact as u8);
                 }
             });
+        let histogram = &mut self.histograms[layer];
+        self.batch.iter().for_each(|&c| histogram[c as usize] += 1);
+        if let Err(e) = self.codes[layer].append(&self.batch) {
+            self.spill_error.get_or_insert(e.to_string());
+        }
         let scores = &self.scores;
         self.sum_abs[layer]
             .par_chunks_mut(NEURON_BLOCK)
@@ -539,6 +587,52 @@ mod tests {
         assert!((half.lru - 29.0 / 30.0).abs() < 1e-6);
         assert!((l.threshold_for(0.5).unwrap() - l.reference_threshold).abs() < 1e-9);
         assert!(l.threshold_for(1.5).is_err());
+    }
+
+    #[test]
+    fn a_spilling_profiler_gives_the_in_memory_profile_and_trace() {
+        let (n_layer, n_ff) = (3, 37);
+        let dir = tempfile::tempdir().unwrap();
+        let record = |mut p: Profiler| {
+            let mut x = 1u32;
+            for batch in [5usize, 1, 64, 7] {
+                for l in 0..n_layer {
+                    let gate: Vec<f32> = (0..batch * n_ff)
+                        .map(|_| {
+                            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                            (x >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0
+                        })
+                        .collect();
+                    p.observe(l, &[], &gate);
+                }
+            }
+            assert_eq!(p.tokens(), 77);
+            let cal = Calibration {
+                file: "c.txt".into(),
+                tokens: 77,
+            };
+            p.finish(info(n_layer, n_ff), cal, &ProfileConfig::default())
+                .unwrap()
+        };
+        let in_memory = record(Profiler::new(n_layer, n_ff, Activation::Silu));
+        // Spilling is chosen before recording, and then holds no codes in memory.
+        let mut late = Profiler::new(n_layer, n_ff, Activation::Silu);
+        late.observe(0, &[], &[0.5; 37]);
+        assert!(late.spill_to(dir.path()).is_err());
+        let mut early = Profiler::new(n_layer, n_ff, Activation::Silu)
+            .spill_to(dir.path())
+            .unwrap();
+        early.observe(0, &[], &[0.5; 37]);
+        assert_eq!(early.bytes(), 0);
+        drop(early);
+        let spilled = record(
+            Profiler::new(n_layer, n_ff, Activation::Silu)
+                .spill_to(dir.path())
+                .unwrap(),
+        );
+        assert_eq!(in_memory.0, spilled.0);
+        assert_eq!(in_memory.1, spilled.1);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -174,6 +174,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     };
     eprintln!("convert: {} tokens of {name}", tokens.len());
     let t0 = Instant::now();
+    let own = pi2_runtime::memory::AnonPeak::start();
     let engine_cfg = super::engine_config(&a.model)?;
     let mut bars = super::profile::Bars::default();
     let done = pipeline::convert_file(
@@ -204,10 +205,11 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         super::profile::print_expert_counts(&model, counts);
     }
     eprintln!(
-        "convert: wrote and verified {} ({:.1} MB) in {:.1} s",
+        "convert: wrote and verified {} ({:.1} MB) in {:.1} s{}",
         a.output.display(),
         done.bytes as f64 / 1e6,
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        pi2_runtime::open::peak_words(own.finish(), pi2_runtime::offload::peak_resident_bytes())
     );
     Ok(())
 }

@@ -90,9 +90,14 @@ pub fn session_model(
         use pi2_runtime::open::Notice;
         match n {
             Notice::Progress { phase, done, total } => bars.show(phase, done, total),
-            Notice::Converted { seconds } => eprintln!(
-                "pi2: converted in {seconds:.0} s ({}); later runs reuse it",
-                bars.summary()
+            Notice::Converted {
+                seconds,
+                own,
+                resident,
+            } => eprintln!(
+                "pi2: converted in {seconds:.0} s ({}){}; later runs reuse it",
+                bars.summary(),
+                pi2_runtime::open::peak_words(own, resident)
             ),
             other => {
                 if let Some(line) = other.line() {

@@ -17,7 +17,7 @@ pub struct ProfileArgs {
     /// prose, Python source and chat turns in the model's template
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
-    /// Tokens to profile (memory: one byte per token, layer and FFN neuron)
+    /// Tokens to profile (one byte per token, layer and FFN neuron, kept in temporary files beside the output)
     #[arg(long, default_value_t = 4096)]
     pub tokens: usize,
     /// Tokens per chunk; each chunk starts with an empty context, as in perplexity runs
@@ -72,16 +72,24 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         eprintln!("profile: the calibration text has only {n} tokens; profiling all of them");
     }
     let chunk = a.chunk.min(engine.n_ctx());
+    // The scores wait on disk beside the output (unnamed files the system removes), not in
+    // memory: a long calibration text's scores can outgrow the model.
+    let spill_dir = match a.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
     eprintln!(
-        "profile: {n} tokens of {name} in chunks of {chunk}, {} layers x {} neurons ({:.0} MiB of scores)",
+        "profile: {n} tokens of {name} in chunks of {chunk}, {} layers x {} neurons ({:.0} MiB of scores, kept in temporary files in {})",
         c.n_layer,
         c.n_ff,
-        (n * c.n_layer * c.n_ff) as f64 / (1 << 20) as f64
+        (n * c.n_layer * c.n_ff) as f64 / (1 << 20) as f64,
+        spill_dir.display()
     );
     let opts = pi2_convert::pipeline::ProfileOptions {
         chunk,
         sparsity: a.sparsity,
         calibration: name,
+        spill_dir: Some(spill_dir),
     };
     let start = std::time::Instant::now();
     let mut bar = Bars::default();

@@ -312,40 +312,170 @@ pub(crate) fn layout(
         tied: w.tied_output,
         head,
     };
-    // A separate token embedding is read a row per token, never resident.
+    let tensors = f.tensors.iter().map(|t| (t.name.as_str(), t.size));
+    let fixed = fixed_bytes(tensors, &vocab, kv_bytes, scratch);
+    Ok(Layout::new(layout, attn, vocab, fixed, c.n_ff))
+}
+
+/// Bytes of the fixed region with everything resident: every tensor but the neuron bundles
+/// (`tensors` as name and size; the checksum table's size stands for the reader's copy), less
+/// a separate token embedding (read a row per token, never resident), plus the KV cache,
+/// buffers and a round of embedding rows.
+fn fixed_bytes<'n>(
+    tensors: impl Iterator<Item = (&'n str, u64)>,
+    vocab: &VocabLayout,
+    kv_bytes: u64,
+    scratch: u64,
+) -> u64 {
     let embd_bytes = match vocab.tied {
         true => 0,
         false => (vocab.embd.rows * vocab.embd.row_bytes) as u64,
     };
-    // Every other tensor is resident; the checksum table's size stands for the reader's copy.
-    let fixed: u64 = f
-        .tensors
-        .iter()
-        .filter(|t| !bundle::is_neuron_tensor(&t.name))
-        .map(|t| t.size)
+    tensors
+        .filter(|(name, _)| !bundle::is_neuron_tensor(name))
+        .map(|(_, size)| size)
         .sum::<u64>()
         - embd_bytes
         + kv_bytes
         + scratch
-        + pad(EMBD_BATCH * vocab.embd.row_bytes) as u64;
-    let stage = layout
+        + pad(EMBD_BATCH * vocab.embd.row_bytes) as u64
+}
+
+impl Layout {
+    fn new(
+        ffn: Vec<FfnLayout>,
+        attn: Vec<AttnLayout>,
+        vocab: VocabLayout,
+        fixed: u64,
+        n_ff: usize,
+    ) -> Layout {
+        let stage = ffn
+            .iter()
+            .map(|l| l.bytes(n_ff) + 3 * PAD)
+            .max()
+            .unwrap_or(0);
+        let bundle = ffn
+            .iter()
+            .map(|l| l.down.slot_at + pad(l.down.row_bytes))
+            .max()
+            .unwrap_or(0);
+        Layout {
+            ffn,
+            attn,
+            vocab,
+            fixed,
+            stage,
+            bundle,
+        }
+    }
+}
+
+/// A conversion not made yet, as [`planned_min_budget`] needs it: the tensors it writes
+/// besides or instead of the source's (a tensor of a source's name replaces it), with the
+/// transposed down rows among them, and the clustered head's rows per cluster, if any.
+#[derive(Clone, Debug)]
+pub struct PlannedConversion {
+    /// Name, GGML dims and bytes of every tensor the conversion writes that the source does
+    /// not hold as it is (not the checksum table: it is counted here).
+    pub tensors: Vec<(String, Vec<u64>, u64)>,
+    /// Type of the transposed down rows.
+    pub down_type: QuantType,
+    /// Rows per head cluster (a clustered head writes the output matrix in its own order).
+    pub head_cluster: Option<usize>,
+}
+
+/// The smallest budget [`Offload::new`] would accept for the conversion `plan` of the plain
+/// dense `model`, computed before converting (so that a budget too small costs no
+/// conversion): the same regions [`min_budget`] finds in the converted file.
+pub fn planned_min_budget(
+    model: &Model,
+    plan: &PlannedConversion,
+    kv_bytes: u64,
+    scratch: u64,
+) -> Result<u64, EngineError> {
+    let f = &model.file;
+    let c = &model.config;
+    let planned = |name: &str| plan.tensors.iter().find(|t| t.0 == name);
+    let ty_of = |v: &pi2_model::TensorView| v.ty;
+    let mut ffn = Vec::with_capacity(c.n_layer);
+    let mut attn = Vec::with_capacity(c.n_layer);
+    for l in &model.weights.layers {
+        let row = |ty: QuantType| {
+            ty.row_bytes(c.n_embd)
+                .ok_or_else(|| EngineError::Offload(format!("{ty:?} rows of {}", c.n_embd)))
+        };
+        let part = |ty: QuantType, slot_at| -> Result<Part, EngineError> {
+            Ok(Part {
+                offset: 0,
+                ty,
+                row_bytes: row(ty)?,
+                slot_at,
+            })
+        };
+        let gate = part(ty_of(&l.gate), 0)?;
+        let up = part(ty_of(&l.up), pad(gate.row_bytes))?;
+        let down = part(plan.down_type, up.slot_at + pad(up.row_bytes))?;
+        ffn.push(FfnLayout { gate, up, down });
+        let mut at = 0;
+        let mats = [&l.wq, &l.wk, &l.wv, &l.wo].map(|w| {
+            let len = f.tensor(&w.name).map_or(0, |t| t.size as usize);
+            let m = AttnMat {
+                offset: 0,
+                len,
+                at,
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+            };
+            at += pad(len);
+            m
+        });
+        attn.push(AttnLayout { mats, size: at });
+    }
+    let w = &model.weights;
+    let vocab_mat = |v: &pi2_model::TensorView| {
+        let size =
+            planned(&v.name).map_or_else(|| f.tensor(&v.name).map_or(0, |t| t.size), |t| t.2);
+        VocabMat {
+            offset: 0,
+            ty: v.ty,
+            rows: v.rows,
+            cols: v.cols,
+            row_bytes: size as usize / v.rows.max(1),
+        }
+    };
+    // A clustered head gets an output matrix of its own, so a tied embedding is no longer the
+    // output; the output's type is the plan's.
+    let head = plan.head_cluster.map(|k| (k, Vec::new()));
+    let tied = w.tied_output && head.is_none();
+    let mut output = vocab_mat(&w.output);
+    if let Some(t) = planned("output.weight") {
+        output.row_bytes = t.2 as usize / output.rows.max(1);
+    }
+    let vocab = VocabLayout {
+        embd: vocab_mat(&w.token_embd),
+        output,
+        tied,
+        head,
+    };
+    // The converted file's directory: the source's tensors, the plan's in place of those of
+    // the same name, and the checksum table of them all.
+    let kept = f
+        .tensors
         .iter()
-        .map(|l| l.bytes(c.n_ff) + 3 * PAD)
-        .max()
-        .unwrap_or(0);
-    let bundle = layout
+        .filter(|t| planned(&t.name).is_none())
+        .map(|t| (t.name.as_str(), &t.dims[..], t.size));
+    let added = plan.tensors.iter().map(|t| (t.0.as_str(), &t.1[..], t.2));
+    let all: Vec<(&str, &[u64], u64)> = kept.chain(added).collect();
+    let table = 4 * pi2_model::checksum::count(all.iter().map(|t| (t.1, t.2)));
+    let tensors = all
         .iter()
-        .map(|l| l.down.slot_at + pad(l.down.row_bytes))
-        .max()
-        .unwrap_or(0);
-    Ok(Layout {
-        ffn: layout,
-        attn,
-        vocab,
-        fixed,
-        stage,
-        bundle,
-    })
+        .map(|t| (t.0, t.2))
+        .chain([(pi2_model::checksum::TENSOR, table)]);
+    let fixed = fixed_bytes(tensors, &vocab, kv_bytes, scratch);
+    let p = Layout::new(ffn, attn, vocab, fixed, c.n_ff);
+    let (stage, min_cold) = least_regions(&p, c);
+    Ok(p.fixed_streaming(p.streaming(0, u64::MAX)) + stage + min_cold)
 }
 
 /// How a budget splits: regions, pinned neurons per layer and cold cache slots.

@@ -36,7 +36,7 @@ pub(crate) use experts::Streamed;
 pub use experts::{expert_budget, ExpertBudget, ExpertStats, ExpertStream};
 pub(crate) use layout::Part;
 use layout::{hot_block, least_cold_slots, AttnLayout, FfnLayout, HotLayer, PAD};
-pub use layout::{min_budget, regions, Regions};
+pub use layout::{min_budget, planned_min_budget, regions, PlannedConversion, Regions};
 use pi2_cache::{Budget, Lru, SlotCache};
 use pi2_io::{
     AlignedBuf, Checksums, IoEngine, IoError, OpenedEngine, PreadEngine, ReadEngine, Reader,
