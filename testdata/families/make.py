@@ -238,6 +238,19 @@ def gpt_oss(r, s):
         r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5, ty=ty)
         r.t(f"blk.{i}.ffn_down_exps.bias", [n, e], 0.2)
 
+def mistral3(r, s):
+    # Ministral 3: Llama's layers, YaRN with a log multiplier, and Llama 4's attention
+    # temperature (the query scaled by 1 + beta * ln(floor(pos / orig) + 1)).
+    r.kv("rope.scaling.type", "str", "yarn")
+    r.kv("rope.scaling.factor", "f32", s["yarn_factor"])
+    r.kv("rope.scaling.original_context_length", "u32", s["yarn_orig"])
+    r.kv("rope.scaling.yarn_log_multiplier", "f32", s["log_mul"])
+    r.kv("rope.scaling.yarn_beta_fast", "f32", 32.0)
+    r.kv("rope.scaling.yarn_beta_slow", "f32", 1.0)
+    if s.get("temperature"):
+        r.kv("attention.temperature_scale", "f32", s["temperature"])
+    llama(r, s)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -285,6 +298,12 @@ FAMILIES = {
         dict(n_embd=64, n_layer=3, n_ff=128, n_head=4, n_head_kv=2, window=12, tied=True, attn_cap=2.0, final_cap=3.0),
         dict(n_embd=96, n_layer=4, n_ff=192, n_head=3, n_head_kv=1, window=20, tied=True, attn_cap=50.0, final_cap=30.0,
              rope_base=10000.0),
+    ]),
+    "mistral3": (mistral3, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, rope_base=1e6, yarn_factor=16.0,
+             yarn_orig=16, log_mul=1.0, temperature=0.5),
+        dict(n_embd=96, n_layer=3, n_ff=160, n_head=6, n_head_kv=2, tied=True, yarn_factor=4.0,
+             yarn_orig=32, log_mul=0.5),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

@@ -74,6 +74,12 @@ pub(crate) fn block(
             }
         }
     }
+    if let Some(temp) = c.attn_temperature {
+        for (t, q) in s.q[..n * qd].chunks_exact_mut(qd).enumerate() {
+            let f = temp.at(pos0 + t);
+            q.iter_mut().for_each(|x| *x *= f);
+        }
+    }
     let cache = kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd);
     attend(
         ks,

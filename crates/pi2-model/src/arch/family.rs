@@ -63,7 +63,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 10] = [
+pub const FAMILIES: [&Family; 11] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -74,4 +74,5 @@ pub const FAMILIES: [&Family; 10] = [
     &super::gemma2::FAMILY,
     &super::gemma3::FAMILY,
     &super::gpt_oss::FAMILY,
+    &super::mistral3::FAMILY,
 ];

@@ -14,7 +14,8 @@ pub struct Yarn {
     pub orig_ctx: usize,
     pub beta_fast: f32,
     pub beta_slow: f32,
-    /// Factor of the rotated Q and K (`1 + 0.1 ln(factor)` times `rope.scaling.attn_factor`).
+    /// Factor of the rotated Q and K (see `rope`: `1 + 0.1 ln(factor)` without a log
+    /// multiplier, times `rope.scaling.attn_factor`).
     pub mscale: f32,
 }
 
@@ -64,19 +65,23 @@ pub(super) fn rope(
                     "{a}.rope.scaling.factor = {factor} is not a positive number"
                 )));
             }
-            if get_f32_or(f, &k("rope.scaling.yarn_log_multiplier"), 0.0)? != 0.0 {
-                return Err(ModelError::Unsupported(
-                    "YaRN with `rope.scaling.yarn_log_multiplier` (DeepSeek's attention scale)"
-                        .into(),
-                ));
+            let log_mul = get_f32_or(f, &k("rope.scaling.yarn_log_multiplier"), 0.0)?;
+            if !log_mul.is_finite() {
+                return Err(ModelError::Corrupt(format!(
+                    "{a}.rope.scaling.yarn_log_multiplier = {log_mul} is not a number"
+                )));
             }
             freq_scale = factor.recip();
             let orig_ctx =
                 get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
-            // llama.cpp cancels its own attention factor where YaRN scales Q and K itself, so
-            // the factor is ggml's `1 + 0.1 ln(factor)` (1 for a factor up to 1).
-            let mscale = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)?
-                * (1.0 + 0.1 * factor.ln()).max(1.0);
+            // llama.cpp cancels ggml's own factor where YaRN scales Q and K itself, so the
+            // factor is `m(1) / m(log_mul)` with `m(x) = 1 + 0.1 x ln(factor)` (1 for a
+            // factor up to 1; without a log multiplier `m(0)` is 1), times `attn_factor`.
+            let m = |x: f32| match factor <= 1.0 {
+                true => 1.0,
+                false => 1.0 + 0.1 * x * factor.ln(),
+            };
+            let mscale = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)? * m(1.0) / m(log_mul);
             yarn = Some(Yarn {
                 orig_ctx: orig_ctx.max(1),
                 beta_fast: get_f32_or(f, &k("rope.scaling.yarn_beta_fast"), 32.0)?,
