@@ -573,7 +573,7 @@ impl GgufFile {
         }
 
         let data_offset = (c.pos as u64).next_multiple_of(alignment);
-        check_spans(&tensors, data_offset, buf.len() as u64)?;
+        check_spans(&tensors, data_offset, buf.len() as u64, alignment)?;
         Ok(Self {
             mmap,
             file_backed: false,
@@ -713,9 +713,17 @@ impl GgufFile {
     }
 }
 
-/// Every tensor's data lies inside the file, and no two overlap: a byte of one tensor changed
-/// through another would be a silent wrong answer (llama.cpp requires them contiguous).
-fn check_spans(tensors: &[TensorInfo], data_offset: u64, file_len: u64) -> Result<()> {
+/// Every tensor's data lies inside the file, no two overlap (a byte of one tensor changed
+/// through another would be a silent wrong answer), and they are packed as writers pack them,
+/// as llama.cpp requires: each starts where the one before ends, rounded up to the alignment.
+/// A gap means a tensor's type or shape describes fewer bytes than were written for it (a type
+/// changed for a smaller one, say), which would read the wrong bytes.
+fn check_spans(
+    tensors: &[TensorInfo],
+    data_offset: u64,
+    file_len: u64,
+    alignment: u64,
+) -> Result<()> {
     for t in tensors {
         let end = data_offset
             .checked_add(t.offset)
@@ -741,6 +749,17 @@ fn check_spans(tensors: &[TensorInfo], data_offset: u64, file_len: u64) -> Resul
             "tensors `{}` and `{}` overlap in the file",
             w[0].name, w[1].name
         )));
+    }
+    let mut end = 0u64;
+    for t in by_offset {
+        if t.offset != end.next_multiple_of(alignment) {
+            return Err(ModelError::Corrupt(format!(
+                "tensor `{}` starts at data offset {} where the tensors before it end at {end}: \
+                 a tensor's type or shape does not match the bytes written for it",
+                t.name, t.offset
+            )));
+        }
+        end = t.offset + t.size;
     }
     Ok(())
 }

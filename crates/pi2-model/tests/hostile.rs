@@ -142,6 +142,27 @@ fn tensor_outside_the_file() {
 }
 
 #[test]
+fn a_tensor_type_changed_for_a_smaller_one_is_refused() {
+    // A Q4_1 tensor (type 3: 20 bytes per 32 weights) relabelled Q4_0 (type 2: 18 bytes): it
+    // reads the wrong bytes, and a gap is left before the next tensor.
+    let bytes = edited(|w| {
+        w.tensor("extra.weight", &[64, 8], 3, vec![7; 8 * 2 * 20]);
+        w.tensor("after.weight", &[32], 0, vec![0; 128]);
+    });
+    assert!(load(&bytes).is_ok());
+    let name = b"extra.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 2 * 8;
+    assert_eq!(&bytes[at..at + 4], &3u32.to_le_bytes());
+    let mut smaller = bytes.clone();
+    smaller[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+    let err = load(&smaller).unwrap_err().to_string();
+    assert!(
+        err.contains("does not match the bytes written for it"),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_and_unsupported_types() {
     let b = edited(|w| {
         w.tensor("extra.weight", &[32], 99, vec![0; 64]);

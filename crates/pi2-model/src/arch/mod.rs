@@ -74,7 +74,6 @@ pub enum RopeKind {
     Neox,
 }
 
-
 /// Hyper-parameters of a llama-family transformer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
