@@ -196,3 +196,49 @@ impl DraftArgs {
         })
     }
 }
+
+/// The chat template used instead of the model's (llama-server's options); one at most.
+#[derive(Args, Clone, Debug, Default)]
+#[group(multiple = false)]
+pub struct TemplateArgs {
+    /// Chat template instead of the model's: a Jinja template, or a format by name (chatml,
+    /// llama3, gemma, phi3)
+    #[arg(long = "chat-template")]
+    pub chat_template: Option<String>,
+    /// Chat template instead of the model's, from a Jinja file
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<std::path::PathBuf>,
+}
+
+impl TemplateArgs {
+    pub fn given(&self) -> bool {
+        self.chat_template.is_some() || self.chat_template_file.is_some()
+    }
+
+    /// Sets the template `model` renders chats with, checked now (a template that does not
+    /// compile is this option's error, not the first request's).
+    pub fn apply(&self, model: &mut pi2_model::Model) -> anyhow::Result<()> {
+        use anyhow::Context;
+        let (option, text) = match (&self.chat_template, &self.chat_template_file) {
+            (Some(t), _) if t.contains("{{") || t.contains("{%") => ("--chat-template", t.clone()),
+            (Some(name), _) => match pi2_model::chat_builtin::named(name) {
+                Some(t) => ("--chat-template", t.to_string()),
+                None => anyhow::bail!(
+                    "--chat-template: `{name}` is neither a Jinja template nor a format pi2 knows ({}); give the template's text or --chat-template-file",
+                    pi2_model::chat_builtin::names()
+                ),
+            },
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--chat-template-file: cannot read {}", path.display()))?;
+                ("--chat-template-file", text)
+            }
+            (None, None) => return Ok(()),
+        };
+        model.chat_template = Some(text);
+        model
+            .chat_template()
+            .map(drop)
+            .with_context(|| format!("{option}: the template does not compile"))
+    }
+}

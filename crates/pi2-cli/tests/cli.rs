@@ -229,6 +229,70 @@ fn run_chat_prints_the_reply_alone() {
     assert!(!chat.contains(q) && !chat.trim().is_empty(), "{chat:?}");
 }
 
+/// `--chat-template` and `--chat-template-file` replace the model's template (llama-server's
+/// options): a format by name, a Jinja text, a file; an unknown name, a template that does not
+/// compile, or either without `--chat` is refused by name.
+#[test]
+fn a_chat_template_given_replaces_the_models() {
+    let model = m();
+    let prompt_ids = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "run",
+            "-m",
+            &model,
+            "--chat",
+            "-p",
+            "Hello",
+            "-n",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str::<Value>(&ok(&args)).unwrap()["prompt_ids"].clone()
+    };
+    let tokens = |text: &str| -> Value {
+        serde_json::from_str(ok(&["tokenize", "-m", &model, text]).trim()).unwrap()
+    };
+    let own = prompt_ids(&[]);
+    let chatml = prompt_ids(&["--chat-template", "chatml"]);
+    assert_ne!(own, chatml, "the model's own template adds a system prompt");
+    assert_eq!(
+        chatml,
+        tokens("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")
+    );
+    let jinja = "{{ messages[0]['content'] }}!";
+    assert_eq!(prompt_ids(&["--chat-template", jinja]), tokens("Hello!"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "t.jinja", b"[{{ messages[0]['content'] }}]");
+    assert_eq!(
+        prompt_ids(&["--chat-template-file", &file]),
+        tokens("[Hello]")
+    );
+    let run = ["run", "-m", &model, "--chat", "-p", "Hi", "-n", "1"];
+    fails_with(
+        &[&run[..], &["--chat-template", "vicuna"]].concat(),
+        "chatml, llama3, gemma, phi3",
+    );
+    fails_with(
+        &[&run[..], &["--chat-template", "{% if %}"]].concat(),
+        "--chat-template: the template does not compile",
+    );
+    fails_with(
+        &[
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "Hi",
+            "-n",
+            "1",
+            "--chat-template",
+            "chatml",
+        ],
+        "add --chat",
+    );
+}
+
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();

@@ -12,6 +12,7 @@
 pub mod arch;
 pub mod bundle;
 pub mod chat;
+pub mod chat_builtin;
 pub mod checksum;
 pub mod error;
 pub mod fim;

@@ -35,6 +35,8 @@ pub struct ChatArgs {
     #[arg(long)]
     pub context_shift: bool,
     #[command(flatten)]
+    pub template: crate::args::TemplateArgs,
+    #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
 
@@ -151,7 +153,8 @@ fn command(line: &str, conv: &mut Conversation) -> Action {
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let (dm, path, opts) = super::drafted_session(&a.model, &a.session, &a.draft, "", -1, "chat")?;
-    let model = pi2_runtime::load_model(&path)?;
+    let mut model = pi2_runtime::load_model(&path)?;
+    a.template.apply(&mut model)?;
     let template = model.chat_template()?;
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let mut drafter = a.draft.drafter()?;

@@ -19,6 +19,9 @@ pub struct RunArgs {
     pub draft: DraftArgs,
     #[command(flatten)]
     pub grammar: GrammarArgs,
+    /// With --chat
+    #[command(flatten)]
+    pub template: crate::args::TemplateArgs,
     /// Prompt text (special tokens such as `<|im_start|>` are parsed, as llama.cpp does)
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -69,7 +72,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         a.n_predict,
         "run",
     )?;
-    let model = pi2_runtime::load_model(&path)?;
+    if a.template.given() && !a.chat {
+        bail!("--chat-template and --chat-template-file shape --chat prompts: add --chat");
+    }
+    let mut model = pi2_runtime::load_model(&path)?;
+    a.template.apply(&mut model)?;
     let tok = &model.tokenizer;
     // A hand-written prompt's control-token text becomes control tokens (as llama.cpp parses
     // it) unless --no-parse-special; with --chat that flag keeps the message's text as text

@@ -11,6 +11,8 @@ pub struct ServeArgs {
     /// The default for requests (each may say `"draft": "lookup"`, `"self"` or `"none"`)
     #[command(flatten)]
     pub draft: DraftArgs,
+    #[command(flatten)]
+    pub template: crate::args::TemplateArgs,
     /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -77,7 +79,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     pi2_server::place_slots(&mut opts.engine, a.parallel, shared);
     let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
     // The server runs until the process ends: the model and session live as long.
-    let model: &'static _ = Box::leak(Box::new(pi2_runtime::load_model(&path)?));
+    let mut model = pi2_runtime::load_model(&path)?;
+    a.template.apply(&mut model)?;
+    let model: &'static _ = Box::leak(Box::new(model));
     let prepared: &'static _ = Box::leak(Box::new(pi2_runtime::prepare(model, &path, &opts)?));
     // Named after the file the user gave, not its cached conversion.
     let file = super::model_path(&a.model)?;
