@@ -185,6 +185,17 @@ fn room(path: &Path, more: u64, available: Option<u64>) -> Result<()> {
     }
 }
 
+/// The SHA-256 of `path` (hex), remembered in `<cache>/sha256-stamps.json` with the file's
+/// stamp ([`pi2_catalog::sha256_stamped`]): an unchanged file is not read again.
+pub fn file_sha256(path: &Path) -> Result<String> {
+    Ok(pi2_catalog::sha256_stamped(path, &stamps_path())?)
+}
+
+/// Where checksums of files are remembered.
+pub fn stamps_path() -> PathBuf {
+    crate::device::cache_dir().join("sha256-stamps.json")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,15 +212,4 @@ mod tests {
         assert!(room(p, 300 << 20, Some(400 << 20)).is_ok());
         assert!(room(p, 300 << 20, None).is_ok());
     }
-}
-
-/// The SHA-256 of `path` (hex), remembered in `<cache>/sha256-stamps.json` with the file's
-/// stamp ([`pi2_catalog::sha256_stamped`]): an unchanged file is not read again.
-pub fn file_sha256(path: &Path) -> Result<String> {
-    Ok(pi2_catalog::sha256_stamped(path, &stamps_path())?)
-}
-
-/// Where checksums of files are remembered.
-pub fn stamps_path() -> PathBuf {
-    crate::device::cache_dir().join("sha256-stamps.json")
 }
