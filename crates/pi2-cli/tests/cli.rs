@@ -237,15 +237,7 @@ fn a_chat_template_given_replaces_the_models() {
     let model = m();
     let prompt_ids = |extra: &[&str]| -> Value {
         let mut args = vec![
-            "run",
-            "-m",
-            &model,
-            "--chat",
-            "-p",
-            "Hello",
-            "-n",
-            "1",
-            "--json",
+            "run", "-m", &model, "--chat", "-p", "Hello", "-n", "1", "--json",
         ];
         args.extend_from_slice(extra);
         serde_json::from_str::<Value>(&ok(&args)).unwrap()["prompt_ids"].clone()

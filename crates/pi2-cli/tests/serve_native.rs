@@ -260,3 +260,73 @@ fn chat_template_kwargs_reach_the_template() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("chat_template_kwargs"), "{}", r.body);
 }
+
+/// A trailing assistant message is continued (llama-server's prefill), as is the last message
+/// with `continue_final_message`; `add_generation_prompt: false` leaves the assistant's turn
+/// unopened; contradictions are refused by name.
+#[test]
+fn a_trailing_assistant_message_is_continued() {
+    let s = Server::start(&["--chat-template", "chatml"]);
+    let template = |body: Value| {
+        let r = post(&s.addr, "/apply-template", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["prompt"].as_str().unwrap().to_string()
+    };
+    let user = json!({"role": "user", "content": "Name a colour."});
+    let opened = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(template(json!({"messages": [user]})), opened);
+    let prefilled = json!([user, {"role": "assistant", "content": "My favourite is"}]);
+    let want = format!("{opened}My favourite is");
+    assert_eq!(template(json!({"messages": prefilled})), want);
+    assert_eq!(
+        template(json!({"messages": [user], "add_generation_prompt": false})),
+        "<|im_start|>user\nName a colour.<|im_end|>\n"
+    );
+    assert_eq!(
+        template(
+            json!({"messages": [user, {"role": "user", "content": "Sure:"}], "continue_final_message": true})
+        ),
+        format!("{opened}Sure:")
+    );
+    // The answer goes on from the prefill: its prompt is that text, and the continuation is
+    // what `/completion` gives for it.
+    let chat = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": prefilled, "max_tokens": 6, "temperature": 0}),
+    );
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    let native = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": want, "n_predict": 6, "temperature": 0}),
+    );
+    assert_eq!(
+        chat.json()["choices"][0]["message"]["content"],
+        native.json()["content"],
+        "{}",
+        chat.body
+    );
+    assert_eq!(
+        chat.json()["usage"]["prompt_tokens"],
+        native.json()["tokens_evaluated"]
+    );
+    for (body, needle) in [
+        (
+            json!({"messages": [user, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),
+            "two or more assistant messages",
+        ),
+        (
+            json!({"messages": prefilled, "continue_final_message": true, "add_generation_prompt": true}),
+            "cannot both be true",
+        ),
+        (
+            json!({"messages": prefilled, "continue_final_message": "reasoning_content"}),
+            "continue_final_message",
+        ),
+    ] {
+        let r = post(&s.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains(needle), "{}", r.body);
+    }
+}

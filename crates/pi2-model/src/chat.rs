@@ -185,6 +185,35 @@ impl ChatTemplate {
 
     /// [`ChatTemplate::encode`] with the functions the model may call (OpenAI's `tools`,
     /// given to the template as its `tools` variable).
+    /// The prompt that continues the last message (llama-server's prefill of a trailing
+    /// assistant message): the messages before it with the assistant's turn opened, then its
+    /// text, which the answer goes on from.
+    pub fn render_continuing(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
+        let (last, head) = split_last(messages)?;
+        Ok(self.render_with_tools(head, tools, true)? + &last.content)
+    }
+
+    /// [`ChatTemplate::render_continuing`] as tokens, message text kept as text as
+    /// [`ChatTemplate::encode_with_tools`] keeps it.
+    pub fn encode_continuing(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<TokenId>> {
+        if !messages.iter().any(|m| tok.has_control_text(&m.content)) {
+            return Ok(tok.encode(&self.render_continuing(messages, tools)?, true, true));
+        }
+        let (last, head) = split_last(messages)?;
+        let mut ids = self.encode_with_tools(tok, head, tools, true)?;
+        ids.extend(tok.encode(&last.content, false, false));
+        Ok(ids)
+    }
+
     pub fn encode_with_tools(
         &self,
         tok: &Tokenizer,
@@ -428,6 +457,13 @@ impl std::io::Write for Capped {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// The last message and those before it.
+fn split_last(messages: &[Message]) -> Result<(&Message, &[Message])> {
+    messages
+        .split_last()
+        .ok_or_else(|| ModelError::Template("no message to continue".into()))
 }
 
 #[cfg(test)]

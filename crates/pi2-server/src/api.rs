@@ -54,6 +54,10 @@ pub struct CompletionRequest {
     pub n_probs: Option<u64>,
     /// Variables for the chat template (llama-server's; e.g. Qwen3's `enable_thinking`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// The template's opening of the assistant's turn after the messages (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the last (assistant) message instead of opening a turn: `true` or `"content"`.
+    pub continue_final_message: Option<Value>,
     /// `/infill`: the text before and after the cursor, and other files for context.
     pub input_prefix: Option<String>,
     pub input_suffix: Option<String>,
@@ -63,6 +67,15 @@ pub struct CompletionRequest {
     pub tool_choice: Option<crate::wire::ToolChoice>,
     /// `false`: at most one call per answer.
     pub parallel_tool_calls: Option<bool>,
+}
+
+/// How a chat prompt ends ([`CompletionRequest::chat_ending`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEnding {
+    /// Every message closed; then the assistant's turn opened if `add_generation_prompt`.
+    Close { add_generation_prompt: bool },
+    /// The last message's text is where the answer goes on (prefill).
+    Continue,
 }
 
 /// One file given to `/infill` for context.
@@ -297,6 +310,49 @@ impl CompletionRequest {
 
     /// The model's chat template, with this request's `chat_template_kwargs` set (a copy
     /// only when it sets any).
+    /// How the chat prompt ends, as llama-server decides it: a trailing assistant message is
+    /// continued (prefilled), as is any last message with `continue_final_message`; otherwise
+    /// the assistant's turn is opened unless `add_generation_prompt` is false.
+    pub fn chat_ending(&self, msgs: &[pi2_model::Message]) -> Result<ChatEnding, ApiError> {
+        let asked = match &self.continue_final_message {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(Value::String(s)) if s == "content" => true,
+            Some(v) => {
+                return Err(ApiError::bad(format!(
+                    "`continue_final_message` {v} is not supported: pi2 continues a message's content (`true` or \"content\")"
+                ))
+                .param("continue_final_message"))
+            }
+        };
+        let last_is_assistant = msgs.last().is_some_and(|m| m.role == "assistant");
+        let prefill = !asked && last_is_assistant;
+        if prefill && msgs.len() >= 2 && msgs[msgs.len() - 2].role == "assistant" {
+            return Err(ApiError::bad(
+                "two or more assistant messages end the list: one can be continued",
+            )
+            .param("messages"));
+        }
+        if !(asked || prefill) {
+            return Ok(ChatEnding::Close {
+                add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            });
+        }
+        if asked && self.add_generation_prompt == Some(true) {
+            return Err(ApiError::bad(
+                "`add_generation_prompt` and `continue_final_message` cannot both be true",
+            )
+            .param("add_generation_prompt"));
+        }
+        if msgs.last().is_some_and(|m| !m.tool_calls.is_empty()) {
+            return Err(
+                ApiError::bad("an assistant message with tool calls cannot be continued")
+                    .param("messages"),
+            );
+        }
+        Ok(ChatEnding::Continue)
+    }
+
     pub fn template<'t>(
         &self,
         template: &'t pi2_model::ChatTemplate,

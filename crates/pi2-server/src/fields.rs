@@ -40,6 +40,8 @@ const SERVED: &[&str] = &[
     "top_logprobs",
     "n_probs",
     "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
     "input_prefix",
     "input_suffix",
     "input_extra",
@@ -101,7 +103,6 @@ fn asks_nothing(name: &str, v: &Value, body: &Map<String, Value>) -> Option<bool
                 .map(Value::as_str)
                 .eq(DEFAULT_SAMPLERS.iter().map(|s| Some(*s)))
         }),
-        "continue_final_message" | "add_generation_prompt" => v.as_bool() == Some(false),
         "min_keep" => zero(),
         "functions" => empty(),
         "function_call" => v.as_str() == Some("none"),
@@ -167,7 +168,6 @@ mod tests {
             ("xtc_probability", json!(0.5)),
             ("top_n_sigma", json!(1.5)),
             ("samplers", json!(["top_k", "temperature"])),
-            ("continue_final_message", json!(true)),
         ] {
             let e = checked(json!({ field: value })).unwrap_err();
             assert!(e.starts_with(&format!("`{field}` is not supported")), "{e}");

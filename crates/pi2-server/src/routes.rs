@@ -1,7 +1,7 @@
 //! The HTTP side: routes, the API key check, request bodies into jobs, and answers whole or
 //! as server-sent events.
 
-use crate::api::{ApiError, CompletionRequest, Envelope, Kind};
+use crate::api::{ApiError, ChatEnding, CompletionRequest, Envelope, Kind};
 use crate::guided::logprobs_value;
 use crate::slots::{Event, Job};
 use crate::state::{read_body, unix_now, AppState};
@@ -128,7 +128,14 @@ async fn apply_template(State(s): State<Arc<AppState>>, body: Body) -> Response 
                 ApiError::bad(format!("this model has no usable chat template ({e})"))
             })?;
             let template = req.template(template)?;
-            let prompt = template.render(&req.chat_messages()?, true).map_err(|e| {
+            let msgs = req.chat_messages()?;
+            let prompt = match req.chat_ending(&msgs)? {
+                ChatEnding::Close {
+                    add_generation_prompt,
+                } => template.render(&msgs, add_generation_prompt),
+                ChatEnding::Continue => template.render_continuing(&msgs, None),
+            }
+            .map_err(|e| {
                 ApiError::bad(format!("the chat template refused the messages: {e}"))
                     .param("messages")
             })?;
@@ -365,13 +372,17 @@ fn chat_prompt(
         }
     }
     let tools = tools.filter(|_| template.reads_tools());
+    let ending = req.chat_ending(&msgs)?;
     let encode = |m: &[pi2_model::Message]| {
-        template
-            .encode_with_tools(tok, m, tools, true)
-            .map_err(|e| {
-                ApiError::bad(format!("the chat template refused the messages: {e}"))
-                    .param("messages")
-            })
+        match ending {
+            ChatEnding::Close {
+                add_generation_prompt,
+            } => template.encode_with_tools(tok, m, tools, add_generation_prompt),
+            ChatEnding::Continue => template.encode_continuing(tok, m, tools),
+        }
+        .map_err(|e| {
+            ApiError::bad(format!("the chat template refused the messages: {e}")).param("messages")
+        })
     };
     let mut prompt = encode(&msgs)?;
     // Context shift: the oldest messages after the system prompt go, the last stays.
