@@ -251,6 +251,32 @@ def mistral3(r, s):
         r.kv("attention.temperature_scale", "f32", s["temperature"])
     llama(r, s)
 
+def phi3(r, s):
+    # Phi-3 / Phi-4-mini: fused QKV (or not), gate and up fused in one ffn_up of 2 * n_ff rows,
+    # NeoX RoPE over part of each head with short/long divisors and an attention factor.
+    e, f, hd = s["n_embd"], s["n_ff"], s["n_embd"] // s["n_head"]
+    # llama.cpp looks up Phi-3's chat tokens in a vocabulary whose model is named "phi3".
+    r.meta[1] = ["general.name", "str", f"tiny random {r.seed}"]
+    common(r, s)
+    r.kv("rope.dimension_count", "u32", s["n_rot"])
+    r.kv("rope.scaling.attn_factor", "f32", s["attn_factor"])
+    r.kv("rope.scaling.original_context_length", "u32", s["orig_ctx"])
+    r.t("rope_factors_short.weight", [s["n_rot"] // 2], 0.4, 1.2)
+    r.t("rope_factors_long.weight", [s["n_rot"] // 2], 3.0, 5.0)
+    q, kv = s["n_head"] * hd, s["n_head_kv"] * hd
+    for i in range(s["n_layer"]):
+        norm(r, f"blk.{i}.attn_norm.weight", e)
+        if s.get("fused_qkv"):
+            mat(r, f"blk.{i}.attn_qkv.weight", q + 2 * kv, e)
+        else:
+            mat(r, f"blk.{i}.attn_q.weight", q, e)
+            mat(r, f"blk.{i}.attn_k.weight", kv, e)
+            mat(r, f"blk.{i}.attn_v.weight", kv, e)
+        mat(r, f"blk.{i}.attn_output.weight", e, q, 0.5)
+        norm(r, f"blk.{i}.ffn_norm.weight", e)
+        mat(r, f"blk.{i}.ffn_up.weight", 2 * f, e)
+        mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -304,6 +330,14 @@ FAMILIES = {
              yarn_orig=16, log_mul=1.0, temperature=0.5),
         dict(n_embd=96, n_layer=3, n_ff=160, n_head=6, n_head_kv=2, tied=True, yarn_factor=4.0,
              yarn_orig=32, log_mul=0.5),
+    ]),
+    "phi3": (phi3, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=4, n_rot=8, attn_factor=1.19,
+             orig_ctx=4096, fused_qkv=True),
+        dict(n_embd=96, n_layer=3, n_ff=160, n_head=6, n_head_kv=2, n_rot=12, attn_factor=1.1,
+             orig_ctx=32, tied=True, fused_qkv=True),
+        dict(n_embd=64, n_layer=2, n_ff=96, n_head=4, n_head_kv=2, n_rot=16, attn_factor=1.0,
+             orig_ctx=4096),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

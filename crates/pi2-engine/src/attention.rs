@@ -122,8 +122,8 @@ fn attend(
 ) {
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let group = c.n_head / c.n_head_kv;
-    // YaRN scales both rotated Q and K: their product by its square.
-    let scale = c.attn_scale * c.yarn.map_or(1.0, |y| y.mscale * y.mscale);
+    // RoPE's factor of the rotated dimensions is in its tables (see `RopeTables::fill`).
+    let scale = c.attn_scale;
     let cap = c.attn_softcap;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
         let (t, h) = (i / c.n_head, i % c.n_head);

@@ -272,7 +272,7 @@ impl<'m> Engine<'m> {
                 dense,
             )),
         };
-        let (inv_freq, inv_freq_local) = rope_frequencies(model);
+        let (inv_freq, inv_freq_local) = rope_frequencies(model, n_ctx);
         Ok(Self {
             model,
             ks,
@@ -583,12 +583,11 @@ fn thread_pool(cfg: &EngineConfig) -> Result<rayon::ThreadPool, EngineError> {
 
 /// RoPE inverse frequencies, and the sliding-window layers' own when their base differs
 /// (llama.cpp's `rope_freq_*_swa`: their own base, unscaled).
-fn rope_frequencies(model: &Model) -> (Vec<f32>, Option<Vec<f32>>) {
+fn rope_frequencies(model: &Model, n_ctx: usize) -> (Vec<f32>, Option<Vec<f32>>) {
     let c = &model.config;
     let freq_factors = model
         .weights
-        .rope_freqs
-        .as_ref()
+        .rope_factors(c, n_ctx)
         .map(|t| t.f32s(&model.file));
     // YaRN: per pair, between the interpolated (scaled) and the plain frequency.
     let corr = c.yarn.map(|y| y.corr_dims(c.n_rot, c.rope_base));

@@ -95,19 +95,20 @@ pub(crate) struct RopeTables {
 }
 
 impl RopeTables {
-    /// The tables of positions `pos0..pos0 + n`.
-    pub fn fill(&mut self, inv_freq: &[f32], pos0: usize, n: usize) {
+    /// The tables of positions `pos0..pos0 + n`, times `mscale` (ggml's `attn_factor`: the
+    /// rotated dimensions of Q and K are scaled by it, the others not).
+    pub fn fill(&mut self, inv_freq: &[f32], mscale: f32, pos0: usize, n: usize) {
         let half = inv_freq.len();
         let cos = grow(&mut self.cos, n * half);
         for t in 0..n {
             for (i, f) in inv_freq.iter().enumerate() {
-                cos[t * half + i] = ((pos0 + t) as f32 * f).cos();
+                cos[t * half + i] = ((pos0 + t) as f32 * f).cos() * mscale;
             }
         }
         let sin = grow(&mut self.sin, n * half);
         for t in 0..n {
             for (i, f) in inv_freq.iter().enumerate() {
-                sin[t * half + i] = ((pos0 + t) as f32 * f).sin();
+                sin[t * half + i] = ((pos0 + t) as f32 * f).sin() * mscale;
             }
         }
     }

@@ -38,9 +38,9 @@ impl Engine<'_> {
                 (layer, true)
             }
         };
-        self.s.rope.fill(&self.inv_freq, pos0, n);
+        self.s.rope.fill(&self.inv_freq, c.rope_mscale, pos0, n);
         if let Some(f) = &self.inv_freq_local {
-            self.s.rope_local.fill(f, pos0, n);
+            self.s.rope_local.fill(f, c.rope_mscale, pos0, n);
         }
         for (li, l) in m.weights.layers.iter().enumerate().skip(first_layer) {
             if let Some(o) = observer.as_deref_mut() {

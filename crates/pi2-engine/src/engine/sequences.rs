@@ -132,9 +132,13 @@ impl Engine<'_> {
             for (t, seq) in seqs.iter_mut().enumerate() {
                 // Row t is a one-token pass at its own sequence's next position.
                 let pos = seq.0.len;
-                self.s.rope.fill(&self.inv_freq, pos, 1);
+                self.s
+                    .rope
+                    .fill(&self.inv_freq, self.model.config.rope_mscale, pos, 1);
                 if let Some(fl) = &self.inv_freq_local {
-                    self.s.rope_local.fill(fl, pos, 1);
+                    self.s
+                        .rope_local
+                        .fill(fl, self.model.config.rope_mscale, pos, 1);
                 }
                 super::forward::swap_rows(&mut self.s, t, d);
                 attention::block(&self.ks, f, c, l, mats, &mut self.s, &mut seq.0, li, pos, 1);

@@ -279,10 +279,9 @@ pub(crate) fn layout(
         }
         let mut at = 0;
         let mats = [&l.wq, &l.wk, &l.wv, &l.wo].map(|w| {
-            let t = f.tensor(&w.name).expect("checked at load");
             let m = AttnMat {
-                offset: f.data_offset + t.offset,
-                len: t.size as usize,
+                offset: w.file_offset(f),
+                len: w.bytes(f) as usize,
                 at,
                 ty: w.ty,
                 rows: w.rows,
@@ -418,7 +417,7 @@ pub fn planned_min_budget(
         ffn.push(FfnLayout { gate, up, down });
         let mut at = 0;
         let mats = [&l.wq, &l.wk, &l.wv, &l.wo].map(|w| {
-            let len = f.tensor(&w.name).map_or(0, |t| t.size as usize);
+            let len = w.bytes(f) as usize;
             let m = AttnMat {
                 offset: 0,
                 len,

@@ -63,7 +63,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 11] = [
+pub const FAMILIES: [&Family; 12] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -75,4 +75,5 @@ pub const FAMILIES: [&Family; 11] = [
     &super::gemma3::FAMILY,
     &super::gpt_oss::FAMILY,
     &super::mistral3::FAMILY,
+    &super::phi3::FAMILY,
 ];

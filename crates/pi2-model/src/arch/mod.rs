@@ -4,6 +4,8 @@
 //! is a module and a line in [`family::FAMILIES`].
 
 mod family;
+mod view;
+pub use view::TensorView;
 mod ffn_act;
 pub use ffn_act::{FfnAct, KEY_FFN_ACTIVATION};
 mod gemma2;
@@ -16,6 +18,7 @@ mod granite;
 mod llama;
 mod mistral3;
 mod olmoe;
+mod phi3;
 mod qwen2;
 mod qwen3;
 mod qwen3moe;
@@ -41,6 +44,7 @@ pub enum Arch {
     Gemma3,
     GptOss,
     Mistral3,
+    Phi3,
 }
 
 impl Arch {
@@ -120,6 +124,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// YaRN context extension (with `rope_freq_scale` its factor's inverse).
     pub yarn: Option<Yarn>,
+    /// Factor of the rotated dimensions of Q and K (`rope.scaling.attn_factor`; YaRN's).
+    pub rope_mscale: f32,
+    /// The context before any extension: longer contexts take `rope_factors_long`.
+    pub n_ctx_orig: usize,
     /// Queries scaled by a temperature that grows with position (Llama 4, Ministral 3).
     pub attn_temperature: Option<AttnTemperature>,
 }
@@ -154,18 +162,6 @@ pub struct SlidingWindow {
     pub len: usize,
     pub period: usize,
     pub rope_base: f32,
-}
-
-/// Where a tensor lives in the file and what it holds, checked at load.
-#[derive(Clone, Debug)]
-pub struct TensorView {
-    pub name: String,
-    pub ty: QuantType,
-    /// Output dimension (GGML dims[1], or 1 for vectors).
-    pub rows: usize,
-    /// Contiguous dimension (GGML dims[0]).
-    pub cols: usize,
-    index: usize,
 }
 
 /// The tensors of one transformer block.
@@ -222,6 +218,10 @@ pub struct Weights {
     pub tied_output: bool,
     /// Llama-3 style per-frequency RoPE divisors (`rope_freqs.weight`), if present.
     pub rope_freqs: Option<TensorView>,
+    /// Phi-3's divisors for contexts up to `n_ctx_orig` and beyond it
+    /// (`rope_factors_short`/`_long.weight`), if present.
+    pub rope_short: Option<TensorView>,
+    pub rope_long: Option<TensorView>,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -336,7 +336,9 @@ impl ModelConfig {
                 "value head size {v_dim} differs from key head size {head_dim}"
             )));
         }
-        let (n_rot, rope_base, rope_freq_scale, yarn) = rope(f, a, head_dim, n_ctx_train)?;
+        let rope = rope(f, a, head_dim, n_ctx_train)?;
+        let (n_rot, rope_base, rope_freq_scale, yarn) =
+            (rope.n_rot, rope.base, rope.freq_scale, rope.yarn);
         // Required, as llama.cpp requires it: a default would be a silent guess.
         let eps_key = k("attention.layer_norm_rms_epsilon");
         if f.get(&eps_key).is_none() {
@@ -382,6 +384,8 @@ impl ModelConfig {
             attn_softcap: None,
             final_softcap: None,
             yarn,
+            rope_mscale: rope.mscale,
+            n_ctx_orig: rope.n_ctx_orig,
             attn_temperature: None,
         };
         (fam.hyper)(f, a, &mut config)?;
@@ -462,6 +466,40 @@ fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
 }
 
 /// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
+/// A layer's Q, K and V projections: three tensors, or the row ranges of a fused `attn_qkv`
+/// (Phi-3; llama.cpp takes either for every family).
+fn qkv(f: &GgufFile, c: &ModelConfig, n: &dyn Fn(&str) -> String) -> Result<[TensorView; 3]> {
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    match optional(view(f, &n("attn_qkv.weight"), &[c.n_embd, q + 2 * kv]))? {
+        Some(fused) => Ok(fused.split(&[q, kv, kv]).try_into().expect("three parts")),
+        None => Ok([
+            view(f, &n("attn_q.weight"), &[c.n_embd, q])?,
+            view(f, &n("attn_k.weight"), &[c.n_embd, kv])?,
+            view(f, &n("attn_v.weight"), &[c.n_embd, kv])?,
+        ]),
+    }
+}
+
+/// A dense layer's gate and up projections fused in one `ffn_up` of twice the rows, gate
+/// first (Phi-3's `swiglu` of a fused up), when the layer has no `ffn_gate`.
+fn fused_up(
+    f: &GgufFile,
+    c: &ModelConfig,
+    n: &dyn Fn(&str) -> String,
+) -> Result<Option<[TensorView; 2]>> {
+    let dims = [c.n_embd, 2 * c.n_ff];
+    let fused = f
+        .tensor(&n("ffn_up.weight"))
+        .is_some_and(|t| t.dims.iter().map(|&d| d as usize).eq(dims));
+    if c.n_expert > 0 || f.tensor_position(&n("ffn_gate.weight")).is_some() || !fused {
+        return Ok(None);
+    }
+    let v = view(f, &n("ffn_up.weight"), &dims)?;
+    Ok(Some(
+        v.split(&[c.n_ff, c.n_ff]).try_into().expect("two parts"),
+    ))
+}
+
 fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
     let index = f
         .tensor_position(name)
@@ -489,6 +527,7 @@ fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
         rows,
         cols,
         index,
+        first_row: 0,
     })
 }
 
@@ -525,6 +564,15 @@ fn optional<T>(r: Result<T>) -> Result<Option<T>> {
 }
 
 impl Weights {
+    /// The RoPE divisors for a context of `n_ctx` tokens: Llama 3's, or Phi-3's short or long
+    /// ones (long past the context before extension, as llama.cpp chooses them).
+    pub fn rope_factors(&self, c: &ModelConfig, n_ctx: usize) -> Option<&TensorView> {
+        self.rope_freqs.as_ref().or(match n_ctx > c.n_ctx_orig {
+            true => self.rope_long.as_ref(),
+            false => self.rope_short.as_ref(),
+        })
+    }
+
     /// Find and check every tensor the architecture needs.
     pub fn from_gguf(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
         let token_embd = view(f, "token_embd.weight", &[c.n_embd, c.n_vocab])?;
@@ -535,6 +583,8 @@ impl Weights {
                 None => (token_embd.clone(), true),
             };
         let rope_freqs = optional(f32_view(f, "rope_freqs.weight", c.n_rot / 2))?;
+        let rope_short = optional(f32_view(f, "rope_factors_short.weight", c.n_rot / 2))?;
+        let rope_long = optional(f32_view(f, "rope_factors_long.weight", c.n_rot / 2))?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -590,11 +640,13 @@ impl Weights {
             } else {
                 ("", vec![c.n_embd, c.n_ff])
             };
+            let attn_norm = f32_view(f, &n("attn_norm.weight"), c.n_embd)?;
+            let [wq, wk, wv] = qkv(f, c, &n)?;
             layers.push(LayerWeights {
-                attn_norm: f32_view(f, &n("attn_norm.weight"), c.n_embd)?,
-                wq: view(f, &n("attn_q.weight"), &[c.n_embd, c.q_dim()])?,
-                wk: view(f, &n("attn_k.weight"), &[c.n_embd, c.kv_dim()])?,
-                wv: view(f, &n("attn_v.weight"), &[c.n_embd, c.kv_dim()])?,
+                attn_norm,
+                wq,
+                wk,
+                wv,
                 bq: bias("attn_q.bias", c.q_dim())?,
                 bk: bias("attn_k.bias", c.kv_dim())?,
                 bv: bias("attn_v.bias", c.kv_dim())?,
@@ -604,8 +656,14 @@ impl Weights {
                 post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
                 ffn_norm: f32_view(f, &n(fam.ffn_norm), c.n_embd)?,
                 post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,
-                gate: view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
-                up: view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
+                gate: match fused_up(f, c, &n)? {
+                    Some([g, _]) => g,
+                    None => view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
+                },
+                up: match fused_up(f, c, &n)? {
+                    Some([_, u]) => u,
+                    None => view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
+                },
                 down: {
                     let (d, t) = down()?;
                     down_transposed = t;
@@ -640,42 +698,10 @@ impl Weights {
             output,
             tied_output,
             rope_freqs,
+            rope_short,
+            rope_long,
             layers,
         })
-    }
-}
-
-impl TensorView {
-    /// The matrix view of this tensor inside `f` (the file it was checked against).
-    pub fn mat<'a>(&self, f: &'a GgufFile) -> MatRef<'a> {
-        MatRef::new(
-            self.ty,
-            self.rows,
-            self.cols,
-            f.tensor_data(&f.tensors[self.index]),
-        )
-        .expect("tensor geometry was validated at load")
-    }
-
-    /// The tensor as f32 values (F32 tensors only, checked at load).
-    pub fn f32s<'a>(&self, f: &'a GgufFile) -> &'a [f32] {
-        bytemuck::cast_slice(f.tensor_data(&f.tensors[self.index]))
-    }
-
-    /// Drop this process's mapped pages of bytes `range` of the tensor (see
-    /// [`GgufFile::release`]).
-    pub fn release(&self, f: &GgufFile, range: std::ops::Range<usize>) {
-        f.release(&f.tensors[self.index], range);
-    }
-
-    /// Where the tensor's data starts in the file.
-    pub fn file_offset(&self, f: &GgufFile) -> u64 {
-        f.data_offset + f.tensors[self.index].offset
-    }
-
-    /// Bytes of data.
-    pub fn bytes(&self, f: &GgufFile) -> u64 {
-        f.tensors[self.index].size
     }
 }
 

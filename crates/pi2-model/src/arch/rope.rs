@@ -6,17 +6,14 @@ use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
 
 /// YaRN (llama.cpp's `rope_yarn`): per rotated pair, a ramp between interpolated (scaled) and
-/// extrapolated (plain) frequencies over the pairs between the correction dimensions, and Q
-/// and K scaled by `mscale`.
+/// extrapolated (plain) frequencies over the pairs between the correction dimensions (its
+/// factor of the rotated Q and K is `ModelConfig::rope_mscale`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {
     /// The context the model was trained on before extension.
     pub orig_ctx: usize,
     pub beta_fast: f32,
     pub beta_slow: f32,
-    /// Factor of the rotated Q and K (see `rope`: `1 + 0.1 ln(factor)` without a log
-    /// multiplier, times `rope.scaling.attn_factor`).
-    pub mscale: f32,
 }
 
 impl Yarn {
@@ -38,13 +35,20 @@ impl Yarn {
     }
 }
 
-/// RoPE's rotated dimensions, base, frequency scale and YaRN (`a`: the key prefix).
-pub(super) fn rope(
-    f: &GgufFile,
-    a: &str,
-    head_dim: usize,
-    n_ctx_train: usize,
-) -> Result<(usize, f32, f32, Option<Yarn>)> {
+/// RoPE as a file describes it (`a`: the key prefix).
+pub(super) struct Rope {
+    pub n_rot: usize,
+    pub base: f32,
+    pub freq_scale: f32,
+    pub yarn: Option<Yarn>,
+    /// Factor of the rotated dimensions of Q and K (ggml's `attn_factor`, YaRN's included).
+    pub mscale: f32,
+    /// The context before any extension (`rope.scaling.original_context_length`).
+    pub n_ctx_orig: usize,
+}
+
+/// RoPE's rotated dimensions, base, frequency scale, YaRN and factor (`a`: the key prefix).
+pub(super) fn rope(f: &GgufFile, a: &str, head_dim: usize, n_ctx_train: usize) -> Result<Rope> {
     let k = |s: &str| format!("{a}.{s}");
     let n_rot = get_usize_or(f, &k("rope.dimension_count"), head_dim)?;
     if n_rot > head_dim || n_rot % 2 != 0 {
@@ -55,6 +59,14 @@ pub(super) fn rope(
     let rope_base = get_f32_or(f, &k("rope.freq_base"), 10000.0)?;
     let mut freq_scale = get_f32_or(f, &k("rope.scale_linear"), 1.0)?.recip();
     let mut yarn = None;
+    let attn_factor = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)?;
+    if !(attn_factor.is_finite() && attn_factor > 0.0) {
+        return Err(ModelError::Corrupt(format!(
+            "{a}.rope.scaling.attn_factor = {attn_factor} is not a positive number"
+        )));
+    }
+    let mut mscale = attn_factor;
+    let n_ctx_orig = get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
     match f.get(&k("rope.scaling.type")).and_then(Value::as_str) {
         None | Some("none") => {}
         Some("linear") => freq_scale = get_f32_or(f, &k("rope.scaling.factor"), 1.0)?.recip(),
@@ -72,8 +84,6 @@ pub(super) fn rope(
                 )));
             }
             freq_scale = factor.recip();
-            let orig_ctx =
-                get_usize_or(f, &k("rope.scaling.original_context_length"), n_ctx_train)?;
             // llama.cpp cancels ggml's own factor where YaRN scales Q and K itself, so the
             // factor is `m(1) / m(log_mul)` with `m(x) = 1 + 0.1 x ln(factor)` (1 for a
             // factor up to 1; without a log multiplier `m(0)` is 1), times `attn_factor`.
@@ -81,12 +91,11 @@ pub(super) fn rope(
                 true => 1.0,
                 false => 1.0 + 0.1 * x * factor.ln(),
             };
-            let mscale = get_f32_or(f, &k("rope.scaling.attn_factor"), 1.0)? * m(1.0) / m(log_mul);
+            mscale = attn_factor * m(1.0) / m(log_mul);
             yarn = Some(Yarn {
-                orig_ctx: orig_ctx.max(1),
+                orig_ctx: n_ctx_orig.max(1),
                 beta_fast: get_f32_or(f, &k("rope.scaling.yarn_beta_fast"), 32.0)?,
                 beta_slow: get_f32_or(f, &k("rope.scaling.yarn_beta_slow"), 1.0)?,
-                mscale,
             });
         }
         Some(other) => {
@@ -95,5 +104,12 @@ pub(super) fn rope(
             )))
         }
     }
-    Ok((n_rot, rope_base, freq_scale, yarn))
+    Ok(Rope {
+        n_rot,
+        base: rope_base,
+        freq_scale,
+        yarn,
+        mscale,
+        n_ctx_orig: n_ctx_orig.max(1),
+    })
 }
