@@ -2,7 +2,7 @@
 //! why it is safe to call (its own `# Safety` section, its module's, or its trait's); no source
 //! file of a crate is over 800 lines and no function over 150 (tests aside); every library
 //! crate has a README; docs name only paths that exist, and the architecture page names every
-//! crate.
+//! crate; library crates read environment variables only where the architecture page says.
 
 use std::path::{Path, PathBuf};
 
@@ -272,4 +272,37 @@ fn architecture_names_every_crate() {
         missing.is_empty(),
         "crates docs/architecture.md does not name: {missing:?}"
     );
+}
+
+/// Library crates read environment variables only where docs/architecture.md says (the
+/// folders of the caches and models, and the compute pool's size as rayon reads it): a setting
+/// read deep inside a library is one a program embedding it cannot see or pass.
+#[test]
+fn libraries_read_the_environment_only_where_the_architecture_says() {
+    const ALLOWED: [&str; 3] = [
+        "crates/pi2-runtime/src/device.rs",
+        "crates/pi2-catalog/src/lib.rs",
+        "crates/pi2-engine/src/engine/memory.rs",
+    ];
+    let r = root();
+    let mut found = Vec::new();
+    for p in crate_sources() {
+        let rel = p.strip_prefix(&r).unwrap().to_string_lossy().replace('\\', "/");
+        // Programs may read their environment: the CLI and the build tool.
+        if rel.starts_with("crates/pi2-cli/") || rel.starts_with("xtask/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        if without_tests(&text).contains("env::var") && !ALLOWED.contains(&rel.as_str()) {
+            found.push(rel);
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "library sources reading environment variables outside docs/architecture.md's list: {found:?}"
+    );
+    let arch = std::fs::read_to_string(r.join("docs/architecture.md")).unwrap();
+    for a in ALLOWED {
+        assert!(arch.contains(a), "docs/architecture.md does not name {a}");
+    }
 }
