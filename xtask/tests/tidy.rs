@@ -287,7 +287,11 @@ fn libraries_read_the_environment_only_where_the_architecture_says() {
     let r = root();
     let mut found = Vec::new();
     for p in crate_sources() {
-        let rel = p.strip_prefix(&r).unwrap().to_string_lossy().replace('\\', "/");
+        let rel = p
+            .strip_prefix(&r)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
         // Programs may read their environment: the CLI and the build tool.
         if rel.starts_with("crates/pi2-cli/") || rel.starts_with("xtask/") {
             continue;

@@ -1,13 +1,13 @@
 //! The two-phase sparse FFN of one token-layer, as a cluster pipeline: predictor ->
 //! candidates (in clusters) -> gate rows -> confirmed neurons -> their up rows and down
-//! columns. Rows come from a [`Residency`]: a cluster's gate phase starts once its gate rows
+//! columns. Rows come from a [`StepRows`]: a cluster's gate phase starts once its gate rows
 //! are resident (missing ones are read meanwhile), and its up/down phase once its confirmed
 //! neurons' rows are. Each cluster sums into its own partial; partials are added in cluster
 //! order, so the result does not depend on residency, timing or threads.
 
 use crate::error::EngineError;
 use crate::neurons::{fires, is_candidate, predict};
-use crate::residency::{NeuronRows, Residency, StepCounts, Tag, UpDown};
+use crate::residency::{NeuronRows, StepCounts, StepRows, Tag, UpDown};
 use crate::scratch::{grow, Scratch};
 use crate::sparse::{SparseFfn, SparseStats};
 use crate::NeuronStep;
@@ -89,7 +89,7 @@ thread_local! {
 }
 
 /// Runs `step` on the token in `s.xn[..d]`, adding the FFN output to `s.x`.
-pub(crate) fn token<R: Residency>(
+pub(crate) fn token<R: StepRows>(
     step: &Step<'_>,
     s: &mut Scratch,
     b: &mut StepBuffers,
@@ -212,7 +212,7 @@ struct Clusters<'a, R> {
 
 /// The two phases of every cluster, scheduled as their rows arrive; the calling thread drives
 /// the completions and helps with compute.
-fn run_clusters<R: Residency>(
+fn run_clusters<R: StepRows>(
     step: &Step<'_>,
     s: &mut Scratch,
     b: &mut StepBuffers,
@@ -262,7 +262,7 @@ fn run_clusters<R: Residency>(
     })
 }
 
-impl<R: Residency> Clusters<'_, R> {
+impl<R: StepRows> Clusters<'_, R> {
     fn n_clusters(&self) -> usize {
         self.cand.len().div_ceil(self.step.cluster)
     }
@@ -432,7 +432,7 @@ impl<R: Residency> Clusters<'_, R> {
 }
 
 /// The sparse statistics of a finished step.
-fn record_stats<R: Residency>(
+fn record_stats<R: StepRows>(
     step: &Step<'_>,
     stats: &mut SparseStats,
     res: &R,

@@ -101,7 +101,7 @@ pub(crate) struct StepCounts {
 
 /// Where the rows of a sparse step are. `locate` runs on the driver (it claims rows);
 /// `after_gate` and `after_updown` run on the compute tasks, concurrently.
-pub(crate) trait Residency: Sync {
+pub(crate) trait StepRows: Sync {
     /// Every row is always resident (nothing is read or tracked): the pipeline skips the
     /// per-neuron `after_gate` / `after_updown` calls.
     const ALWAYS_RESIDENT: bool = false;
@@ -201,7 +201,7 @@ impl<'a> Mapped<'a> {
     }
 }
 
-impl Residency for Mapped<'_> {
+impl StepRows for Mapped<'_> {
     const ALWAYS_RESIDENT: bool = true;
 
     fn formats(&self, u: usize) -> [(QuantType, usize); 3] {

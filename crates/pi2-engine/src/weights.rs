@@ -3,7 +3,7 @@
 //! asks where it is: [`Resident`] answers from the file mapping or the row-interleaved copies
 //! (`packed.rs`); an offloaded model (`offload/store.rs`) from pinned rows, staging buffers,
 //! its neuron cache and flash. Neuron rows of a sparse step go through the same store, which
-//! runs the cluster pipeline with its own [`crate::residency::Residency`].
+//! runs the cluster pipeline with its own [`crate::residency::StepRows`].
 
 use crate::error::EngineError;
 use crate::offload::{ExpertStream, Offload};

@@ -3,7 +3,7 @@
 //! budget. The unit of layout, pinning and caching is an FFN unit: a layer's FFN, or one expert
 //! of a mixture-of-experts layer (unit `layer * n_expert + expert`). The engine's cluster
 //! pipeline computes resident clusters while the I/O thread reads missing rows; it reaches the
-//! cache only through the `Residency` interface (`residency.rs` here).
+//! cache only through the `StepRows` interface (`residency.rs` here).
 //!
 //! Files: `layout` (where everything lies, how a budget splits, what streams), `streaming`
 //! (prefill staging and streamed attention), `vocab` (embedding and output rows), `residency`
@@ -18,7 +18,7 @@
 //! per token, at least as much as any neuron byte: they are streamed only when the smallest
 //! neuron cache would not fit otherwise, in the mix that reads the fewest bytes per token.
 //!
-//! Residency never changes arithmetic: the same rows in the same clusters give the same logits
+//! StepRows never changes arithmetic: the same rows in the same clusters give the same logits
 //! as in-memory sparse decode.
 
 use crate::EngineError;

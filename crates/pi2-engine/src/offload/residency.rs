@@ -1,4 +1,4 @@
-//! The offloaded FFN as the decode pipeline's [`Residency`]: a candidate's rows are pinned (the
+//! The offloaded FFN as the decode pipeline's [`StepRows`]: a candidate's rows are pinned (the
 //! first `hot.n` neurons of its unit, in hot-first file order; the gate rows of the first
 //! `hot.n_gate`), in a cold slot of the LRU cache (claimed for the step), or read from flash
 //! into that slot. A slot records which parts
@@ -6,12 +6,12 @@
 
 use super::{Offload, GATE, UPDOWN};
 use crate::error::EngineError;
-use crate::residency::{NeuronRows, Residency, StepCounts, Tag, UpDown};
+use crate::residency::{NeuronRows, StepCounts, StepRows, Tag, UpDown};
 use pi2_cache::Slot;
 use pi2_io::{Completion, IoError, Request};
 use pi2_kernels::QuantType;
 
-impl Residency for Offload {
+impl StepRows for Offload {
     fn formats(&self, u: usize) -> [(QuantType, usize); 3] {
         let l = &self.layers[u];
         [l.gate, l.up, l.down].map(|p| (p.ty, p.row_bytes))
