@@ -58,7 +58,9 @@ impl Default for Space {
             clusters: vec![32, 64, 128],
             merge_gaps: vec![0, 4 << 10, 16 << 10, 64 << 10],
             max_reads: vec![128 << 10, 512 << 10],
-            io_depths: vec![1, 2, 4, 8],
+            // As deep as the reader's own choice goes (`pi2_io::choice`): flash that needs 32
+            // reads in flight is common (a virtual disk here: 1.9x from 1 to 32).
+            io_depths: vec![1, 2, 4, 8, 16, 32],
         }
     }
 }

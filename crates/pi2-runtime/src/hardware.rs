@@ -58,7 +58,7 @@ pub fn measure(r: &ProfileRequest<'_>) -> Result<HardwareProfile> {
         flash_file: r.file,
         read_sizes: READ_SIZES.to_vec(),
         depths: match r.uring {
-            true => vec![1, 2, 4, 8],
+            true => pi2_io::choice::CHOICE_DEPTHS.to_vec(),
             false => vec![1],
         },
         read_time: r.read_time,
