@@ -5,7 +5,7 @@
 //! when `rope.scaling.finetuned` is false.
 
 use super::family::{Family, QkNorm};
-use super::{get_f32_or, Arch, FfnAct, ModelConfig, RopeKind};
+use super::{positive_or_unset, Arch, FfnAct, ModelConfig, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
 
@@ -34,16 +34,7 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
         return Err(ModelError::MissingKey(logit_key));
     }
     // A key at 0 means "not set" to llama.cpp.
-    let set = |key: &str| -> Result<Option<f32>> {
-        let v = get_f32_or(f, &format!("{a}.{key}"), 0.0)?;
-        match v {
-            0.0 => Ok(None),
-            v if v.is_finite() && v > 0.0 => Ok(Some(v)),
-            v => Err(ModelError::Corrupt(format!(
-                "hyper-parameter `{a}.{key}` is {v}, which no model uses"
-            ))),
-        }
-    };
+    let set = |key: &str| positive_or_unset(f, &format!("{a}.{key}"));
     c.logit_scale = set("logit_scale")?.unwrap_or(1.0);
     c.residual_scale = set("residual_scale")?.unwrap_or(1.0);
     c.embd_scale = set("embedding_scale")?.unwrap_or(1.0);

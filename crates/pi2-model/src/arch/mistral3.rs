@@ -4,7 +4,9 @@
 //! the context before extension (`rope.scaling.original_context_length`, required with it).
 
 use super::family::{Family, QkNorm};
-use super::{get_f32_or, get_usize_or, Arch, AttnTemperature, FfnAct, ModelConfig, RopeKind};
+use super::{
+    get_usize_or, positive_or_unset, Arch, AttnTemperature, FfnAct, ModelConfig, RopeKind,
+};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -34,10 +36,10 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
             c.n_rot, c.head_dim
         )));
     }
-    if let Some(s) = set(f, &format!("{a}.attention.scale"))? {
+    if let Some(s) = positive_or_unset(f, &format!("{a}.attention.scale"))? {
         c.attn_scale = s;
     }
-    let Some(scale) = set(f, &format!("{a}.attention.temperature_scale"))? else {
+    let Some(scale) = positive_or_unset(f, &format!("{a}.attention.temperature_scale"))? else {
         return Ok(());
     };
     let length = get_usize_or(f, &format!("{a}.rope.scaling.original_context_length"), 0)?;
@@ -48,15 +50,4 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
     }
     c.attn_temperature = Some(AttnTemperature { scale, length });
     Ok(())
-}
-
-/// A positive value of `key`; absent or 0 (llama.cpp's "not set") is `None`.
-fn set(f: &GgufFile, key: &str) -> Result<Option<f32>> {
-    match get_f32_or(f, key, 0.0)? {
-        0.0 => Ok(None),
-        v if v.is_finite() && v > 0.0 => Ok(Some(v)),
-        v => Err(ModelError::Corrupt(format!(
-            "hyper-parameter `{key}` is {v}, which no model uses"
-        ))),
-    }
 }

@@ -249,6 +249,18 @@ pub(crate) fn get_usize_or(f: &GgufFile, k: &str, default: usize) -> Result<usiz
     }
 }
 
+/// A hyper-parameter that is a positive factor when set; absent or 0 (llama.cpp's "not set")
+/// is `None`, anything else no model uses is an error naming it.
+pub(crate) fn positive_or_unset(f: &GgufFile, key: &str) -> Result<Option<f32>> {
+    match get_f32_or(f, key, 0.0)? {
+        0.0 => Ok(None),
+        v if v.is_finite() && v > 0.0 => Ok(Some(v)),
+        v => Err(ModelError::Corrupt(format!(
+            "hyper-parameter `{key}` is {v}, which no model uses"
+        ))),
+    }
+}
+
 pub(crate) fn get_f32_or(f: &GgufFile, k: &str, default: f32) -> Result<f32> {
     match f.get(k) {
         None => Ok(default),
@@ -642,6 +654,7 @@ impl Weights {
             };
             let attn_norm = f32_view(f, &n("attn_norm.weight"), c.n_embd)?;
             let [wq, wk, wv] = qkv(f, c, &n)?;
+            let fused = fused_up(f, c, &n)?;
             layers.push(LayerWeights {
                 attn_norm,
                 wq,
@@ -656,11 +669,11 @@ impl Weights {
                 post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
                 ffn_norm: f32_view(f, &n(fam.ffn_norm), c.n_embd)?,
                 post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,
-                gate: match fused_up(f, c, &n)? {
-                    Some([g, _]) => g,
+                gate: match &fused {
+                    Some([g, _]) => g.clone(),
                     None => view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
                 },
-                up: match fused_up(f, c, &n)? {
+                up: match fused {
                     Some([_, u]) => u,
                     None => view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
                 },
