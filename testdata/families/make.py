@@ -277,6 +277,28 @@ def phi3(r, s):
         mat(r, f"blk.{i}.ffn_up.weight", 2 * f, e)
         mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
 
+def lfm2(r, s):
+    # LFM2: convolution layers (head_count_kv 0) between attention layers with per-head Q/K
+    # norms; the final norm is named token_embd_norm; attention layers may slide.
+    e, L, hd = s["n_embd"], s["n_layer"], s["n_embd"] // s["n_head"]
+    common(r, s)
+    attends = s["attention_layers"]
+    r.meta = [m for m in r.meta if m[0] != "lfm2.attention.head_count_kv"]
+    r.kv("attention.head_count_kv", "arr_i32", [s["n_head_kv"] if i in attends else 0 for i in range(L)])
+    r.kv("shortconv.l_cache", "u32", s["taps"])
+    if s.get("window"):
+        r.kv("attention.sliding_window", "u32", s["window"])
+    next(t for t in r.tensors if t["name"] == "output_norm.weight")["name"] = "token_embd_norm.weight"
+    for i in range(L):
+        if i in attends:
+            layer_attn(r, s, i, hd, qk_norm=True)
+        else:
+            norm(r, f"blk.{i}.attn_norm.weight", e)
+            r.t(f"blk.{i}.shortconv.conv.weight", [e, s["taps"]], 0.6)
+            mat(r, f"blk.{i}.shortconv.in_proj.weight", 3 * e, e)
+            mat(r, f"blk.{i}.shortconv.out_proj.weight", e, e, 0.5)
+        layer_ffn(r, s, i)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -338,6 +360,13 @@ FAMILIES = {
              orig_ctx=32, tied=True, fused_qkv=True),
         dict(n_embd=64, n_layer=2, n_ff=96, n_head=4, n_head_kv=2, n_rot=16, attn_factor=1.0,
              orig_ctx=4096),
+    ]),
+    "lfm2": (lfm2, [
+        dict(n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, taps=3, attention_layers=[1, 3],
+             rope_base=1e6),
+        dict(n_embd=96, n_layer=5, n_ff=160, n_head=6, n_head_kv=2, taps=3, attention_layers=[2, 4],
+             tied=True, window=8),
+        dict(n_embd=64, n_layer=3, n_ff=96, n_head=4, n_head_kv=4, taps=4, attention_layers=[0]),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

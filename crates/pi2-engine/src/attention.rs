@@ -169,7 +169,7 @@ fn attend(
 /// Several projections of the same input `x` (rows of `d`): consecutive matrices that take
 /// the same activation format share one quantization and one parallel region; each output row
 /// gets its bias.
-fn project_many<const J: usize>(
+pub(crate) fn project_many<const J: usize>(
     ks: &KernelSet,
     f: &GgufFile,
     acts: &mut ActBuf,

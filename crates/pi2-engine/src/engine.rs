@@ -278,7 +278,7 @@ impl<'m> Engine<'m> {
             ks,
             pool: std::sync::Arc::new(pool),
             n_ctx,
-            kv: KvCache::new((0..c.n_layer).map(|li| c.window(li)), n_ctx),
+            kv: KvCache::new(c, n_ctx),
             s: Scratch::default(),
             step: StepBuffers::default(),
             routes: Routes::default(),

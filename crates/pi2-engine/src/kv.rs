@@ -2,7 +2,9 @@
 //! of f32, and the rounding the reference outputs were made with). Global layers keep every
 //! position, growing as positions are used. Sliding-window layers keep a ring of the last
 //! `window - 1 + batch` positions: each token of a batch still sees its whole window while the
-//! batch is written, and decode needs no more than the window.
+//! batch is written, and decode needs no more than the window. A convolution layer (LFM2)
+//! keeps, in the same ring, one f32 row per position of what it convolves: its state is the
+//! positions it holds, so truncating the cache rolls it back too.
 
 use half::f16;
 
@@ -15,6 +17,50 @@ pub(crate) struct KvView<'a> {
     pub window: Option<usize>,
 }
 
+/// A convolution layer's cache: position `p`'s row of `width` f32 values at slot `p % ring`.
+pub(crate) struct StateView<'a> {
+    cells: &'a [f16],
+    pub ring: usize,
+    width: usize,
+}
+
+impl StateView<'_> {
+    /// Value `i` of position `p`'s row (exact: stored as the two halves of its bits).
+    pub fn value(&self, p: usize, i: usize) -> f32 {
+        let at = (p % self.ring * self.width + i) * 2;
+        let (lo, hi) = (self.cells[at].to_bits(), self.cells[at + 1].to_bits());
+        f32::from_bits(lo as u32 | (hi as u32) << 16)
+    }
+}
+
+/// What a layer keeps per position.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cells {
+    /// A key and a value of this width each, in f16.
+    KeyValue(usize),
+    /// One row of this width in f32 (a convolution's input).
+    State(usize),
+}
+
+impl Cells {
+    /// f16 cells per position of the key and of the value buffer.
+    fn widths(self) -> (usize, usize) {
+        match self {
+            Cells::KeyValue(w) => (w, w),
+            Cells::State(w) => (2 * w, 0),
+        }
+    }
+}
+
+/// Each layer's window (`None`: global) and cells: a convolution layer keeps its taps' span
+/// of rows of `n_embd`; an attention layer its window of keys and values.
+fn layer_shapes(c: &pi2_model::ModelConfig) -> impl Iterator<Item = (Option<usize>, Cells)> + '_ {
+    (0..c.n_layer).map(|li| match &c.short_conv {
+        Some(sc) if c.conv_layer(li) => (Some(sc.len), Cells::State(c.n_embd)),
+        _ => (c.window(li), Cells::KeyValue(c.kv_dim())),
+    })
+}
+
 struct LayerKv {
     k: Vec<f16>,
     v: Vec<f16>,
@@ -22,6 +68,7 @@ struct LayerKv {
     window: Option<usize>,
     /// Positions the buffers address (slot = position % ring): `n_ctx` for global layers.
     ring: usize,
+    cells: Cells,
 }
 
 pub(crate) struct KvCache {
@@ -43,21 +90,28 @@ pub(crate) fn ring_len(window: usize, n_batch: usize, n_ctx: usize) -> usize {
 /// Bytes of a full KV cache of `n_ctx` positions for model `c`, with batches of up to
 /// `n_batch` tokens (sliding-window layers hold their window plus one batch).
 pub fn kv_bytes(c: &pi2_model::ModelConfig, n_ctx: usize, n_batch: usize) -> usize {
-    let positions: usize = (0..c.n_layer)
-        .map(|li| match c.window(li) {
-            Some(w) => ring_len(w, n_batch, n_ctx),
-            None => n_ctx,
+    layer_shapes(c)
+        .map(|(window, cells)| {
+            let positions = match window {
+                Some(w) => ring_len(w, n_batch, n_ctx),
+                None => n_ctx,
+            };
+            let (k, v) = cells.widths();
+            positions * (k + v) * std::mem::size_of::<f16>()
         })
-        .sum();
-    2 * positions * c.kv_dim() * std::mem::size_of::<f16>()
+        .sum()
 }
 
 impl KvCache {
-    /// A cache for layers with these windows (`None`: global).
-    pub fn new(windows: impl IntoIterator<Item = Option<usize>>, n_ctx: usize) -> Self {
-        let layers = windows
+    /// An empty cache for model `c`'s layers.
+    pub fn new(c: &pi2_model::ModelConfig, n_ctx: usize) -> Self {
+        Self::with_layers(layer_shapes(c), n_ctx)
+    }
+
+    fn with_layers(shapes: impl IntoIterator<Item = (Option<usize>, Cells)>, n_ctx: usize) -> Self {
+        let layers = shapes
             .into_iter()
-            .map(|window| LayerKv {
+            .map(|(window, cells)| LayerKv {
                 k: Vec::new(),
                 v: Vec::new(),
                 window,
@@ -65,6 +119,7 @@ impl KvCache {
                     Some(w) => ring_len(w, 1, n_ctx),
                     None => n_ctx,
                 },
+                cells,
             })
             .collect();
         Self {
@@ -86,32 +141,8 @@ impl KvCache {
         v: &[f32],
         kvd: usize,
     ) -> KvView<'_> {
-        let n = k.len() / kvd;
-        let high = self.high;
-        let n_ctx = self.n_ctx;
-        let l = &mut self.layers[li];
-        match l.window {
-            Some(w) => {
-                let need = ring_len(w, n, n_ctx);
-                if need > l.ring || l.k.len() < l.ring * kvd {
-                    l.relayout(need.max(l.ring), kvd, high.max(pos0));
-                }
-            }
-            None => {
-                // Address space for the whole context at once, memory as positions are
-                // written: the buffers never move, and what they hold is what has been used
-                // (an offload charges it as it grows).
-                if l.k.capacity() < n_ctx * kvd {
-                    l.k.reserve_exact(n_ctx * kvd - l.k.len());
-                    l.v.reserve_exact(n_ctx * kvd - l.v.len());
-                }
-                let need = (pos0 + n) * kvd;
-                if l.k.len() < need {
-                    l.k.resize(need, f16::ZERO);
-                    l.v.resize(need, f16::ZERO);
-                }
-            }
-        }
+        debug_assert_eq!(self.layers[li].cells, Cells::KeyValue(kvd));
+        let l = self.room(li, pos0, k.len() / kvd);
         for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
             let slot = (pos0 + t) % l.ring * kvd;
             for (dst, &src) in l.k[slot..slot + kvd].iter_mut().zip(kr) {
@@ -121,9 +152,6 @@ impl KvCache {
                 *dst = f16::from_f32(src);
             }
         }
-        if li + 1 == self.layers.len() {
-            self.high = self.high.max(pos0 + n);
-        }
         let l = &self.layers[li];
         KvView {
             k: bytemuck::cast_slice(&l.k[..]),
@@ -131,6 +159,67 @@ impl KvCache {
             ring: l.ring,
             window: l.window,
         }
+    }
+
+    /// Stores convolution layer `li`'s rows of positions `pos0..pos0 + n` (`width` f32 each,
+    /// exactly) and returns the layer's rows.
+    pub fn append_state(
+        &mut self,
+        li: usize,
+        pos0: usize,
+        rows: &[f32],
+        width: usize,
+    ) -> StateView<'_> {
+        debug_assert_eq!(self.layers[li].cells, Cells::State(width));
+        let l = self.room(li, pos0, rows.len() / width);
+        for (t, row) in rows.chunks_exact(width).enumerate() {
+            let slot = (pos0 + t) % l.ring * 2 * width;
+            for (dst, &src) in l.k[slot..slot + 2 * width].chunks_exact_mut(2).zip(row) {
+                let bits = src.to_bits();
+                dst[0] = f16::from_bits(bits as u16);
+                dst[1] = f16::from_bits((bits >> 16) as u16);
+            }
+        }
+        let l = &self.layers[li];
+        StateView {
+            cells: &l.k,
+            ring: l.ring,
+            width,
+        }
+    }
+
+    /// Makes layer `li` address positions `pos0..pos0 + n`. Global layers grow in steps
+    /// (decode does not reallocate every token); a sliding layer's ring widens when a batch
+    /// needs more room.
+    fn room(&mut self, li: usize, pos0: usize, n: usize) -> &mut LayerKv {
+        let (high, n_ctx) = (self.high, self.n_ctx);
+        if li + 1 == self.layers.len() {
+            self.high = self.high.max(pos0 + n);
+        }
+        let l = &mut self.layers[li];
+        let (kw, vw) = l.cells.widths();
+        match l.window {
+            Some(w) => {
+                let need = ring_len(w, n, n_ctx);
+                if need > l.ring || l.k.len() < l.ring * kw {
+                    l.relayout(need.max(l.ring), high.max(pos0));
+                }
+            }
+            None => {
+                // Address space for the whole context at once, memory as positions are
+                // written: the buffers never move, and what they hold is what has been used
+                // (an offload charges it as it grows).
+                if l.k.capacity() < n_ctx * kw {
+                    l.k.reserve_exact(n_ctx * kw - l.k.len());
+                    l.v.reserve_exact(n_ctx * vw - l.v.len());
+                }
+                if l.k.len() < (pos0 + n) * kw {
+                    l.k.resize((pos0 + n) * kw, f16::ZERO);
+                    l.v.resize((pos0 + n) * vw, f16::ZERO);
+                }
+            }
+        }
+        l
     }
 
     /// Keep the first `n` positions, or none when a sliding layer has already overwritten
@@ -160,14 +249,18 @@ impl KvCache {
             .sum()
     }
 
-    /// Bytes held once positions up to `end` are written by a batch of `n` (`kvd` wide).
-    pub fn bytes_at(&self, end: usize, n: usize, kvd: usize) -> usize {
+    /// Bytes held once positions up to `end` are written by a batch of `n`.
+    pub fn bytes_at(&self, end: usize, n: usize) -> usize {
         let end = end.min(self.n_ctx);
         self.layers
             .iter()
-            .map(|l| match l.window {
-                Some(w) => 2 * 2 * kvd * ring_len(w, n, self.n_ctx).max(l.ring),
-                None => 2 * 2 * kvd * end.max(l.k.len() / kvd.max(1)),
+            .map(|l| {
+                let (kw, vw) = l.cells.widths();
+                let positions = match l.window {
+                    Some(w) => ring_len(w, n, self.n_ctx).max(l.ring),
+                    None => end.max(l.k.len() / kw.max(1)),
+                };
+                2 * (kw + vw) * positions
             })
             .sum()
     }
@@ -176,13 +269,14 @@ impl KvCache {
 impl LayerKv {
     /// Widen the ring to `ring` positions, moving the positions still held (those below
     /// `high`, the last `self.ring` of them) to their new slots.
-    fn relayout(&mut self, ring: usize, kvd: usize, high: usize) {
-        let (mut k, mut v) = (vec![f16::ZERO; ring * kvd], vec![f16::ZERO; ring * kvd]);
+    fn relayout(&mut self, ring: usize, high: usize) {
+        let (kw, vw) = self.cells.widths();
+        let (mut k, mut v) = (vec![f16::ZERO; ring * kw], vec![f16::ZERO; ring * vw]);
         if !self.k.is_empty() {
             for p in high.saturating_sub(self.ring)..high {
-                let (from, to) = (p % self.ring * kvd, p % ring * kvd);
-                k[to..to + kvd].copy_from_slice(&self.k[from..from + kvd]);
-                v[to..to + kvd].copy_from_slice(&self.v[from..from + kvd]);
+                let (from, to) = (p % self.ring, p % ring);
+                k[to * kw..(to + 1) * kw].copy_from_slice(&self.k[from * kw..(from + 1) * kw]);
+                v[to * vw..(to + 1) * vw].copy_from_slice(&self.v[from * vw..(from + 1) * vw]);
             }
         }
         (self.k, self.v, self.ring) = (k, v, ring);
@@ -204,7 +298,7 @@ mod tests {
 
     #[test]
     fn global_layers_hold_the_positions_written() {
-        let mut kv = KvCache::new([None, None], 8);
+        let mut kv = KvCache::with_layers([(None, Cells::KeyValue(2)); 2], 8);
         let view = kv.append(1, 0, &[1.0, 2.0], &[3.0, 4.0], 2);
         assert_eq!((view.k.len(), view.ring), (2, 8));
         assert_eq!(f16::from_bits(view.v[1]).to_f32(), 4.0);
@@ -214,7 +308,7 @@ mod tests {
             "one position of one layer: 2 values of k and v, 2 bytes each"
         );
         assert_eq!(
-            kv.bytes_at(4, 1, 2),
+            kv.bytes_at(4, 1),
             2 * 2 * 2 * 4 * 2,
             "four positions of both layers"
         );
@@ -227,7 +321,7 @@ mod tests {
     #[test]
     fn sliding_layers_keep_every_window_a_batch_needs() {
         let (w, kvd) = (4, 1);
-        let mut kv = KvCache::new([Some(w)], 64);
+        let mut kv = KvCache::with_layers([(Some(w), Cells::KeyValue(kvd))], 64);
         // Decode: a ring of the window.
         for p in 0..10 {
             let view = kv.append(0, p, &[p as f32], &[0.0], kvd);
@@ -249,5 +343,36 @@ mod tests {
         // Going back 4 positions keeps what position 11 attends to; going back to 3 cannot.
         assert_eq!(kv.truncate(11), 11);
         assert_eq!(kv.truncate(3), 0);
+    }
+
+    #[test]
+    fn convolution_rows_are_exact_and_roll_back_with_the_cache() {
+        let (taps, width) = (3, 2);
+        let mut kv = KvCache::with_layers([(Some(taps), Cells::State(width))], 64);
+        let row = |p: usize| [p as f32 + 0.1, -(p as f32) / 3.0];
+        let prompt: Vec<f32> = (0..6).flat_map(row).collect();
+        let view = kv.append_state(0, 0, &prompt, width);
+        for p in 0..6 {
+            assert_eq!(
+                [view.value(p, 0), view.value(p, 1)],
+                row(p),
+                "f32 bits kept"
+            );
+        }
+        kv.len = 6;
+        for p in 6..9 {
+            let view = kv.append_state(0, p, &row(p), width);
+            for q in p + 1 - taps..=p {
+                assert_eq!([view.value(q, 0), view.value(q, 1)], row(q));
+            }
+            kv.len = p + 1;
+        }
+        assert_eq!(
+            kv.bytes(),
+            2 * 2 * width * (taps - 1 + 6),
+            "the ring a batch of 6 needed"
+        );
+        // Back one position: what position 8 convolves is still held.
+        assert_eq!(kv.truncate(8), 8);
     }
 }

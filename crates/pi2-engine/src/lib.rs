@@ -16,6 +16,7 @@ mod generate;
 mod guide;
 mod head;
 mod kv;
+mod mixer;
 mod moe;
 mod neurons;
 pub mod offload;

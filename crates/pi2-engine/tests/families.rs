@@ -64,6 +64,31 @@ fn argmax(v: &[f32]) -> u32 {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
 }
 
+/// A checked draft's rejected tokens are taken back by truncating the cache: what follows is
+/// what a run that never saw them computes (attention caches, sliding rings and LFM2's
+/// convolution rows alike), in batches of one or several.
+#[test]
+fn every_family_takes_back_rejected_tokens() {
+    for r in references() {
+        let m = model(&r);
+        let mut e = engine(&m, Tier::Scalar);
+        let text = ids(&r["llama_cpp"]["text"]);
+        let (prompt, kept, wrong) = (&text[..12], &text[12..15], &text[40..44]);
+        e.truncate(0);
+        e.forward(prompt, Logits::Last).unwrap();
+        let straight = e.forward(kept, Logits::From(0)).unwrap().to_vec();
+        e.truncate(0);
+        e.forward(prompt, Logits::Last).unwrap();
+        e.forward(&[kept[0], wrong[0], wrong[1], wrong[2]], Logits::Last)
+            .unwrap();
+        assert_eq!(e.truncate(prompt.len() + 1), prompt.len() + 1, "{}", r["name"]);
+        e.forward(&kept[1..2], Logits::Last).unwrap();
+        let last = e.forward(&kept[2..], Logits::Last).unwrap().to_vec();
+        let n_vocab = m.config.n_vocab;
+        assert_eq!(last, straight[2 * n_vocab..], "{}", r["name"]);
+    }
+}
+
 /// On every kernel tier this CPU runs.
 #[test]
 fn every_family_computes_what_llama_cpp_computes() {

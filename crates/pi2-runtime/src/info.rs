@@ -107,6 +107,7 @@ impl<'m> ModelInfo<'m> {
             "rope": {"kind": format!("{:?}", c.rope_kind), "base": c.rope_base, "dims": c.n_rot, "freq_scale": c.rope_freq_scale},
             "rms_eps": c.rms_eps,
             "sliding_window": c.sliding_window.map(|w| serde_json::json!({"tokens": w.len, "period": w.period, "rope_base": w.rope_base})),
+            "short_conv": c.short_conv.as_ref().map(|sc| serde_json::json!({"taps": sc.len, "layers": sc.layers})),
             "ffn_activation": c.ffn_act.name(), "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "tied_output": m.weights.tied_output,
             "tensor_types": types,
@@ -153,11 +154,23 @@ impl<'m> ModelInfo<'m> {
         }
         let (h, kv, d) = (c.n_head, c.n_head_kv, c.head_dim);
         writeln!(f, "attention:     {h} heads, {kv} KV heads, head size {d}")?;
-        if let Some(w) = c.sliding_window {
-            let (n, p, b) = (w.len, w.period, w.rope_base);
+        if let Some(sc) = &c.short_conv {
+            let convolving = sc.layers.iter().filter(|&&x| x).count();
             writeln!(
                 f,
-                "sliding window: {n} tokens, every {p}th layer global, local RoPE base {b}"
+                "convolutions: {convolving} of {} layers mix by a {}-position convolution instead",
+                c.n_layer, sc.len
+            )?;
+        }
+        if let Some(w) = c.sliding_window {
+            let (n, p, b) = (w.len, w.period, w.rope_base);
+            let global = match p > c.n_layer {
+                true => "no layer global".to_string(),
+                false => format!("every {p}th layer global"),
+            };
+            writeln!(
+                f,
+                "sliding window: {n} tokens, {global}, local RoPE base {b}"
             )?;
         }
         let scale = 1.0 / c.rope_freq_scale;

@@ -7,7 +7,7 @@ use crate::pipeline::Step;
 use crate::residency::Mapped;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
 use crate::weights::SparseCall;
-use crate::{attention, ffn, moe};
+use crate::{ffn, mixer, moe};
 use pi2_model::{LayerWeights, TokenId};
 use pi2_sparse::FfnObserver;
 
@@ -25,7 +25,7 @@ impl Engine<'_> {
         let pos0 = self.kv.len;
         // The KV cache grows inside a budget: room comes from the neuron memory.
         let (parked, parked_positions) = self.parked_kv;
-        let kv = self.kv.bytes_at(pos0 + n, n, c.kv_dim()) + parked;
+        let kv = self.kv.bytes_at(pos0 + n, n) + parked;
         self.store
             .charge_kv(kv as u64, pos0 + n + parked_positions)?;
         let (first_layer, resumed) = match input {
@@ -47,7 +47,7 @@ impl Engine<'_> {
                 o.observe_stream(li, &self.s.x[..n * c.n_embd]);
             }
             let mats = self.store.attention(li)?;
-            attention::block(
+            mixer::block(
                 &self.ks,
                 f,
                 c,

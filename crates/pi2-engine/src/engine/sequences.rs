@@ -6,9 +6,9 @@
 
 use super::Engine;
 use super::Pass;
-use crate::attention;
 use crate::error::EngineError;
 use crate::kv::KvCache;
+use crate::mixer;
 use pi2_model::TokenId;
 
 /// One sequence's KV cache, kept outside the engine that runs it (see
@@ -35,10 +35,7 @@ impl Engine<'_> {
     /// An empty KV cache for another sequence of this engine.
     pub fn new_sequence(&self) -> SequenceCache {
         let c = &self.model.config;
-        SequenceCache(KvCache::new(
-            (0..c.n_layer).map(|li| c.window(li)),
-            self.n_ctx,
-        ))
+        SequenceCache(KvCache::new(c, self.n_ctx))
     }
 
     /// Swaps the engine's own sequence with `seq`: the engine's calls ([`Engine::forward`],
@@ -58,7 +55,7 @@ impl Engine<'_> {
     /// grows otherwise: [`Engine::truncate`] keeps the memory for the next tokens).
     pub fn release(&mut self) {
         let c = &self.model.config;
-        self.kv = KvCache::new((0..c.n_layer).map(|li| c.window(li)), self.n_ctx);
+        self.kv = KvCache::new(c, self.n_ctx);
     }
 
     /// One decode step for each of several sequences at once: `tokens[i]` follows what
@@ -115,10 +112,7 @@ impl Engine<'_> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
         let (n, d) = (tokens.len(), c.n_embd);
-        let grown: usize = seqs
-            .iter()
-            .map(|s| s.0.bytes_at(s.0.len + 1, 1, c.kv_dim()))
-            .sum();
+        let grown: usize = seqs.iter().map(|s| s.0.bytes_at(s.0.len + 1, 1)).sum();
         let (parked, parked_positions) = self.parked_kv;
         let positions =
             self.kv.len + parked_positions + seqs.iter().map(|s| s.0.len + 1).sum::<usize>();
@@ -141,7 +135,7 @@ impl Engine<'_> {
                         .fill(fl, self.model.config.rope_mscale, pos, 1);
                 }
                 super::forward::swap_rows(&mut self.s, t, d);
-                attention::block(&self.ks, f, c, l, mats, &mut self.s, &mut seq.0, li, pos, 1);
+                mixer::block(&self.ks, f, c, l, mats, &mut self.s, &mut seq.0, li, pos, 1);
                 super::forward::swap_rows(&mut self.s, t, d);
             }
             self.ffn_layer(li, l, n, Pass::Decode, None)?;

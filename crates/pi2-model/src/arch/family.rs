@@ -41,6 +41,9 @@ pub struct Family {
     /// The tensor of each layer's norm before its FFN (`ffn_norm`, or gpt-oss's
     /// `post_attention_norm`).
     pub ffn_norm: &'static str,
+    /// The tensor of the final norm before the head (`output_norm`, or LFM2's
+    /// `token_embd_norm`).
+    pub output_norm: &'static str,
     /// Per head, a learned logit every query also attends to ("attention sinks", gpt-oss).
     pub sinks: bool,
     /// Biases of the attention output, the router and each expert's projections (gpt-oss).
@@ -63,7 +66,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 12] = [
+pub const FAMILIES: [&Family; 13] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -76,4 +79,5 @@ pub const FAMILIES: [&Family; 12] = [
     &super::gpt_oss::FAMILY,
     &super::mistral3::FAMILY,
     &super::phi3::FAMILY,
+    &super::lfm2::FAMILY,
 ];

@@ -22,6 +22,7 @@ pub const FAMILY: Family = Family {
     scale_embeddings: true,
     hyper,
     ffn_norm: "ffn_norm.weight",
+    output_norm: "output_norm.weight",
     sinks: false,
     biases: false,
 };

@@ -25,6 +25,7 @@ pub const FAMILY: Family = Family {
     scale_embeddings: false,
     hyper,
     ffn_norm: "post_attention_norm.weight",
+    output_norm: "output_norm.weight",
     sinks: true,
     biases: true,
 };

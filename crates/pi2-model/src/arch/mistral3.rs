@@ -25,6 +25,7 @@ pub const FAMILY: Family = Family {
     scale_embeddings: false,
     hyper,
     ffn_norm: "ffn_norm.weight",
+    output_norm: "output_norm.weight",
     sinks: false,
     biases: false,
 };

@@ -15,6 +15,7 @@ mod rope;
 use rope::rope;
 pub use rope::Yarn;
 mod granite;
+mod lfm2;
 mod llama;
 mod mistral3;
 mod olmoe;
@@ -45,6 +46,7 @@ pub enum Arch {
     GptOss,
     Mistral3,
     Phi3,
+    Lfm2,
 }
 
 impl Arch {
@@ -130,6 +132,17 @@ pub struct ModelConfig {
     pub n_ctx_orig: usize,
     /// Queries scaled by a temperature that grows with position (Llama 4, Ministral 3).
     pub attn_temperature: Option<AttnTemperature>,
+    /// Layers that mix tokens by a short convolution instead of attention (LFM2).
+    pub short_conv: Option<ShortConv>,
+}
+
+/// Short causal convolutions in place of attention (LFM2): each channel of `B * x` convolved
+/// with its own `len` taps over the current and the `len - 1` previous positions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShortConv {
+    pub len: usize,
+    /// Per layer: whether it convolves (otherwise it attends).
+    pub layers: Vec<bool>,
 }
 
 /// Llama 4's attention temperature: the query at position `p` is multiplied by
@@ -179,6 +192,10 @@ pub struct LayerWeights {
     pub q_norm: Option<TensorView>,
     pub k_norm: Option<TensorView>,
     pub wo: TensorView,
+    /// A convolution layer's taps (LFM2; `n_embd` rows of [`ShortConv::len`], oldest position
+    /// first). Such a layer has no attention: `wq`, `wk` and `wv` hold its B, C and x
+    /// projections and `wo` its output projection.
+    pub conv: Option<TensorView>,
     /// RMS norm of the attention output before the residual add (Gemma).
     pub post_attn_norm: Option<TensorView>,
     pub ffn_norm: TensorView,
@@ -315,7 +332,7 @@ impl ModelConfig {
             _ => get_usize(f, &k("feed_forward_length"))?,
         };
         let n_head = get_usize(f, &k("attention.head_count"))?;
-        let n_head_kv = get_usize_or(f, &k("attention.head_count_kv"), n_head)?;
+        let n_head_kv = head_count_kv(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
         check_layer_count(f, n_layer, &k("block_count"))?;
         for (name, v) in [
@@ -399,8 +416,15 @@ impl ModelConfig {
             rope_mscale: rope.mscale,
             n_ctx_orig: rope.n_ctx_orig,
             attn_temperature: None,
+            short_conv: None,
         };
         (fam.hyper)(f, a, &mut config)?;
+        let free = attention_free_layers(f, a, n_layer)?;
+        if free.iter().any(|&x| x) && config.short_conv.is_none() {
+            return Err(ModelError::Unsupported(format!(
+                "layers without attention heads ({a}.attention.head_count_kv has zeros) in a `{a}` model"
+            )));
+        }
         Ok(config)
     }
 
@@ -408,6 +432,12 @@ impl ModelConfig {
     pub fn rope_in(&self, li: usize) -> bool {
         self.rope_skip
             .is_none_or(|step| !(li + 1).is_multiple_of(step))
+    }
+
+    /// Whether layer `li` mixes tokens by a short convolution (see [`ShortConv`]) rather than
+    /// attention.
+    pub fn conv_layer(&self, li: usize) -> bool {
+        (self.short_conv.as_ref()).is_some_and(|s| s.layers.get(li) == Some(&true))
     }
 
     /// The window layer `li` attends to (`None`: the whole context).
@@ -437,6 +467,55 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// KV heads: one count, or one per layer (LFM2) where every layer that attends has the same
+/// count (0 marks a layer without attention, see [`attention_free_layers`]).
+fn head_count_kv(f: &GgufFile, key: &str, n_head: usize) -> Result<usize> {
+    let Some(items) = f.get(key).and_then(Value::as_array) else {
+        return get_usize_or(f, key, n_head);
+    };
+    let counts: Vec<u64> = per_layer_counts(items, key)?;
+    let mut nonzero = counts.iter().filter(|&&c| c > 0);
+    let first = nonzero.next().copied().unwrap_or(0);
+    if first == 0 || nonzero.any(|&c| c != first) {
+        return Err(ModelError::Unsupported(format!(
+            "{key} = {counts:?}: pi2 needs one KV head count for every layer that attends"
+        )));
+    }
+    usize::try_from(first).map_err(|_| ModelError::Corrupt(format!("{key} is out of range")))
+}
+
+fn per_layer_counts(items: &[Value], key: &str) -> Result<Vec<u64>> {
+    items
+        .iter()
+        .map(|v| {
+            v.as_u64().ok_or(ModelError::WrongKeyType {
+                key: key.into(),
+                expected: "array of unsigned integers",
+                got: v.type_name(),
+            })
+        })
+        .collect()
+}
+
+/// Per layer, whether `{a}.attention.head_count_kv` gives it no KV heads (a per-layer array
+/// with zeros: LFM2's convolution layers); a single count: none.
+pub(crate) fn attention_free_layers(f: &GgufFile, a: &str, n_layer: usize) -> Result<Vec<bool>> {
+    let key = format!("{a}.attention.head_count_kv");
+    let Some(items) = f.get(&key).and_then(Value::as_array) else {
+        return Ok(vec![false; n_layer]);
+    };
+    if items.len() != n_layer {
+        return Err(ModelError::Corrupt(format!(
+            "{key} has {} entries for {n_layer} layers",
+            items.len()
+        )));
+    }
+    Ok(per_layer_counts(items, &key)?
+        .iter()
+        .map(|&c| c == 0)
+        .collect())
 }
 
 /// A family's experts: how many, how many each token uses, and how they are weighted.
@@ -490,6 +569,22 @@ fn qkv(f: &GgufFile, c: &ModelConfig, n: &dyn Fn(&str) -> String) -> Result<[Ten
             view(f, &n("attn_v.weight"), &[c.n_embd, kv])?,
         ]),
     }
+}
+
+/// A convolution layer's B, C and x projections (the row blocks of `shortconv.in_proj`), its
+/// output projection and its taps (LFM2).
+fn short_conv(
+    f: &GgufFile,
+    c: &ModelConfig,
+    n: &dyn Fn(&str) -> String,
+) -> Result<([TensorView; 3], TensorView, Option<TensorView>)> {
+    let d = c.n_embd;
+    let taps = c.short_conv.as_ref().map_or(0, |s| s.len);
+    let conv = f32_rows(f, &n("shortconv.conv.weight"), [taps, d])?;
+    let input = view(f, &n("shortconv.in_proj.weight"), &[d, 3 * d])?;
+    let out = view(f, &n("shortconv.out_proj.weight"), &[d, d])?;
+    let bcx = input.split(&[d, d, d]).try_into().expect("three parts");
+    Ok((bcx, out, Some(conv)))
 }
 
 /// A dense layer's gate and up projections fused in one `ffn_up` of twice the rows, gate
@@ -588,7 +683,7 @@ impl Weights {
     /// Find and check every tensor the architecture needs.
     pub fn from_gguf(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
         let token_embd = view(f, "token_embd.weight", &[c.n_embd, c.n_vocab])?;
-        let output_norm = f32_view(f, "output_norm.weight", c.n_embd)?;
+        let output_norm = f32_view(f, c.arch.family().output_norm, c.n_embd)?;
         let (output, tied_output) =
             match optional(view(f, "output.weight", &[c.n_embd, c.n_vocab]))? {
                 Some(o) => (o, false),
@@ -608,8 +703,10 @@ impl Weights {
                     false => Ok(None),
                 }
             };
+            let attends = !c.conv_layer(i);
             // Q and K norms: per head (one head's weights), or over each token's whole vector.
             let qk_norm = |name: &str, whole: usize| match fam.qk_norm {
+                _ if !attends => Ok(None),
                 QkNorm::None => Ok(None),
                 QkNorm::PerHead => norm_if(true, name, c.head_dim),
                 QkNorm::Whole => norm_if(true, name, whole),
@@ -653,7 +750,14 @@ impl Weights {
                 ("", vec![c.n_embd, c.n_ff])
             };
             let attn_norm = f32_view(f, &n("attn_norm.weight"), c.n_embd)?;
-            let [wq, wk, wv] = qkv(f, c, &n)?;
+            let ([wq, wk, wv], wo, conv) = match attends {
+                true => (
+                    qkv(f, c, &n)?,
+                    view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
+                    None,
+                ),
+                false => short_conv(f, c, &n)?,
+            };
             let fused = fused_up(f, c, &n)?;
             layers.push(LayerWeights {
                 attn_norm,
@@ -665,7 +769,8 @@ impl Weights {
                 bv: bias("attn_v.bias", c.kv_dim())?,
                 q_norm: qk_norm("attn_q_norm.weight", c.q_dim())?,
                 k_norm: qk_norm("attn_k_norm.weight", c.kv_dim())?,
-                wo: view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
+                wo,
+                conv,
                 post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
                 ffn_norm: f32_view(f, &n(fam.ffn_norm), c.n_embd)?,
                 post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,

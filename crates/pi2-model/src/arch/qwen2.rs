@@ -18,6 +18,7 @@ pub const FAMILY: Family = Family {
     scale_embeddings: false,
     hyper: plain,
     ffn_norm: "ffn_norm.weight",
+    output_norm: "output_norm.weight",
     sinks: false,
     biases: false,
 };

@@ -1,0 +1,90 @@
+//! A layer's token mixer: attention ([`attention::block`]), or in a convolution layer (LFM2)
+//! a short causal convolution. Such a layer projects its normed input to B, C and x, keeps
+//! `B * x` of each position in the KV cache (exact f32 rows; its state is the positions the
+//! cache holds, so a truncated cache rolls it back), convolves each channel over the current
+//! and the previous `taps - 1` positions, multiplies by C and projects back.
+
+use crate::attention::{self, project_many};
+use crate::kv::KvCache;
+use crate::scratch::{grow, rms_norm_rows, Scratch};
+use pi2_kernels::{matmul, KernelSet, MatRef};
+use pi2_model::{GgufFile, LayerWeights, ModelConfig};
+
+/// Layer `li`'s token mixer over the `n` tokens of `s.x` at positions `pos0..`, its four
+/// matrices from the store (`[wq, wk, wv, wo]`, or a convolution's `[B, C, x, out]`), added to
+/// the residual stream.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block(
+    ks: &KernelSet,
+    f: &GgufFile,
+    c: &ModelConfig,
+    l: &LayerWeights,
+    mats: [MatRef<'_>; 4],
+    s: &mut Scratch,
+    kv: &mut KvCache,
+    li: usize,
+    pos0: usize,
+    n: usize,
+) {
+    match &l.conv {
+        Some(taps) => convolve(ks, f, c, l, taps.f32s(f), mats, s, kv, li, pos0, n),
+        None => attention::block(ks, f, c, l, mats, s, kv, li, pos0, n),
+    }
+}
+
+/// The short convolution (llama.cpp's `ssm_conv` over `B * x`, state prepended): channel `ch`
+/// of position `p` is `C[p][ch] * sum_j taps[ch][j] * Bx[p + 1 + j - len][ch]`, positions
+/// before the first counting zero.
+#[allow(clippy::too_many_arguments)]
+fn convolve(
+    ks: &KernelSet,
+    f: &GgufFile,
+    c: &ModelConfig,
+    l: &LayerWeights,
+    taps: &[f32],
+    [wb, wc, wx, wo]: [MatRef<'_>; 4],
+    s: &mut Scratch,
+    kv: &mut KvCache,
+    li: usize,
+    pos0: usize,
+    n: usize,
+) {
+    let d = c.n_embd;
+    let len = taps.len() / d;
+    rms_norm_rows(&s.x, l.attn_norm.f32s(f), c.rms_eps, d, n, &mut s.xn);
+    let b = grow(&mut s.q, n * d);
+    let gate = grow(&mut s.k, n * d);
+    let x = grow(&mut s.v, n * d);
+    project_many(
+        ks,
+        f,
+        &mut s.acts,
+        &s.xn[..n * d],
+        d,
+        [(wb, None, b), (wc, None, gate), (wx, None, x)],
+    );
+    let bx = &mut s.q[..n * d];
+    bx.iter_mut().zip(&s.v[..n * d]).for_each(|(b, x)| *b *= x);
+    let rows = kv.append_state(li, pos0, bx, d);
+    let y = grow(&mut s.att, n * d);
+    for (t, (yt, ct)) in y.chunks_exact_mut(d).zip(s.k.chunks_exact(d)).enumerate() {
+        let p = pos0 + t;
+        for (ch, (yv, &cv)) in yt.iter_mut().zip(ct).enumerate() {
+            let mut sum = 0.0f32;
+            for (j, &w) in taps[ch * len..(ch + 1) * len].iter().enumerate() {
+                if let Some(q) = (p + 1 + j).checked_sub(len) {
+                    sum += rows.value(q, ch) * w;
+                }
+            }
+            *yv = cv * sum;
+        }
+    }
+    s.acts.quantize(wo.ty.act_kind(), &s.att[..n * d], d);
+    let o = grow(&mut s.o, n * d);
+    matmul(ks, &wo, &s.acts, o);
+    let scale = c.residual_scale;
+    s.x[..n * d]
+        .iter_mut()
+        .zip(&s.o[..n * d])
+        .for_each(|(x, o)| *x += o * scale);
+}
