@@ -9,7 +9,7 @@ use crate::ffn::{accumulate_down_t, gated, project_pair};
 use crate::scratch::{add_rows, grow, Scratch};
 use crate::weights::Store;
 use pi2_kernels::{matmul, KernelSet, MatRef};
-use pi2_model::{Gating, ModelConfig};
+use pi2_model::{GateFunc, Gating, GgufFile, LayerWeights, ModelConfig};
 use pi2_sparse::FfnObserver;
 
 /// Tokens per expert of one layer's batch, and the last token's picks.
@@ -86,28 +86,54 @@ impl RoutingStats {
     }
 }
 
-/// Routes the `n` tokens of `s.xn` through `router` (rows: one per expert) and its `bias`.
+/// A layer's router: its matrix (a row per expert), the bias of its logits (gpt-oss) and
+/// the bias added to the probabilities for the choice only (LFM2-MoE).
+pub(crate) struct Router<'a> {
+    pub mat: MatRef<'a>,
+    pub bias: Option<&'a [f32]>,
+    pub select: Option<&'a [f32]>,
+}
+
+impl<'a> Router<'a> {
+    /// Layer `l`'s router, if it is a mixture.
+    pub fn of(l: &LayerWeights, f: &'a GgufFile) -> Option<Self> {
+        Some(Router {
+            mat: l.router.as_ref()?.mat(f),
+            bias: l.router_bias.as_ref().map(|b| b.f32s(f)),
+            select: l.expert_select_bias.as_ref().map(|b| b.f32s(f)),
+        })
+    }
+
+    /// The router's logits for the `n` rows of `x` (`d` wide) into `s.logits`.
+    fn logits(&self, ks: &KernelSet, x: &[f32], d: usize, n: usize, s: &mut Scratch) {
+        let logits = grow(&mut s.logits, n * self.mat.rows);
+        s.acts.quantize(self.mat.ty.act_kind(), &x[..n * d], d);
+        matmul(ks, &self.mat, &s.acts, logits);
+        add_rows(logits, self.bias);
+    }
+}
+
+/// Routes the `n` tokens of `s.xn` through `router`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn route_tokens(
     ks: &KernelSet,
     c: &ModelConfig,
     li: usize,
-    router: &MatRef<'_>,
-    bias: Option<&[f32]>,
+    router: &Router<'_>,
     s: &mut Scratch,
     routes: &mut Routes,
     n: usize,
 ) {
     let (d, ne) = (c.n_embd, c.n_expert);
-    let logits = grow(&mut s.logits, n * ne);
-    s.acts.quantize(router.ty.act_kind(), &s.xn[..n * d], d);
-    matmul(ks, router, &s.acts, logits);
-    add_rows(logits, bias);
+    let xn = std::mem::take(&mut s.xn);
+    router.logits(ks, &xn, d, n, s);
+    s.xn = xn;
     routes.per_expert.iter_mut().for_each(Vec::clear);
     routes.per_expert.resize_with(ne, Vec::new);
     for t in 0..n {
         route(
             &s.logits[t * ne..(t + 1) * ne],
+            router.select,
             c.n_expert_used,
             c.gating,
             &mut routes.picked,
@@ -207,52 +233,86 @@ pub(crate) fn guess_next(
     c: &ModelConfig,
     li: usize,
     norm: &[f32],
-    router: &MatRef<'_>,
-    bias: Option<&[f32]>,
+    router: &Router<'_>,
     s: &mut Scratch,
     out: &mut Vec<usize>,
 ) {
     let (d, ne) = (c.n_embd, c.n_expert);
-    let xn = grow(&mut s.q, d);
-    crate::scratch::rms_norm(&s.x[..d], norm, c.rms_eps, xn);
-    s.acts.quantize(router.ty.act_kind(), &s.q[..d], d);
-    let logits = grow(&mut s.logits, ne);
-    matmul(ks, router, &s.acts, logits);
-    add_rows(logits, bias);
+    let mut xn = std::mem::take(&mut s.q);
+    crate::scratch::rms_norm(&s.x[..d], norm, c.rms_eps, grow(&mut xn, d));
+    router.logits(ks, &xn, d, 1, s);
+    s.q = xn;
     let mut picked = Vec::with_capacity(c.n_expert_used);
-    route(&s.logits[..ne], c.n_expert_used, c.gating, &mut picked);
+    route(
+        &s.logits[..ne],
+        router.select,
+        c.n_expert_used,
+        c.gating,
+        &mut picked,
+    );
     out.clear();
     out.extend(picked.iter().map(|&(e, _)| (li + 1) * ne + e));
 }
 
-/// The `k` experts with the largest router logits (ties: the lower index), weighted by the
-/// softmax over all logits, renormalised over the chosen ones when `gating` says so (then the
-/// softmax over the chosen logits: Mixtral's rule), then scaled.
-pub(crate) fn route(logits: &[f32], k: usize, gating: Gating, out: &mut Vec<(usize, f32)>) {
+/// Floor of the chosen weights' sum before renormalising (llama.cpp's: the smallest normal
+/// f16), so that near-zero sigmoid weights never divide by zero.
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
+/// The `k` experts with the largest probability under `gating.func` (plus `select`, the
+/// layer's selection bias, for the choice only; ties: the lower index; NaN never chosen),
+/// weighted by their probabilities (for [`GateFunc::SoftmaxWeight`]: the softmax over the
+/// chosen logits), renormalised to sum to one when `gating` says so, then scaled. As
+/// llama.cpp's `build_moe_ffn`.
+pub(crate) fn route(
+    logits: &[f32],
+    select: Option<&[f32]>,
+    k: usize,
+    gating: Gating,
+    out: &mut Vec<(usize, f32)>,
+) {
+    let mut buf = [0f32; 256];
+    let probs = &mut buf[..logits.len()];
+    match gating.func {
+        GateFunc::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            probs
+                .iter_mut()
+                .zip(logits)
+                .for_each(|(p, &l)| *p = (l - max).exp());
+            let sum: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|p| *p /= sum);
+        }
+        GateFunc::Sigmoid => {
+            (probs.iter_mut().zip(logits)).for_each(|(p, &l)| *p = 1.0 / (1.0 + (-l).exp()))
+        }
+        GateFunc::SoftmaxWeight => probs.copy_from_slice(logits),
+    }
+    let score = |e: usize| probs[e] + select.map_or(0.0, |b| b[e]);
     out.clear();
     for _ in 0..k {
-        let best = (0..logits.len())
+        let best = (0..probs.len())
             .filter(|e| !out.iter().any(|p| p.0 == *e))
             .fold(None, |b: Option<usize>, e| match b {
                 // Keep `b` unless `e` is strictly larger (NaN never wins).
-                Some(b)
-                    if logits[e].partial_cmp(&logits[b]) != Some(std::cmp::Ordering::Greater) =>
-                {
+                Some(b) if score(e).partial_cmp(&score(b)) != Some(std::cmp::Ordering::Greater) => {
                     Some(b)
                 }
                 _ => Some(e),
             });
         let Some(e) = best else { break };
-        out.push((e, logits[e]));
+        out.push((e, probs[e]));
     }
-    // The chosen logits' maximum is the maximum of all.
-    let max = out.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
-    out.iter_mut().for_each(|p| p.1 = (p.1 - max).exp());
-    let sum: f32 = match gating.renormalize {
-        true => out.iter().map(|p| p.1).sum(),
-        false => logits.iter().map(|&l| (l - max).exp()).sum(),
-    };
-    out.iter_mut().for_each(|p| p.1 = p.1 / sum * gating.scale);
+    if gating.func == GateFunc::SoftmaxWeight {
+        let max = out.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
+        out.iter_mut().for_each(|p| p.1 = (p.1 - max).exp());
+        let sum: f32 = out.iter().map(|p| p.1).sum();
+        out.iter_mut().for_each(|p| p.1 /= sum);
+    }
+    if gating.renormalize {
+        let sum = out.iter().map(|p| p.1).sum::<f32>().max(MIN_WEIGHT_SUM);
+        out.iter_mut().for_each(|p| p.1 /= sum);
+    }
+    out.iter_mut().for_each(|p| p.1 *= gating.scale);
 }
 
 #[cfg(test)]
@@ -260,9 +320,14 @@ mod tests {
     use super::*;
 
     const MIXTRAL: Gating = Gating {
+        func: GateFunc::Softmax,
         renormalize: true,
         scale: 1.0,
     };
+
+    fn picks(r: &[(usize, f32)]) -> Vec<usize> {
+        r.iter().map(|p| p.0).collect()
+    }
 
     #[test]
     fn without_renormalising_the_weights_are_the_full_softmax_scaled() {
@@ -270,10 +335,11 @@ mod tests {
         let olmoe = Gating {
             renormalize: false,
             scale: 2.0,
+            ..MIXTRAL
         };
-        route(&[0.0, 2.0, 1.0], 2, olmoe, &mut r);
+        route(&[0.0, 2.0, 1.0], None, 2, olmoe, &mut r);
         let z = 1.0 + 2f32.exp() + 1f32.exp();
-        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(picks(&r), [1, 2]);
         assert!((r[0].1 - 2.0 * 2f32.exp() / z).abs() < 1e-6, "{r:?}");
         assert!((r[1].1 - 2.0 * 1f32.exp() / z).abs() < 1e-6, "{r:?}");
     }
@@ -281,14 +347,54 @@ mod tests {
     #[test]
     fn routing_picks_the_top_experts_and_normalises_their_weights() {
         let mut r = Vec::new();
-        route(&[0.0, 2.0, 1.0, 2.0], 2, MIXTRAL, &mut r);
+        route(&[0.0, 2.0, 1.0, 2.0], None, 2, MIXTRAL, &mut r);
         // Ties go to the lower index; weights are the softmax over the chosen logits.
-        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(picks(&r), [1, 3]);
         assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
-        route(&[3.0, 1.0, f32::NEG_INFINITY], 2, MIXTRAL, &mut r);
+        route(&[3.0, 1.0, f32::NEG_INFINITY], None, 2, MIXTRAL, &mut r);
         let e = (-2.0f32).exp();
         assert_eq!(r[0].0, 0);
         assert!((r[0].1 - 1.0 / (1.0 + e)).abs() < 1e-6);
         assert!((r[1].1 - e / (1.0 + e)).abs() < 1e-6);
+        // The softmax of the chosen logits (gpt-oss) weighs them the same way.
+        let chosen = Gating {
+            func: GateFunc::SoftmaxWeight,
+            renormalize: false,
+            ..MIXTRAL
+        };
+        let mut w = Vec::new();
+        route(&[3.0, 1.0, f32::NEG_INFINITY], None, 2, chosen, &mut w);
+        assert_eq!(picks(&w), [0, 1]);
+        assert!((w[0].1 - r[0].1).abs() < 1e-6 && (w[1].1 - r[1].1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sigmoid_gates_choose_with_the_selection_bias_and_weigh_without_it() {
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let lfm2moe = Gating {
+            func: GateFunc::Sigmoid,
+            renormalize: true,
+            scale: 1.0,
+        };
+        let (logits, bias) = ([2.0, 0.0, 1.0, -1.0], [0.0, 0.5, 0.0, 2.0]);
+        let mut r = Vec::new();
+        route(&logits, Some(&bias), 2, lfm2moe, &mut r);
+        // Scores with the bias: 0.88, 1.0, 0.73, 2.27.
+        assert_eq!(picks(&r), [3, 1]);
+        let (a, b) = (sigmoid(-1.0), sigmoid(0.0));
+        assert!((r[0].1 - a / (a + b)).abs() < 1e-6, "{r:?}");
+        assert!((r[1].1 - b / (a + b)).abs() < 1e-6, "{r:?}");
+        // Not renormalised: the sigmoids themselves, scaled.
+        let raw = Gating {
+            renormalize: false,
+            scale: 2.5,
+            ..lfm2moe
+        };
+        route(&logits, None, 2, raw, &mut r);
+        assert_eq!(picks(&r), [0, 2]);
+        assert!((r[0].1 - 2.5 * sigmoid(2.0)).abs() < 1e-6);
+        // Weights that sum to almost nothing are divided by a floor, never by zero.
+        route(&[-200.0, -300.0], None, 1, lfm2moe, &mut r);
+        assert!(r[0].1.is_finite());
     }
 }

@@ -81,7 +81,12 @@ fn every_family_takes_back_rejected_tokens() {
         e.forward(prompt, Logits::Last).unwrap();
         e.forward(&[kept[0], wrong[0], wrong[1], wrong[2]], Logits::Last)
             .unwrap();
-        assert_eq!(e.truncate(prompt.len() + 1), prompt.len() + 1, "{}", r["name"]);
+        assert_eq!(
+            e.truncate(prompt.len() + 1),
+            prompt.len() + 1,
+            "{}",
+            r["name"]
+        );
         e.forward(&kept[1..2], Logits::Last).unwrap();
         let last = e.forward(&kept[2..], Logits::Last).unwrap().to_vec();
         let n_vocab = m.config.n_vocab;

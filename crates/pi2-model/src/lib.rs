@@ -35,7 +35,7 @@ mod vocab;
 pub mod writer;
 
 pub use arch::{
-    Arch, FfnAct, Gating, LayerWeights, ModelConfig, RopeKind, ShortConv, SlidingWindow,
+    Arch, FfnAct, GateFunc, Gating, LayerWeights, ModelConfig, RopeKind, ShortConv, SlidingWindow,
     TensorView, Weights, KEY_FFN_ACTIVATION,
 };
 pub use chat::{ChatTemplate, FunctionCall, Message, ToolCall};

@@ -147,16 +147,15 @@ impl Engine<'_> {
         rms_norm_rows(&s.x, l.ffn_norm.f32s(f), c.rms_eps, c.n_embd, n, &mut s.xn);
         self.routes.guess.clear();
         let next = m.weights.layers.get(li + 1);
-        if let Some((next, router)) = next.and_then(|nl| Some((nl, nl.router.as_ref()?))) {
+        if let Some((next, router)) = next.and_then(|nl| Some((nl, moe::Router::of(nl, f)?))) {
             // A decoded token's next experts, guessed now so that they can be read meanwhile.
             if n == 1
                 && pass != Pass::Prompt
                 && self.store.experts().is_some_and(|x| x.prefetches())
             {
-                let (norm, router) = (next.ffn_norm.f32s(f), router.mat(f));
-                let bias = next.router_bias.as_ref().map(|b| b.f32s(f));
+                let norm = next.ffn_norm.f32s(f);
                 let (s, guess) = (&mut self.s, &mut self.routes.guess);
-                moe::guess_next(&self.ks, c, li, norm, &router, bias, s, guess);
+                moe::guess_next(&self.ks, c, li, norm, &router, s, guess);
             }
         }
         let s = &mut self.s;
@@ -198,17 +197,8 @@ impl Engine<'_> {
         let decode_batch = pass == Pass::Decode;
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
-        if let Some(router) = &l.router {
-            moe::route_tokens(
-                &self.ks,
-                c,
-                li,
-                &router.mat(f),
-                l.router_bias.as_ref().map(|b| b.f32s(f)),
-                &mut self.s,
-                &mut self.routes,
-                n,
-            );
+        if let Some(router) = moe::Router::of(l, f) {
+            moe::route_tokens(&self.ks, c, li, &router, &mut self.s, &mut self.routes, n);
             if n == 1 && self.sparse.is_some() && !prompt {
                 // The chosen experts as units of the sparse FFN.
                 let units: Vec<(usize, f32)> = self

@@ -2,7 +2,7 @@
 //! module (`llama.rs`, `qwen2.rs`, ...) holds one [`Family`], and the registry below lists them.
 //! Loading reads these values; no other code asks which family a model is.
 
-use super::{Arch, FfnAct, ModelConfig, RopeKind};
+use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -32,9 +32,12 @@ pub struct Family {
     /// Without `expert_feed_forward_length`, experts have the dense size over the experts used
     /// (llama.cpp's rule for the families that have the key); otherwise `feed_forward_length`.
     pub expert_size_key: bool,
-    /// Chosen experts' softmax weights renormalised to sum to one (Mixtral, Qwen3-MoE) or not
-    /// (OLMoE).
+    /// Chosen experts' weights renormalised to sum to one (Mixtral, Qwen3-MoE) or not (OLMoE).
     pub renormalize_experts: bool,
+    /// How router logits become expert weights, unless the file says (see `gate_key`).
+    pub gate: GateFunc,
+    /// The file's `expert_gating_func` is required and says how (LFM2-MoE, SmallThinker).
+    pub gate_key: bool,
     /// The family's own hyper-parameters, from the file's keys (prefix given) into the shared
     /// config: sliding windows, scales, layers without RoPE.
     pub hyper: fn(&GgufFile, &str, &mut ModelConfig) -> Result<()>,

@@ -6,7 +6,7 @@
 //! embeddings.
 
 use super::family::{Family, QkNorm};
-use super::{get_f32_or, Arch, FfnAct, ModelConfig, RopeKind};
+use super::{get_f32_or, Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -21,6 +21,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: true,
     scale_embeddings: true,
     hyper,

@@ -3,7 +3,7 @@
 //! own RoPE base; neox RoPE.
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, ModelConfig, RopeKind, SlidingWindow, MAX_DIM};
+use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind, SlidingWindow, MAX_DIM};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -18,6 +18,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: true,
     scale_embeddings: true,
     hyper,

@@ -6,7 +6,7 @@
 //! neurons with gpt-oss's clamped SwiGLU.
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, ModelConfig, RopeKind};
+use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -20,7 +20,9 @@ pub const FAMILY: Family = Family {
     qk_norm: QkNorm::None,
     needs_experts: true,
     expert_size_key: true,
-    renormalize_experts: true,
+    renormalize_experts: false,
+    gate: GateFunc::SoftmaxWeight,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper,

@@ -5,7 +5,7 @@
 //! when `rope.scaling.finetuned` is false.
 
 use super::family::{Family, QkNorm};
-use super::{positive_or_unset, Arch, FfnAct, ModelConfig, RopeKind};
+use super::{positive_or_unset, Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
 
@@ -20,6 +20,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper,

@@ -8,7 +8,7 @@
 //! The final norm is named `token_embd_norm`.
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, ModelConfig, RopeKind, ShortConv, SlidingWindow, MAX_DIM};
+use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind, ShortConv, SlidingWindow, MAX_DIM};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -23,6 +23,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper,

@@ -2,7 +2,7 @@
 //! pairs (GGML's "normal" mode), optional Q/K/V biases, Llama 3's `rope_freqs`.
 
 use super::family::{plain, Family, QkNorm};
-use super::{Arch, FfnAct, RopeKind};
+use super::{Arch, FfnAct, GateFunc, RopeKind};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Llama,
@@ -15,6 +15,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper: plain,

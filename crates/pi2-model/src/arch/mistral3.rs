@@ -5,7 +5,7 @@
 
 use super::family::{Family, QkNorm};
 use super::{
-    get_usize_or, positive_or_unset, Arch, AttnTemperature, FfnAct, ModelConfig, RopeKind,
+    get_usize_or, positive_or_unset, Arch, AttnTemperature, FfnAct, GateFunc, ModelConfig, RopeKind,
 };
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
@@ -21,6 +21,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper,

@@ -159,14 +159,39 @@ impl AttnTemperature {
     }
 }
 
-/// How a token's chosen experts are weighted (llama.cpp's `build_moe_ffn` with softmax gating):
-/// the softmax of the router's logits over all experts, the top `n_expert_used` kept, their
-/// weights renormalised to sum to one or not, then scaled.
+/// How a token's chosen experts are weighted (llama.cpp's `build_moe_ffn`): each expert's
+/// probability from the router's logits ([`GateFunc`]), the `n_expert_used` largest chosen (a
+/// layer's selection bias added for the choice only), their weights renormalised to sum to one
+/// or not, then scaled.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Gating {
+    pub func: GateFunc,
     pub renormalize: bool,
     /// `expert_weights_scale` (1: none).
     pub scale: f32,
+}
+
+/// How router logits become expert probabilities (llama.cpp's `expert_gating_func`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateFunc {
+    /// The softmax over all experts (1).
+    Softmax,
+    /// Each logit's sigmoid (2).
+    Sigmoid,
+    /// The logits chosen, then the softmax over the chosen (3; gpt-oss).
+    SoftmaxWeight,
+}
+
+impl GateFunc {
+    /// The function of `expert_gating_func = id`, if pi2 computes it.
+    pub fn from_id(id: u64) -> Option<GateFunc> {
+        match id {
+            1 => Some(GateFunc::Softmax),
+            2 => Some(GateFunc::Sigmoid),
+            3 => Some(GateFunc::SoftmaxWeight),
+            _ => None,
+        }
+    }
 }
 
 /// Which layers attend to a recent window only, and how far (see [`ModelConfig::window`]).
@@ -223,6 +248,9 @@ pub struct LayerWeights {
     /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down, or
     /// `e*n_ff..` of a transposed down).
     pub router: Option<TensorView>,
+    /// Added to each expert's probability for the choice only (`ffn_exp_probs_b`: DeepSeek-V3's
+    /// rule, LFM2-MoE).
+    pub expert_select_bias: Option<TensorView>,
 }
 
 /// All weight views of a model.
@@ -549,7 +577,20 @@ fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
         }
     };
     let used = if n_expert > 0 { n_expert_used } else { 0 };
+    let func = match fam.gate_key && n_expert > 0 {
+        true => {
+            let key = k("expert_gating_func");
+            let id = get_usize(f, &key)? as u64;
+            GateFunc::from_id(id).ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "{key} = {id}: pi2 gates experts by softmax (1), sigmoid (2) or softmax of the chosen (3)"
+                ))
+            })?
+        }
+        false => fam.gate,
+    };
     let gating = Gating {
+        func,
         renormalize: fam.renormalize_experts,
         scale,
     };
@@ -800,6 +841,10 @@ impl Weights {
                 bo: norm_if(fam.biases, "attn_output.bias", c.n_embd)?,
                 sinks: norm_if(fam.sinks, "attn_sinks.weight", c.n_head)?,
                 router_bias: norm_if(fam.biases, "ffn_gate_inp.bias", c.n_expert)?,
+                expert_select_bias: match c.n_expert > 0 {
+                    true => optional(f32_view(f, &n("ffn_exp_probs_b.bias"), c.n_expert))?,
+                    false => None,
+                },
                 expert_biases: match fam.biases {
                     true => Some([
                         f32_rows(f, &n("ffn_gate_exps.bias"), [c.n_ff, c.n_expert])?,

@@ -3,7 +3,7 @@
 //! router, top-k, weights not renormalised.
 
 use super::family::{plain, Family, QkNorm};
-use super::{Arch, FfnAct, RopeKind};
+use super::{Arch, FfnAct, GateFunc, RopeKind};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Olmoe,
@@ -16,6 +16,8 @@ pub const FAMILY: Family = Family {
     needs_experts: true,
     expert_size_key: false,
     renormalize_experts: false,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper: plain,

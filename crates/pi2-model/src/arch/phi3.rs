@@ -6,7 +6,7 @@
 //! dimensions. A sliding window in the file is ignored, as llama.cpp ignores it for this family.
 
 use super::family::{plain, Family, QkNorm};
-use super::{Arch, FfnAct, RopeKind};
+use super::{Arch, FfnAct, GateFunc, RopeKind};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Phi3,
@@ -19,6 +19,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper: plain,

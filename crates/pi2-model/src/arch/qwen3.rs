@@ -3,7 +3,7 @@
 //! need not be width / heads.
 
 use super::family::{plain, Family, QkNorm};
-use super::{Arch, FfnAct, RopeKind};
+use super::{Arch, FfnAct, GateFunc, RopeKind};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Qwen3,
@@ -16,6 +16,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper: plain,

@@ -4,7 +4,7 @@
 //! `expert_feed_forward_length` neurons.
 
 use super::family::{plain, Family, QkNorm};
-use super::{Arch, FfnAct, RopeKind};
+use super::{Arch, FfnAct, GateFunc, RopeKind};
 
 pub const FAMILY: Family = Family {
     arch: Arch::Qwen3Moe,
@@ -17,6 +17,8 @@ pub const FAMILY: Family = Family {
     needs_experts: true,
     expert_size_key: true,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper: plain,

@@ -2,7 +2,7 @@
 //! fourth layer attends without RoPE (llama.cpp fixes the step at 4).
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, ModelConfig, RopeKind};
+use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -17,6 +17,8 @@ pub const FAMILY: Family = Family {
     needs_experts: false,
     expert_size_key: false,
     renormalize_experts: true,
+    gate: GateFunc::Softmax,
+    gate_key: false,
     post_norms: false,
     scale_embeddings: false,
     hyper,
