@@ -126,10 +126,10 @@ def layer_ffn(r, s, i):
     mat(r, f"blk.{i}.ffn_up.weight", f, e)
     mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
 
-def layer_moe(r, s, i):
+def layer_moe(r, s, i, router_gain=2.0):
     e, f, n = s["n_embd"], s["n_ff_exp"], s["n_expert"]
     norm(r, f"blk.{i}.ffn_norm.weight", e)
-    mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, 2.0)
+    mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, router_gain)
     r.t(f"blk.{i}.ffn_gate_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
     r.t(f"blk.{i}.ffn_up_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
     r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5)
@@ -299,6 +299,21 @@ def lfm2(r, s):
             mat(r, f"blk.{i}.shortconv.out_proj.weight", e, e, 0.5)
         layer_ffn(r, s, i)
 
+def smallthinker(r, s):
+    # SmallThinker: the router reads the layer's un-normed input before attention (a small gain
+    # keeps sigmoid gates off their flat ends), ReGLU experts, gating from the file; with a
+    # sliding window, every 4th layer from the first is global and runs without RoPE.
+    common(r, s)
+    moe_meta(r, s, True)
+    r.kv("expert_gating_func", "u32", s["gating"])
+    if s.get("window"):
+        r.kv("attention.sliding_window", "u32", s["window"])
+        r.kv("rope.freq_base_swa", "f32", s["swa_base"])
+    hd = s["n_embd"] // s["n_head"]
+    for i in range(s["n_layer"]):
+        layer_attn(r, s, i, hd)
+        layer_moe(r, s, i, router_gain=0.4)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -367,6 +382,12 @@ FAMILIES = {
         dict(n_embd=96, n_layer=5, n_ff=160, n_head=6, n_head_kv=2, taps=3, attention_layers=[2, 4],
              tied=True, window=8),
         dict(n_embd=64, n_layer=3, n_ff=96, n_head=4, n_head_kv=4, taps=4, attention_layers=[0]),
+    ]),
+    "smallthinker": (smallthinker, [
+        dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, n_expert=8, n_expert_used=2, n_ff_exp=48,
+             gating=2, rope_base=1e6),
+        dict(n_embd=96, n_layer=6, n_ff=128, n_head=6, n_head_kv=2, n_expert=16, n_expert_used=4, n_ff_exp=32,
+             gating=1, window=64, swa_base=1e5, tied=True),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

@@ -113,21 +113,38 @@ impl<'a> Router<'a> {
     }
 }
 
-/// Routes the `n` tokens of `s.xn` through `router`.
+/// What a router reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RouterInput {
+    /// The FFN's normed input (`s.xn`).
+    Normed,
+    /// The residual stream (`s.x`): a layer's input, before attention (SmallThinker).
+    Stream,
+}
+
+/// Routes the `n` tokens of `input` through `router`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn route_tokens(
     ks: &KernelSet,
     c: &ModelConfig,
     li: usize,
     router: &Router<'_>,
+    input: RouterInput,
     s: &mut Scratch,
     routes: &mut Routes,
     n: usize,
 ) {
     let (d, ne) = (c.n_embd, c.n_expert);
-    let xn = std::mem::take(&mut s.xn);
-    router.logits(ks, &xn, d, n, s);
-    s.xn = xn;
+    let rows = match input {
+        RouterInput::Normed => &mut s.xn,
+        RouterInput::Stream => &mut s.x,
+    };
+    let x = std::mem::take(rows);
+    router.logits(ks, &x, d, n, s);
+    match input {
+        RouterInput::Normed => s.xn = x,
+        RouterInput::Stream => s.x = x,
+    }
     routes.per_expert.iter_mut().for_each(Vec::clear);
     routes.per_expert.resize_with(ne, Vec::new);
     for t in 0..n {
@@ -225,21 +242,24 @@ pub(crate) fn experts<'o>(
 }
 
 /// The units layer `li + 1`'s router picks for the one token whose residual stream is `s.x`
-/// (normed with that layer's FFN norm): where the layer's own input will be after this layer,
-/// guessed from where it is now.
+/// (normed with that layer's FFN norm, if its router reads a normed input): where the layer's
+/// own input will be after this layer, guessed from where it is now.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn guess_next(
     ks: &KernelSet,
     c: &ModelConfig,
     li: usize,
-    norm: &[f32],
+    norm: Option<&[f32]>,
     router: &Router<'_>,
     s: &mut Scratch,
     out: &mut Vec<usize>,
 ) {
     let (d, ne) = (c.n_embd, c.n_expert);
     let mut xn = std::mem::take(&mut s.q);
-    crate::scratch::rms_norm(&s.x[..d], norm, c.rms_eps, grow(&mut xn, d));
+    match norm {
+        Some(norm) => crate::scratch::rms_norm(&s.x[..d], norm, c.rms_eps, grow(&mut xn, d)),
+        None => grow(&mut xn, d).copy_from_slice(&s.x[..d]),
+    }
     router.logits(ks, &xn, d, 1, s);
     s.q = xn;
     let mut picked = Vec::with_capacity(c.n_expert_used);

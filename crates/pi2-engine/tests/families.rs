@@ -453,3 +453,26 @@ fn a_failed_expert_read_is_an_error_and_never_a_different_answer() {
     let got = e.forward(&prompt, Logits::Last).unwrap();
     assert_eq!(got, &want[..]);
 }
+
+/// A gating function pi2 does not compute (llama.cpp's `sqrt(softplus)`, 4) is refused by name
+/// at load, never run as another.
+#[test]
+fn an_unknown_gating_function_is_refused_by_name() {
+    let mut r = references()
+        .into_iter()
+        .find(|r| r["arch"] == "smallthinker")
+        .unwrap();
+    let meta = r["meta"].as_array_mut().unwrap();
+    let gating = meta
+        .iter_mut()
+        .find(|m| m[0] == "smallthinker.expert_gating_func")
+        .unwrap();
+    gating[2] = 4.into();
+    let w = pi2_model::recipe::build(&r).unwrap();
+    let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+    let Err(err) = Model::from_file(f) else {
+        panic!("a gating function pi2 does not compute was accepted")
+    };
+    let err = err.to_string();
+    assert!(err.contains("expert_gating_func = 4"), "{err}");
+}

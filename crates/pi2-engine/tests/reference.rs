@@ -53,7 +53,7 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
         // Gemma 3: sliding layers see the last `len` positions and use RoPE base 10000.
         let window = c
             .sliding_window
-            .filter(|w| !(li + 1).is_multiple_of(w.period))
+            .filter(|w| !w.global.is_some_and(|g| g.has(li)))
             .map(|w| w.len);
         let base = if window.is_some() {
             10000.0

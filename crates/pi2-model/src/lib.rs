@@ -35,8 +35,8 @@ mod vocab;
 pub mod writer;
 
 pub use arch::{
-    Arch, FfnAct, GateFunc, Gating, LayerWeights, ModelConfig, RopeKind, ShortConv, SlidingWindow,
-    TensorView, Weights, KEY_FFN_ACTIVATION,
+    Arch, EveryNth, FfnAct, GateFunc, Gating, LayerWeights, ModelConfig, RopeKind, ShortConv,
+    SlidingWindow, TensorView, Weights, KEY_FFN_ACTIVATION,
 };
 pub use chat::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use error::{ModelError, Result};

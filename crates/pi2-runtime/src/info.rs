@@ -106,7 +106,7 @@ impl<'m> ModelInfo<'m> {
             "n_ff": c.n_ff, "n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim,
             "rope": {"kind": format!("{:?}", c.rope_kind), "base": c.rope_base, "dims": c.n_rot, "freq_scale": c.rope_freq_scale},
             "rms_eps": c.rms_eps,
-            "sliding_window": c.sliding_window.map(|w| serde_json::json!({"tokens": w.len, "period": w.period, "rope_base": w.rope_base})),
+            "sliding_window": c.sliding_window.map(|w| serde_json::json!({"tokens": w.len, "global_every": w.global.map(|g| g.period), "first_global": w.global.map(|g| g.first), "rope_base": w.rope_base})),
             "short_conv": c.short_conv.as_ref().map(|sc| serde_json::json!({"taps": sc.len, "layers": sc.layers})),
             "ffn_activation": c.ffn_act.name(), "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "tied_output": m.weights.tied_output,
@@ -150,7 +150,17 @@ impl<'m> ModelInfo<'m> {
         )?;
         if c.n_expert > 0 {
             let (n, used) = (c.n_expert, c.n_expert_used);
-            writeln!(f, "experts:       {n} per layer, {used} per token")?;
+            let g = c.gating;
+            let norm = if g.renormalize { ", renormalised" } else { "" };
+            let route = match c.route_before_attention {
+                true => ", routed from the layer's input before attention",
+                false => "",
+            };
+            writeln!(
+                f,
+                "experts:       {n} per layer, {used} per token, gated by {:?}{norm}{route}",
+                g.func
+            )?;
         }
         let (h, kv, d) = (c.n_head, c.n_head_kv, c.head_dim);
         writeln!(f, "attention:     {h} heads, {kv} KV heads, head size {d}")?;
@@ -163,10 +173,10 @@ impl<'m> ModelInfo<'m> {
             )?;
         }
         if let Some(w) = c.sliding_window {
-            let (n, p, b) = (w.len, w.period, w.rope_base);
-            let global = match p > c.n_layer {
-                true => "no layer global".to_string(),
-                false => format!("every {p}th layer global"),
+            let (n, b) = (w.len, w.rope_base);
+            let global = match w.global {
+                None => "no layer global".to_string(),
+                Some(g) => format!("every {}th layer global from layer {}", g.period, g.first),
             };
             writeln!(
                 f,

@@ -3,6 +3,7 @@
 
 use super::{Engine, Input, Pass};
 use crate::error::EngineError;
+use crate::moe::RouterInput;
 use crate::pipeline::Step;
 use crate::residency::Mapped;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
@@ -46,6 +47,7 @@ impl Engine<'_> {
             if let Some(o) = observer.as_deref_mut() {
                 o.observe_stream(li, &self.s.x[..n * c.n_embd]);
             }
+            self.route_before_attention(li, l, n);
             let mats = self.store.attention(li)?;
             mixer::block(
                 &self.ks,
@@ -68,6 +70,15 @@ impl Engine<'_> {
             self.kv.len = pos0 + n;
         }
         self.head(n, first_logit, observer)
+    }
+
+    /// Layer `li`'s routes from its input stream, where the model routes before attention.
+    pub(super) fn route_before_attention(&mut self, li: usize, l: &LayerWeights, n: usize) {
+        let (c, f) = (&self.model.config, &self.model.file);
+        if let Some(router) = (moe::Router::of(l, f)).filter(|_| c.route_before_attention) {
+            let (s, routes) = (&mut self.s, &mut self.routes);
+            moe::route_tokens(&self.ks, c, li, &router, RouterInput::Stream, s, routes, n);
+        }
     }
 
     /// Embedding rows of `tokens` into `s.x`, scaled as the model says.
@@ -153,7 +164,7 @@ impl Engine<'_> {
                 && pass != Pass::Prompt
                 && self.store.experts().is_some_and(|x| x.prefetches())
             {
-                let norm = next.ffn_norm.f32s(f);
+                let norm = (!c.route_before_attention).then(|| next.ffn_norm.f32s(f));
                 let (s, guess) = (&mut self.s, &mut self.routes.guess);
                 moe::guess_next(&self.ks, c, li, norm, &router, s, guess);
             }
@@ -198,7 +209,10 @@ impl Engine<'_> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
         if let Some(router) = moe::Router::of(l, f) {
-            moe::route_tokens(&self.ks, c, li, &router, &mut self.s, &mut self.routes, n);
+            if !c.route_before_attention {
+                let (s, routes) = (&mut self.s, &mut self.routes);
+                moe::route_tokens(&self.ks, c, li, &router, RouterInput::Normed, s, routes, n);
+            }
             if n == 1 && self.sparse.is_some() && !prompt {
                 // The chosen experts as units of the sparse FFN.
                 let units: Vec<(usize, f32)> = self

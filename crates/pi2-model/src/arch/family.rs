@@ -69,7 +69,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 13] = [
+pub const FAMILIES: [&Family; 14] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -83,4 +83,5 @@ pub const FAMILIES: [&Family; 13] = [
     &super::mistral3::FAMILY,
     &super::phi3::FAMILY,
     &super::lfm2::FAMILY,
+    &super::smallthinker::FAMILY,
 ];

@@ -3,7 +3,7 @@
 //! own RoPE base; neox RoPE.
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind, SlidingWindow, MAX_DIM};
+use super::{Arch, EveryNth, FfnAct, GateFunc, ModelConfig, RopeKind, SlidingWindow, MAX_DIM};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -62,7 +62,7 @@ pub(super) fn sliding_window(
     }
     Ok(SlidingWindow {
         len,
-        period,
+        global: Some(EveryNth::last_of(period)),
         rope_base,
     })
 }

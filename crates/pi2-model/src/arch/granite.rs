@@ -5,7 +5,7 @@
 //! when `rope.scaling.finetuned` is false.
 
 use super::family::{Family, QkNorm};
-use super::{positive_or_unset, Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
+use super::{positive_or_unset, Arch, EveryNth, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
 
@@ -48,7 +48,7 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
         .and_then(Value::as_bool)
         == Some(false)
     {
-        c.rope_skip = Some(1);
+        c.rope_skip = Some(EveryNth::last_of(1));
     }
     Ok(())
 }

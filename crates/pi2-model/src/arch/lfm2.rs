@@ -54,10 +54,10 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
         )));
     }
     if window > 0 {
-        // Every attention layer slides (a period no layer index reaches).
+        // Every attention layer slides.
         c.sliding_window = Some(SlidingWindow {
             len: window,
-            period: usize::MAX,
+            global: None,
             rope_base: c.rope_base,
         });
     }

@@ -23,6 +23,7 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 mod qwen3moe;
+mod smallthinker;
 mod smollm3;
 
 pub use family::{Family, QkNorm, FAMILIES};
@@ -47,6 +48,7 @@ pub enum Arch {
     Mistral3,
     Phi3,
     Lfm2,
+    Smallthinker,
 }
 
 impl Arch {
@@ -110,12 +112,12 @@ pub struct ModelConfig {
     pub embd_scale: f32,
     /// Factor of the attention scores (usually `1 / sqrt(head_dim)`).
     pub attn_scale: f32,
-    /// Sliding-window attention: the window's length in tokens, its period in layers
-    /// (`(layer + 1) % period != 0` slides, the others attend globally; period 1: all global)
-    /// and the sliding layers' RoPE base. `None`: every layer attends to the whole context.
+    /// Sliding-window attention: the window's length in tokens, the layers that attend
+    /// globally instead, and the sliding layers' RoPE base. `None`: every layer attends to the
+    /// whole context.
     pub sliding_window: Option<SlidingWindow>,
-    /// Layers without RoPE: every `step`-th (`(layer + 1) % step == 0`; 1: none rotates).
-    pub rope_skip: Option<usize>,
+    /// Layers without RoPE.
+    pub rope_skip: Option<EveryNth>,
     /// Factor of the attention and FFN outputs as they join the residual stream (1: none).
     pub residual_scale: f32,
     /// The logits are divided by it (1: none).
@@ -134,6 +136,9 @@ pub struct ModelConfig {
     pub attn_temperature: Option<AttnTemperature>,
     /// Layers that mix tokens by a short convolution instead of attention (LFM2).
     pub short_conv: Option<ShortConv>,
+    /// Routers read each layer's input before attention (un-normed) rather than the FFN's
+    /// normed input (SmallThinker).
+    pub route_before_attention: bool,
 }
 
 /// Short causal convolutions in place of attention (LFM2): each channel of `B * x` convolved
@@ -198,8 +203,36 @@ impl GateFunc {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SlidingWindow {
     pub len: usize,
-    pub period: usize,
+    /// The layers that attend globally (`None`: every layer slides).
+    pub global: Option<EveryNth>,
     pub rope_base: f32,
+}
+
+/// Every `period`-th layer, from layer `first` on (`layer % period == first`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EveryNth {
+    pub period: usize,
+    pub first: usize,
+}
+
+impl EveryNth {
+    /// The last layer of every `period` (`(layer + 1) % period == 0`: Gemma's global layers,
+    /// SmolLM3's layers without RoPE); 1: every layer.
+    pub fn last_of(period: usize) -> Self {
+        EveryNth {
+            period,
+            first: period - 1,
+        }
+    }
+
+    /// The first layer of every `period` (SmallThinker's global layers).
+    pub fn first_of(period: usize) -> Self {
+        EveryNth { period, first: 0 }
+    }
+
+    pub fn has(&self, li: usize) -> bool {
+        li % self.period == self.first
+    }
 }
 
 /// The tensors of one transformer block.
@@ -445,6 +478,7 @@ impl ModelConfig {
             n_ctx_orig: rope.n_ctx_orig,
             attn_temperature: None,
             short_conv: None,
+            route_before_attention: false,
         };
         (fam.hyper)(f, a, &mut config)?;
         let free = attention_free_layers(f, a, n_layer)?;
@@ -458,8 +492,7 @@ impl ModelConfig {
 
     /// Whether layer `li` rotates Q and K.
     pub fn rope_in(&self, li: usize) -> bool {
-        self.rope_skip
-            .is_none_or(|step| !(li + 1).is_multiple_of(step))
+        self.rope_skip.is_none_or(|skip| !skip.has(li))
     }
 
     /// Whether layer `li` mixes tokens by a short convolution (see [`ShortConv`]) rather than
@@ -471,7 +504,7 @@ impl ModelConfig {
     /// The window layer `li` attends to (`None`: the whole context).
     pub fn window(&self, li: usize) -> Option<usize> {
         self.sliding_window
-            .filter(|w| !(li + 1).is_multiple_of(w.period))
+            .filter(|w| !w.global.is_some_and(|g| g.has(li)))
             .map(|w| w.len)
     }
 
@@ -565,17 +598,9 @@ fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
             k("expert_count")
         )));
     }
-    // llama.cpp scales only by a factor other than 0 and 1.
-    let scale = match get_f32_or(f, &k("expert_weights_scale"), 0.0)? {
-        x if x == 0.0 || x == 1.0 => 1.0,
-        x if x.is_finite() && x > 0.0 => x,
-        x => {
-            return Err(ModelError::Corrupt(format!(
-                "{} = {x} is not a weight scale",
-                k("expert_weights_scale")
-            )))
-        }
-    };
+    // llama.cpp reads `expert_weights_scale` for none of these families (DeepSeek's and
+    // others' read it): a file's key is ignored here as it is there.
+    let scale = 1.0;
     let used = if n_expert > 0 { n_expert_used } else { 0 };
     let func = match fam.gate_key && n_expert > 0 {
         true => {

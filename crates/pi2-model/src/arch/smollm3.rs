@@ -2,7 +2,7 @@
 //! fourth layer attends without RoPE (llama.cpp fixes the step at 4).
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind};
+use super::{Arch, EveryNth, FfnAct, GateFunc, ModelConfig, RopeKind};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -29,6 +29,6 @@ pub const FAMILY: Family = Family {
 };
 
 fn hyper(_: &GgufFile, _: &str, c: &mut ModelConfig) -> Result<()> {
-    c.rope_skip = Some(4);
+    c.rope_skip = Some(EveryNth::last_of(4));
     Ok(())
 }
