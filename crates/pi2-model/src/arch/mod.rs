@@ -18,6 +18,7 @@ mod granite;
 mod lfm2;
 mod llama;
 mod mistral3;
+mod mixer;
 mod olmoe;
 mod phi3;
 mod qwen2;
@@ -25,12 +26,15 @@ mod qwen3;
 mod qwen3moe;
 mod smallthinker;
 mod smollm3;
+pub(crate) use mixer::attention_free_layers;
+use mixer::head_count_kv;
+mod weights;
+pub use weights::{LayerWeights, Weights};
 
 pub use family::{Family, QkNorm, FAMILIES};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
-use pi2_kernels::{MatRef, QuantType};
 
 /// Supported architectures (`general.architecture`); each one's rules are its [`Family`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,74 +237,6 @@ impl EveryNth {
     pub fn has(&self, li: usize) -> bool {
         li % self.period == self.first
     }
-}
-
-/// The tensors of one transformer block.
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: TensorView,
-    pub wq: TensorView,
-    pub wk: TensorView,
-    pub wv: TensorView,
-    pub bq: Option<TensorView>,
-    pub bk: Option<TensorView>,
-    pub bv: Option<TensorView>,
-    /// RMS norms of Q and K before RoPE: of each head (Gemma 3, Qwen3; `head_dim` weights) or
-    /// of each token's whole vector (OLMoE; `q_dim`/`kv_dim` weights).
-    pub q_norm: Option<TensorView>,
-    pub k_norm: Option<TensorView>,
-    pub wo: TensorView,
-    /// A convolution layer's taps (LFM2; `n_embd` rows of [`ShortConv::len`], oldest position
-    /// first). Such a layer has no attention: `wq`, `wk` and `wv` hold its B, C and x
-    /// projections and `wo` its output projection.
-    pub conv: Option<TensorView>,
-    /// RMS norm of the attention output before the residual add (Gemma).
-    pub post_attn_norm: Option<TensorView>,
-    pub ffn_norm: TensorView,
-    /// RMS norm of the FFN output before the residual add (Gemma).
-    pub post_ffn_norm: Option<TensorView>,
-    /// FFN neurons: row i of gate and up, column i of down, form neuron i.
-    pub gate: TensorView,
-    pub up: TensorView,
-    /// `ffn_down` (`n_embd` rows of `n_ff`), or in converted files `ffn_down_t`, stored
-    /// transposed (`n_ff` rows of `n_embd`: neuron i's down column is row i).
-    pub down: TensorView,
-    pub down_transposed: bool,
-    /// A converted file's copy of the source's `ffn_down` (in the source's neuron order), for
-    /// layers that run dense.
-    pub down_dense: Option<TensorView>,
-    /// The attention output's bias (gpt-oss).
-    pub bo: Option<TensorView>,
-    /// Per head, the sink logit every query's softmax also counts (gpt-oss).
-    pub sinks: Option<TensorView>,
-    /// The router's bias, and each expert's gate, up and down biases (stacked: `n_expert`
-    /// rows of `n_ff`, `n_ff` and `n_embd`) (gpt-oss).
-    pub router_bias: Option<TensorView>,
-    pub expert_biases: Option<[TensorView; 3]>,
-    /// Mixture-of-experts layers: the router. `gate`, `up` and `down` then stack the experts
-    /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down, or
-    /// `e*n_ff..` of a transposed down).
-    pub router: Option<TensorView>,
-    /// Added to each expert's probability for the choice only (`ffn_exp_probs_b`: DeepSeek-V3's
-    /// rule, LFM2-MoE).
-    pub expert_select_bias: Option<TensorView>,
-}
-
-/// All weight views of a model.
-#[derive(Clone, Debug)]
-pub struct Weights {
-    pub token_embd: TensorView,
-    pub output_norm: TensorView,
-    /// The LM head; the token embedding when the model ties them.
-    pub output: TensorView,
-    pub tied_output: bool,
-    /// Llama-3 style per-frequency RoPE divisors (`rope_freqs.weight`), if present.
-    pub rope_freqs: Option<TensorView>,
-    /// Phi-3's divisors for contexts up to `n_ctx_orig` and beyond it
-    /// (`rope_factors_short`/`_long.weight`), if present.
-    pub rope_short: Option<TensorView>,
-    pub rope_long: Option<TensorView>,
-    pub layers: Vec<LayerWeights>,
 }
 
 fn key<'a>(f: &'a GgufFile, k: &str) -> Result<&'a Value> {
@@ -530,55 +466,6 @@ impl ModelConfig {
     }
 }
 
-/// KV heads: one count, or one per layer (LFM2) where every layer that attends has the same
-/// count (0 marks a layer without attention, see [`attention_free_layers`]).
-fn head_count_kv(f: &GgufFile, key: &str, n_head: usize) -> Result<usize> {
-    let Some(items) = f.get(key).and_then(Value::as_array) else {
-        return get_usize_or(f, key, n_head);
-    };
-    let counts: Vec<u64> = per_layer_counts(items, key)?;
-    let mut nonzero = counts.iter().filter(|&&c| c > 0);
-    let first = nonzero.next().copied().unwrap_or(0);
-    if first == 0 || nonzero.any(|&c| c != first) {
-        return Err(ModelError::Unsupported(format!(
-            "{key} = {counts:?}: pi2 needs one KV head count for every layer that attends"
-        )));
-    }
-    usize::try_from(first).map_err(|_| ModelError::Corrupt(format!("{key} is out of range")))
-}
-
-fn per_layer_counts(items: &[Value], key: &str) -> Result<Vec<u64>> {
-    items
-        .iter()
-        .map(|v| {
-            v.as_u64().ok_or(ModelError::WrongKeyType {
-                key: key.into(),
-                expected: "array of unsigned integers",
-                got: v.type_name(),
-            })
-        })
-        .collect()
-}
-
-/// Per layer, whether `{a}.attention.head_count_kv` gives it no KV heads (a per-layer array
-/// with zeros: LFM2's convolution layers); a single count: none.
-pub(crate) fn attention_free_layers(f: &GgufFile, a: &str, n_layer: usize) -> Result<Vec<bool>> {
-    let key = format!("{a}.attention.head_count_kv");
-    let Some(items) = f.get(&key).and_then(Value::as_array) else {
-        return Ok(vec![false; n_layer]);
-    };
-    if items.len() != n_layer {
-        return Err(ModelError::Corrupt(format!(
-            "{key} has {} entries for {n_layer} layers",
-            items.len()
-        )));
-    }
-    Ok(per_layer_counts(items, &key)?
-        .iter()
-        .map(|&c| c == 0)
-        .collect())
-}
-
 /// A family's experts: how many, how many each token uses, and how they are weighted.
 fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
     let k = |s: &str| format!("{}.{s}", fam.name);
@@ -620,277 +507,6 @@ fn experts(f: &GgufFile, fam: &Family) -> Result<(usize, usize, Gating)> {
         scale,
     };
     Ok((n_expert, used, gating))
-}
-
-/// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
-/// A layer's Q, K and V projections: three tensors, or the row ranges of a fused `attn_qkv`
-/// (Phi-3; llama.cpp takes either for every family).
-fn qkv(f: &GgufFile, c: &ModelConfig, n: &dyn Fn(&str) -> String) -> Result<[TensorView; 3]> {
-    let (q, kv) = (c.q_dim(), c.kv_dim());
-    match optional(view(f, &n("attn_qkv.weight"), &[c.n_embd, q + 2 * kv]))? {
-        Some(fused) => Ok(fused.split(&[q, kv, kv]).try_into().expect("three parts")),
-        None => Ok([
-            view(f, &n("attn_q.weight"), &[c.n_embd, q])?,
-            view(f, &n("attn_k.weight"), &[c.n_embd, kv])?,
-            view(f, &n("attn_v.weight"), &[c.n_embd, kv])?,
-        ]),
-    }
-}
-
-/// A convolution layer's B, C and x projections (the row blocks of `shortconv.in_proj`), its
-/// output projection and its taps (LFM2).
-fn short_conv(
-    f: &GgufFile,
-    c: &ModelConfig,
-    n: &dyn Fn(&str) -> String,
-) -> Result<([TensorView; 3], TensorView, Option<TensorView>)> {
-    let d = c.n_embd;
-    let taps = c.short_conv.as_ref().map_or(0, |s| s.len);
-    let conv = f32_rows(f, &n("shortconv.conv.weight"), [taps, d])?;
-    let input = view(f, &n("shortconv.in_proj.weight"), &[d, 3 * d])?;
-    let out = view(f, &n("shortconv.out_proj.weight"), &[d, d])?;
-    let bcx = input.split(&[d, d, d]).try_into().expect("three parts");
-    Ok((bcx, out, Some(conv)))
-}
-
-/// A dense layer's gate and up projections fused in one `ffn_up` of twice the rows, gate
-/// first (Phi-3's `swiglu` of a fused up), when the layer has no `ffn_gate`.
-fn fused_up(
-    f: &GgufFile,
-    c: &ModelConfig,
-    n: &dyn Fn(&str) -> String,
-) -> Result<Option<[TensorView; 2]>> {
-    let dims = [c.n_embd, 2 * c.n_ff];
-    let fused = f
-        .tensor(&n("ffn_up.weight"))
-        .is_some_and(|t| t.dims.iter().map(|&d| d as usize).eq(dims));
-    if c.n_expert > 0 || f.tensor_position(&n("ffn_gate.weight")).is_some() || !fused {
-        return Ok(None);
-    }
-    let v = view(f, &n("ffn_up.weight"), &dims)?;
-    Ok(Some(
-        v.split(&[c.n_ff, c.n_ff]).try_into().expect("two parts"),
-    ))
-}
-
-fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
-    let index = f
-        .tensor_position(name)
-        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
-    let t = &f.tensors[index];
-    let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-    if t.dims != want {
-        return Err(ModelError::TensorShape {
-            name: name.into(),
-            expected: want,
-            got: t.dims.clone(),
-        });
-    }
-    let ty =
-        QuantType::from_ggml_id(t.ggml_type).ok_or_else(|| ModelError::UnsupportedTensorType {
-            name: name.into(),
-            ty: t.type_name().into(),
-        })?;
-    let (cols, rows) = (dims[0], dims[1..].iter().product::<usize>());
-    MatRef::new(ty, rows, cols, f.tensor_data(t))
-        .map_err(|e| ModelError::Corrupt(format!("tensor `{name}`: {e}")))?;
-    Ok(TensorView {
-        name: name.into(),
-        ty,
-        rows,
-        cols,
-        index,
-        first_row: 0,
-    })
-}
-
-/// A vector tensor that the engine reads as plain f32 (norms, biases).
-fn f32_view(f: &GgufFile, name: &str, len: usize) -> Result<TensorView> {
-    let v = view(f, name, &[len])?;
-    if v.ty != QuantType::F32 {
-        return Err(ModelError::Unsupported(format!(
-            "tensor `{name}` must be F32, found {}",
-            v.ty
-        )));
-    }
-    Ok(v)
-}
-
-/// Rows of f32 vectors (a bias per expert): GGML dims `[len, rows]`.
-fn f32_rows(f: &GgufFile, name: &str, dims: [usize; 2]) -> Result<TensorView> {
-    let v = view(f, name, &dims)?;
-    if v.ty != QuantType::F32 {
-        return Err(ModelError::Unsupported(format!(
-            "tensor `{name}` must be F32, found {}",
-            v.ty
-        )));
-    }
-    Ok(v)
-}
-
-fn optional<T>(r: Result<T>) -> Result<Option<T>> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(ModelError::MissingTensor(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-impl Weights {
-    /// The RoPE divisors for a context of `n_ctx` tokens: Llama 3's, or Phi-3's short or long
-    /// ones (long past the context before extension, as llama.cpp chooses them).
-    pub fn rope_factors(&self, c: &ModelConfig, n_ctx: usize) -> Option<&TensorView> {
-        self.rope_freqs.as_ref().or(match n_ctx > c.n_ctx_orig {
-            true => self.rope_long.as_ref(),
-            false => self.rope_short.as_ref(),
-        })
-    }
-
-    /// Find and check every tensor the architecture needs.
-    pub fn from_gguf(f: &GgufFile, c: &ModelConfig) -> Result<Self> {
-        let token_embd = view(f, "token_embd.weight", &[c.n_embd, c.n_vocab])?;
-        let output_norm = f32_view(f, c.arch.family().output_norm, c.n_embd)?;
-        let (output, tied_output) =
-            match optional(view(f, "output.weight", &[c.n_embd, c.n_vocab]))? {
-                Some(o) => (o, false),
-                None => (token_embd.clone(), true),
-            };
-        let rope_freqs = optional(f32_view(f, "rope_freqs.weight", c.n_rot / 2))?;
-        let rope_short = optional(f32_view(f, "rope_factors_short.weight", c.n_rot / 2))?;
-        let rope_long = optional(f32_view(f, "rope_factors_long.weight", c.n_rot / 2))?;
-        let mut layers = Vec::with_capacity(c.n_layer);
-        for i in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let fam = c.arch.family();
-            // A family's extra norms: required where it has them, never read elsewhere.
-            let norm_if = |has: bool, name: &str, len| -> Result<Option<TensorView>> {
-                match has {
-                    true => f32_view(f, &n(name), len).map(Some),
-                    false => Ok(None),
-                }
-            };
-            let attends = !c.conv_layer(i);
-            // Q and K norms: per head (one head's weights), or over each token's whole vector.
-            let qk_norm = |name: &str, whole: usize| match fam.qk_norm {
-                _ if !attends => Ok(None),
-                QkNorm::None => Ok(None),
-                QkNorm::PerHead => norm_if(true, name, c.head_dim),
-                QkNorm::Whole => norm_if(true, name, whole),
-            };
-            let bias = |s: &str, len| -> Result<Option<TensorView>> {
-                let b = optional(f32_view(f, &n(s), len))?;
-                if fam.qkv_bias && b.is_none() {
-                    return Err(ModelError::MissingTensor(n(s)));
-                }
-                Ok(b)
-            };
-            // Looked up after the other tensors (struct fields evaluate in order), so a missing
-            // layer reports its first tensor.
-            let down = || -> Result<(TensorView, bool)> {
-                if c.n_expert > 0 {
-                    let dims = [c.n_ff, c.n_embd, c.n_expert];
-                    if let Some(d) = optional(view(f, &n("ffn_down_exps.weight"), &dims))? {
-                        return Ok((d, false));
-                    }
-                    // Converted files: each expert's down matrix transposed (neuron i = row i).
-                    let dims = [c.n_embd, c.n_ff, c.n_expert];
-                    return match optional(view(f, &n("ffn_down_t_exps.weight"), &dims))? {
-                        Some(d) => Ok((d, true)),
-                        None => Err(ModelError::MissingTensor(n("ffn_down_exps.weight"))),
-                    };
-                }
-                // A converted file's transposed rows first (it may keep the source's too).
-                match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
-                    Some(d) => Ok((d, true)),
-                    None => match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
-                        Some(d) => Ok((d, false)),
-                        None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
-                    },
-                }
-            };
-            let down_transposed: bool;
-            // Stacked expert tensors (`*_exps`), as llama.cpp writes Mixtral since 2024.
-            let (ffn, ffn_dims) = if c.n_expert > 0 {
-                ("_exps", vec![c.n_embd, c.n_ff, c.n_expert])
-            } else {
-                ("", vec![c.n_embd, c.n_ff])
-            };
-            let attn_norm = f32_view(f, &n("attn_norm.weight"), c.n_embd)?;
-            let ([wq, wk, wv], wo, conv) = match attends {
-                true => (
-                    qkv(f, c, &n)?,
-                    view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
-                    None,
-                ),
-                false => short_conv(f, c, &n)?,
-            };
-            let fused = fused_up(f, c, &n)?;
-            layers.push(LayerWeights {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                bq: bias("attn_q.bias", c.q_dim())?,
-                bk: bias("attn_k.bias", c.kv_dim())?,
-                bv: bias("attn_v.bias", c.kv_dim())?,
-                q_norm: qk_norm("attn_q_norm.weight", c.q_dim())?,
-                k_norm: qk_norm("attn_k_norm.weight", c.kv_dim())?,
-                wo,
-                conv,
-                post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
-                ffn_norm: f32_view(f, &n(fam.ffn_norm), c.n_embd)?,
-                post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,
-                gate: match &fused {
-                    Some([g, _]) => g.clone(),
-                    None => view(f, &n(&format!("ffn_gate{ffn}.weight")), &ffn_dims)?,
-                },
-                up: match fused {
-                    Some([_, u]) => u,
-                    None => view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
-                },
-                down: {
-                    let (d, t) = down()?;
-                    down_transposed = t;
-                    d
-                },
-                down_transposed,
-                down_dense: match down_transposed && c.n_expert == 0 {
-                    true => optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))?,
-                    false => None,
-                },
-                router: if c.n_expert > 0 {
-                    Some(view(f, &n("ffn_gate_inp.weight"), &[c.n_embd, c.n_expert])?)
-                } else {
-                    None
-                },
-                bo: norm_if(fam.biases, "attn_output.bias", c.n_embd)?,
-                sinks: norm_if(fam.sinks, "attn_sinks.weight", c.n_head)?,
-                router_bias: norm_if(fam.biases, "ffn_gate_inp.bias", c.n_expert)?,
-                expert_select_bias: match c.n_expert > 0 {
-                    true => optional(f32_view(f, &n("ffn_exp_probs_b.bias"), c.n_expert))?,
-                    false => None,
-                },
-                expert_biases: match fam.biases {
-                    true => Some([
-                        f32_rows(f, &n("ffn_gate_exps.bias"), [c.n_ff, c.n_expert])?,
-                        f32_rows(f, &n("ffn_up_exps.bias"), [c.n_ff, c.n_expert])?,
-                        f32_rows(f, &n("ffn_down_exps.bias"), [c.n_embd, c.n_expert])?,
-                    ]),
-                    false => None,
-                },
-            });
-        }
-        Ok(Self {
-            token_embd,
-            output_norm,
-            output,
-            tied_output,
-            rope_freqs,
-            rope_short,
-            rope_long,
-            layers,
-        })
-    }
 }
 
 /// Layers the metadata does not count would be dropped without a word: refuse them.
