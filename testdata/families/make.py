@@ -314,6 +314,47 @@ def smallthinker(r, s):
         layer_attn(r, s, i, hd)
         layer_moe(r, s, i, router_gain=0.4)
 
+def qwen35(r, s):
+    # Qwen3.5: gated delta nets in all but every `interval`-th layer; the others attend with
+    # an output gate (each head's Q rows then its gate rows), per-head Q/K norms and
+    # interleaved M-RoPE over n_rot dims; the FFN's norm is post_attention_norm.
+    e, L, hd, ds = s["n_embd"], s["n_layer"], s["head_dim"], s["d_state"]
+    kh, vh = s["k_heads"], s["v_heads"]
+    common(r, s, head_dim=hd)
+    r.kv("rope.dimension_count", "u32", s["n_rot"])
+    r.kv("rope.dimension_sections", "arr_i32", s["sections"])
+    r.kv("ssm.conv_kernel", "u32", s["taps"])
+    r.kv("ssm.inner_size", "u32", vh * ds)
+    r.kv("ssm.state_size", "u32", ds)
+    r.kv("ssm.time_step_rank", "u32", vh)
+    r.kv("ssm.group_count", "u32", kh)
+    r.kv("full_attention_interval", "u32", s["interval"])
+    conv = 2 * kh * ds + vh * ds
+    for i in range(L):
+        norm(r, f"blk.{i}.attn_norm.weight", e)
+        norm(r, f"blk.{i}.post_attention_norm.weight", e)
+        if (i + 1) % s["interval"] != 0:
+            mat(r, f"blk.{i}.attn_qkv.weight", conv, e)
+            mat(r, f"blk.{i}.attn_gate.weight", vh * ds, e)
+            r.t(f"blk.{i}.ssm_conv1d.weight", [conv, s["taps"]], 0.5)
+            r.t(f"blk.{i}.ssm_dt.bias", [vh], 0.5)
+            r.t(f"blk.{i}.ssm_a", [vh], 0.5, -1.0)
+            mat(r, f"blk.{i}.ssm_beta.weight", vh, e)
+            mat(r, f"blk.{i}.ssm_alpha.weight", vh, e)
+            norm(r, f"blk.{i}.ssm_norm.weight", ds)
+            mat(r, f"blk.{i}.ssm_out.weight", e, vh * ds, 0.5)
+        else:
+            q, kv = s["n_head"] * hd, s["n_head_kv"] * hd
+            mat(r, f"blk.{i}.attn_q.weight", 2 * q, e)
+            mat(r, f"blk.{i}.attn_k.weight", kv, e)
+            mat(r, f"blk.{i}.attn_v.weight", kv, e)
+            norm(r, f"blk.{i}.attn_q_norm.weight", hd)
+            norm(r, f"blk.{i}.attn_k_norm.weight", hd)
+            mat(r, f"blk.{i}.attn_output.weight", e, q, 0.5)
+        mat(r, f"blk.{i}.ffn_gate.weight", s["n_ff"], e)
+        mat(r, f"blk.{i}.ffn_up.weight", s["n_ff"], e)
+        mat(r, f"blk.{i}.ffn_down.weight", e, s["n_ff"], 0.5)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -388,6 +429,12 @@ FAMILIES = {
              gating=2, rope_base=1e6),
         dict(n_embd=96, n_layer=6, n_ff=128, n_head=6, n_head_kv=2, n_expert=16, n_expert_used=4, n_ff_exp=32,
              gating=1, window=64, swa_base=1e5, tied=True),
+    ]),
+    "qwen35": (qwen35, [
+        dict(n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, n_rot=16, sections=[2, 2, 1, 3],
+             taps=4, k_heads=2, v_heads=4, d_state=16, interval=4, rope_base=1e7),
+        dict(n_embd=96, n_layer=3, n_ff=160, n_head=4, n_head_kv=1, head_dim=24, n_rot=8, sections=[0, 2, 2, 0],
+             taps=3, k_heads=3, v_heads=3, d_state=32, interval=2, tied=True),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

@@ -29,8 +29,10 @@ pub(crate) fn block(
 ) {
     let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
     rms_norm_rows(&s.x, l.attn_norm.f32s(f), c.rms_eps, d, n, &mut s.xn);
-    // Q, K and V share the input; quantize it once per activation format.
-    let q = grow(&mut s.q, n * qd);
+    // Q, K and V share the input; quantize it once per activation format. With an output
+    // gate, each head's Q rows are followed by its gate rows.
+    let gated = c.attn_output_gate;
+    let q = grow(&mut s.q, n * qd * (1 + gated as usize));
     let k = grow(&mut s.k, n * kvd);
     let v = grow(&mut s.v, n * kvd);
     project_many(
@@ -45,6 +47,9 @@ pub(crate) fn block(
             (wv, l.bv.as_ref(), v),
         ],
     );
+    if gated {
+        split_gate(&mut s.q, grow(&mut s.gate, n * qd), n, c.n_head, hd);
+    }
     if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
         for (x, w) in [(&mut s.q[..n * qd], qn), (&mut s.k[..n * kvd], kn)] {
             // Per head, or over each token's whole vector: the weights' length says which.
@@ -90,6 +95,11 @@ pub(crate) fn block(
         l.sinks.as_ref().map(|t| t.f32s(f)),
         grow(&mut s.att, n * qd),
     );
+    if gated {
+        (s.att[..n * qd].iter_mut())
+            .zip(&s.gate[..n * qd])
+            .for_each(|(a, &g)| *a /= 1.0 + (-g).exp());
+    }
     s.acts.quantize(wo.ty.act_kind(), &s.att[..n * qd], qd);
     let o = grow(&mut s.o, n * d);
     matmul(ks, &wo, &s.acts, o);
@@ -105,6 +115,16 @@ pub(crate) fn block(
         .iter_mut()
         .zip(&s.o[..n * d])
         .for_each(|(x, o)| *x += o * scale);
+}
+
+/// Moves each head's gate rows (after its Q rows in `q`) into `gate`, leaving Q compact
+/// (`n_head * hd` per token): in place, each head moves down, never over one not yet moved.
+fn split_gate(q: &mut [f32], gate: &mut [f32], n: usize, n_head: usize, hd: usize) {
+    for i in 0..n * n_head {
+        let (from, to) = (2 * i * hd, i * hd);
+        gate[to..to + hd].copy_from_slice(&q[from + hd..from + 2 * hd]);
+        q.copy_within(from..from + hd, to);
+    }
 }
 
 /// Causal attention, one task per (token, head): `out` gets each head's softmax-weighted

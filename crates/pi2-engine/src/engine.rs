@@ -601,7 +601,9 @@ fn rope_frequencies(model: &Model, n_ctx: usize) -> (Vec<f32>, Option<Vec<f32>>)
                 }
                 _ => c.rope_freq_scale,
             };
-            plain * scale / freq_factors.map_or(1.0, |ff| ff[i])
+            // Pairs M-RoPE leaves at position 0 for text do not turn.
+            let turns = c.rope_pair_rotates(i) as u8 as f32;
+            turns * plain * scale / freq_factors.map_or(1.0, |ff| ff[i])
         })
         .collect();
     // Sliding layers with a base of their own rotate plainly (Gemma 3); with the same base,

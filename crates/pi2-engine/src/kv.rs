@@ -6,7 +6,9 @@
 //! keeps, in the same ring, one f32 row per position of what it convolves: its state is the
 //! positions it holds, so truncating the cache rolls it back too.
 
+use crate::states::{slots_for, Snapshots};
 use half::f16;
+use pi2_model::{Mixer, ModelConfig};
 
 /// One layer's cache as attention reads it: position `p` is at slot `p % ring`; a sliding
 /// layer's query attends to the last `window` positions only.
@@ -52,12 +54,35 @@ impl Cells {
     }
 }
 
-/// Each layer's window (`None`: global) and cells: a convolution layer keeps its taps' span
-/// of rows of `n_embd`; an attention layer its window of keys and values.
-fn layer_shapes(c: &pi2_model::ModelConfig) -> impl Iterator<Item = (Option<usize>, Cells)> + '_ {
-    (0..c.n_layer).map(|li| match &c.short_conv {
-        Some(sc) if c.conv_layer(li) => (Some(sc.len), Cells::State(c.n_embd)),
-        _ => (c.window(li), Cells::KeyValue(c.kv_dim())),
+/// What one layer keeps: its window (`None`: global), its cells per position, and the f32
+/// values of its recurrent state (0: none).
+#[derive(Clone, Copy, Debug)]
+struct LayerShape {
+    window: Option<usize>,
+    cells: Cells,
+    state: usize,
+}
+
+/// Each layer's shape: an attention layer keeps its window of keys and values; a convolution
+/// layer its taps' span of `B * x` rows; a delta net its taps' span of Q, K and V rows and
+/// its recurrent states.
+fn layer_shapes(c: &ModelConfig) -> impl Iterator<Item = LayerShape> + '_ {
+    (0..c.n_layer).map(|li| match c.mixer(li) {
+        Mixer::Attention => LayerShape {
+            window: c.window(li),
+            cells: Cells::KeyValue(c.kv_dim()),
+            state: 0,
+        },
+        Mixer::ShortConv { taps } => LayerShape {
+            window: Some(taps),
+            cells: Cells::State(c.n_embd),
+            state: 0,
+        },
+        Mixer::DeltaNet(dn) => LayerShape {
+            window: Some(dn.taps),
+            cells: Cells::State(dn.conv_dim()),
+            state: dn.state_len(),
+        },
     })
 }
 
@@ -69,6 +94,8 @@ struct LayerKv {
     /// Positions the buffers address (slot = position % ring): `n_ctx` for global layers.
     ring: usize,
     cells: Cells,
+    /// A recurrent layer's states.
+    states: Option<Snapshots>,
 }
 
 pub(crate) struct KvCache {
@@ -89,37 +116,38 @@ pub(crate) fn ring_len(window: usize, n_batch: usize, n_ctx: usize) -> usize {
 
 /// Bytes of a full KV cache of `n_ctx` positions for model `c`, with batches of up to
 /// `n_batch` tokens (sliding-window layers hold their window plus one batch).
-pub fn kv_bytes(c: &pi2_model::ModelConfig, n_ctx: usize, n_batch: usize) -> usize {
+pub fn kv_bytes(c: &ModelConfig, n_ctx: usize, n_batch: usize) -> usize {
     layer_shapes(c)
-        .map(|(window, cells)| {
-            let positions = match window {
+        .map(|l| {
+            let positions = match l.window {
                 Some(w) => ring_len(w, n_batch, n_ctx),
                 None => n_ctx,
             };
-            let (k, v) = cells.widths();
-            positions * (k + v) * std::mem::size_of::<f16>()
+            let (k, v) = l.cells.widths();
+            positions * (k + v) * std::mem::size_of::<f16>() + l.state * 4 * slots_for(n_batch)
         })
         .sum()
 }
 
 impl KvCache {
     /// An empty cache for model `c`'s layers.
-    pub fn new(c: &pi2_model::ModelConfig, n_ctx: usize) -> Self {
+    pub fn new(c: &ModelConfig, n_ctx: usize) -> Self {
         Self::with_layers(layer_shapes(c), n_ctx)
     }
 
-    fn with_layers(shapes: impl IntoIterator<Item = (Option<usize>, Cells)>, n_ctx: usize) -> Self {
+    fn with_layers(shapes: impl IntoIterator<Item = LayerShape>, n_ctx: usize) -> Self {
         let layers = shapes
             .into_iter()
-            .map(|(window, cells)| LayerKv {
+            .map(|l| LayerKv {
                 k: Vec::new(),
                 v: Vec::new(),
-                window,
-                ring: match window {
+                window: l.window,
+                ring: match l.window {
                     Some(w) => ring_len(w, 1, n_ctx),
                     None => n_ctx,
                 },
-                cells,
+                cells: l.cells,
+                states: (l.state > 0).then(|| Snapshots::new(l.state)),
             })
             .collect();
         Self {
@@ -188,6 +216,14 @@ impl KvCache {
         }
     }
 
+    /// Recurrent layer `li`'s states.
+    pub fn states(&mut self, li: usize) -> &mut Snapshots {
+        self.layers[li]
+            .states
+            .as_mut()
+            .expect("a recurrent layer keeps states")
+    }
+
     /// Makes layer `li` address positions `pos0..pos0 + n`. Global layers grow in steps
     /// (decode does not reallocate every token); a sliding layer's ring widens when a batch
     /// needs more room.
@@ -226,13 +262,19 @@ impl KvCache {
     /// part of what position `n` would attend to. Returns the positions kept.
     pub fn truncate(&mut self, n: usize) -> usize {
         let n = n.min(self.len);
-        let lost = self.layers.iter().any(|l| match l.window {
-            Some(w) => n.saturating_sub(w - 1) < self.high.saturating_sub(l.ring),
-            None => false,
+        let lost = self.layers.iter().any(|l| {
+            let window_lost = match l.window {
+                Some(w) => n.saturating_sub(w - 1) < self.high.saturating_sub(l.ring),
+                None => false,
+            };
+            window_lost || l.states.as_ref().is_some_and(|s| !s.can_keep(n))
         });
         self.len = if lost { 0 } else { n };
         if self.len == 0 {
             self.high = 0;
+        }
+        for s in self.layers.iter_mut().filter_map(|l| l.states.as_mut()) {
+            s.truncate(self.len);
         }
         self.len
     }
@@ -242,9 +284,12 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| match l.window {
-                Some(_) => (l.k.capacity() + l.v.capacity()) * 2,
-                None => (l.k.len() + l.v.len()) * 2,
+            .map(|l| {
+                let cells = match l.window {
+                    Some(_) => (l.k.capacity() + l.v.capacity()) * 2,
+                    None => (l.k.len() + l.v.len()) * 2,
+                };
+                cells + l.states.as_ref().map_or(0, Snapshots::bytes)
             })
             .sum()
     }
@@ -260,7 +305,7 @@ impl KvCache {
                     Some(w) => ring_len(w, n, self.n_ctx).max(l.ring),
                     None => end.max(l.k.len() / kw.max(1)),
                 };
-                2 * (kw + vw) * positions
+                2 * (kw + vw) * positions + l.states.as_ref().map_or(0, |s| s.bytes_after(n))
             })
             .sum()
     }
@@ -287,6 +332,14 @@ impl LayerKv {
 mod tests {
     use super::*;
 
+    fn shape(window: Option<usize>, cells: Cells) -> LayerShape {
+        LayerShape {
+            window,
+            cells,
+            state: 0,
+        }
+    }
+
     fn read(view: &KvView<'_>, p: usize, kvd: usize) -> Vec<f32> {
         assert!(view.window.is_none_or(|w| w <= view.ring));
         let s = p % view.ring * kvd;
@@ -298,7 +351,7 @@ mod tests {
 
     #[test]
     fn global_layers_hold_the_positions_written() {
-        let mut kv = KvCache::with_layers([(None, Cells::KeyValue(2)); 2], 8);
+        let mut kv = KvCache::with_layers([shape(None, Cells::KeyValue(2)); 2], 8);
         let view = kv.append(1, 0, &[1.0, 2.0], &[3.0, 4.0], 2);
         assert_eq!((view.k.len(), view.ring), (2, 8));
         assert_eq!(f16::from_bits(view.v[1]).to_f32(), 4.0);
@@ -321,7 +374,7 @@ mod tests {
     #[test]
     fn sliding_layers_keep_every_window_a_batch_needs() {
         let (w, kvd) = (4, 1);
-        let mut kv = KvCache::with_layers([(Some(w), Cells::KeyValue(kvd))], 64);
+        let mut kv = KvCache::with_layers([shape(Some(w), Cells::KeyValue(kvd))], 64);
         // Decode: a ring of the window.
         for p in 0..10 {
             let view = kv.append(0, p, &[p as f32], &[0.0], kvd);
@@ -348,7 +401,7 @@ mod tests {
     #[test]
     fn convolution_rows_are_exact_and_roll_back_with_the_cache() {
         let (taps, width) = (3, 2);
-        let mut kv = KvCache::with_layers([(Some(taps), Cells::State(width))], 64);
+        let mut kv = KvCache::with_layers([shape(Some(taps), Cells::State(width))], 64);
         let row = |p: usize| [p as f32 + 0.1, -(p as f32) / 3.0];
         let prompt: Vec<f32> = (0..6).flat_map(row).collect();
         let view = kv.append_state(0, 0, &prompt, width);

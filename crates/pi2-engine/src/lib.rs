@@ -7,6 +7,7 @@
 
 mod attention;
 mod decoder;
+mod delta;
 mod draft;
 mod draft_model;
 mod engine;
@@ -28,6 +29,7 @@ mod sampler;
 mod scratch;
 mod shared;
 mod sparse;
+mod states;
 pub mod topology;
 mod weights;
 

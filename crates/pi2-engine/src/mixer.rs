@@ -1,5 +1,5 @@
-//! A layer's token mixer: attention ([`attention::block`]), or in a convolution layer (LFM2)
-//! a short causal convolution. Such a layer projects its normed input to B, C and x, keeps
+//! A layer's token mixer: attention ([`attention::block`]), a gated delta net
+//! ([`crate::delta`], Qwen3.5), or in a convolution layer (LFM2) a short causal convolution. Such a layer projects its normed input to B, C and x, keeps
 //! `B * x` of each position in the KV cache (exact f32 rows; its state is the positions the
 //! cache holds, so a truncated cache rolls it back), convolves each channel over the current
 //! and the previous `taps - 1` positions, multiplies by C and projects back.
@@ -8,7 +8,7 @@ use crate::attention::{self, project_many};
 use crate::kv::KvCache;
 use crate::scratch::{grow, rms_norm_rows, Scratch};
 use pi2_kernels::{matmul, KernelSet, MatRef};
-use pi2_model::{GgufFile, LayerWeights, ModelConfig};
+use pi2_model::{GgufFile, LayerWeights, Mixer, ModelConfig};
 
 /// Layer `li`'s token mixer over the `n` tokens of `s.x` at positions `pos0..`, its four
 /// matrices from the store (`[wq, wk, wv, wo]`, or a convolution's `[B, C, x, out]`), added to
@@ -26,9 +26,13 @@ pub(crate) fn block(
     pos0: usize,
     n: usize,
 ) {
-    match &l.conv {
-        Some(taps) => convolve(ks, f, c, l, taps.f32s(f), mats, s, kv, li, pos0, n),
-        None => attention::block(ks, f, c, l, mats, s, kv, li, pos0, n),
+    match c.mixer(li) {
+        Mixer::Attention => attention::block(ks, f, c, l, mats, s, kv, li, pos0, n),
+        Mixer::ShortConv { .. } => {
+            let taps = l.conv.as_ref().expect("a convolution layer has its taps");
+            convolve(ks, f, c, l, taps.f32s(f), mats, s, kv, li, pos0, n)
+        }
+        Mixer::DeltaNet(dn) => crate::delta::block(ks, f, c, l, dn, mats, s, kv, li, pos0, n),
     }
 }
 

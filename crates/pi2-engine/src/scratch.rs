@@ -31,6 +31,8 @@ pub(crate) struct Scratch {
     pub pred_s: Vec<f32>,
     /// Per-task (or per-cluster) partial outputs.
     pub partials: Vec<f32>,
+    /// A recurrent layer's state as its batch runs.
+    pub state: Vec<f32>,
 }
 
 /// `v[..n]`, growing `v` with zeros first if it is shorter.

@@ -35,7 +35,7 @@ mod vocab;
 pub mod writer;
 
 pub use arch::{
-    Arch, EveryNth, FfnAct, GateFunc, Gating, LayerWeights, ModelConfig, RopeKind, ShortConv,
+    Arch, DeltaNet, EveryNth, FfnAct, GateFunc, Gating, LayerWeights, Mixer, ModelConfig, RopeKind,
     SlidingWindow, TensorView, Weights, KEY_FFN_ACTIVATION,
 };
 pub use chat::{ChatTemplate, FunctionCall, Message, ToolCall};

@@ -3,7 +3,7 @@
 //! JSON ([`ModelInfo::json`]) or as the text `pi2 info` prints (`Display`).
 
 use pi2_kernels::Tier;
-use pi2_model::Model;
+use pi2_model::{Mixer, Model};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
@@ -107,7 +107,7 @@ impl<'m> ModelInfo<'m> {
             "rope": {"kind": format!("{:?}", c.rope_kind), "base": c.rope_base, "dims": c.n_rot, "freq_scale": c.rope_freq_scale},
             "rms_eps": c.rms_eps,
             "sliding_window": c.sliding_window.map(|w| serde_json::json!({"tokens": w.len, "global_every": w.global.map(|g| g.period), "first_global": w.global.map(|g| g.first), "rope_base": w.rope_base})),
-            "short_conv": c.short_conv.as_ref().map(|sc| serde_json::json!({"taps": sc.len, "layers": sc.layers})),
+            "mixers": (0..c.n_layer).map(|li| mixer_name(c.mixer(li))).collect::<Vec<_>>(),
             "ffn_activation": c.ffn_act.name(), "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "tied_output": m.weights.tied_output,
             "tensor_types": types,
@@ -164,13 +164,8 @@ impl<'m> ModelInfo<'m> {
         }
         let (h, kv, d) = (c.n_head, c.n_head_kv, c.head_dim);
         writeln!(f, "attention:     {h} heads, {kv} KV heads, head size {d}")?;
-        if let Some(sc) = &c.short_conv {
-            let convolving = sc.layers.iter().filter(|&&x| x).count();
-            writeln!(
-                f,
-                "convolutions: {convolving} of {} layers mix by a {}-position convolution instead",
-                c.n_layer, sc.len
-            )?;
+        if let Some(summary) = mixer_summary(c) {
+            writeln!(f, "mixers:        {summary}")?;
         }
         if let Some(w) = c.sliding_window {
             let (n, b) = (w.len, w.rope_base);
@@ -247,4 +242,39 @@ impl fmt::Display for ModelInfo<'_> {
             pi2_engine::topology::Topology::detect()
         )
     }
+}
+
+fn mixer_name(m: Mixer) -> &'static str {
+    match m {
+        Mixer::Attention => "attention",
+        Mixer::ShortConv { .. } => "short convolution",
+        Mixer::DeltaNet(_) => "gated delta net",
+    }
+}
+
+/// How many layers mix tokens each way, when not all attend.
+fn mixer_summary(c: &pi2_model::ModelConfig) -> Option<String> {
+    let mixers: Vec<Mixer> = (0..c.n_layer).map(|li| c.mixer(li)).collect();
+    if mixers.iter().all(|&m| m == Mixer::Attention) {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for name in ["attention", "short convolution", "gated delta net"] {
+        let of: Vec<Mixer> = mixers
+            .iter()
+            .copied()
+            .filter(|&m| mixer_name(m) == name)
+            .collect();
+        let detail = match of.first() {
+            None => continue,
+            Some(Mixer::ShortConv { taps }) => format!(" ({taps} positions)"),
+            Some(Mixer::DeltaNet(d)) => format!(
+                " ({} key and {} value heads of {}, {}-position convolution)",
+                d.k_heads, d.v_heads, d.head_dim, d.taps
+            ),
+            Some(Mixer::Attention) => String::new(),
+        };
+        parts.push(format!("{} {name}{detail}", of.len()));
+    }
+    Some(format!("{} of {} layers", parts.join(", "), c.n_layer))
 }

@@ -26,7 +26,18 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
     let c = &model.config;
     let n = n_batch.max(1);
     let threads = cfg.threads.max(1);
-    let per_token = 8 * c.n_embd + c.q_dim() + 2 * c.kv_dim() + 4 * c.n_ff;
+    // A gated Q projection is twice as wide; a delta net's widest rows (Q, K and V, before
+    // and after its convolution, its output and gate) and one recurrent state.
+    let q = c.q_dim() * (1 + c.attn_output_gate as usize);
+    let (delta_rows, state) = (0..c.n_layer)
+        .filter_map(|li| match c.mixer(li) {
+            pi2_model::Mixer::DeltaNet(dn) => {
+                Some((2 * dn.conv_dim() + 2 * dn.value_dim(), dn.state_len()))
+            }
+            _ => None,
+        })
+        .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+    let per_token = 8 * c.n_embd + q + 2 * c.kv_dim() + (4 * c.n_ff).max(delta_rows);
     // A clustered head's logits in stored order and its centroid scores.
     let head = match model.file.get(pi2_model::bundle::KEY_HEAD_CLUSTER) {
         Some(_) => 2 * c.n_vocab,
@@ -36,7 +47,8 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
         + cfg.logit_rows.clamp(1, n) * c.n_vocab
         + head
         + threads * n * c.n_embd
-        + 2 * c.n_ff * 3)
+        + 2 * c.n_ff * 3
+        + state)
         // Not rayon::current_num_threads(): asking starts rayon's global pool, and sizing must
         // not start threads (a caller may fork after it, and a child's pool would be dead).
         + 4 * cfg.context(model) * attention_threads().max(threads)

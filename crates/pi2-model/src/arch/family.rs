@@ -69,7 +69,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 14] = [
+pub const FAMILIES: [&Family; 15] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -84,4 +84,5 @@ pub const FAMILIES: [&Family; 14] = [
     &super::phi3::FAMILY,
     &super::lfm2::FAMILY,
     &super::smallthinker::FAMILY,
+    &super::qwen35::FAMILY,
 ];

@@ -8,7 +8,7 @@
 //! The final norm is named `token_embd_norm`.
 
 use super::family::{Family, QkNorm};
-use super::{Arch, FfnAct, GateFunc, ModelConfig, RopeKind, ShortConv, SlidingWindow, MAX_DIM};
+use super::{Arch, FfnAct, GateFunc, Mixer, ModelConfig, RopeKind, SlidingWindow, MAX_DIM};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -45,8 +45,12 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
             "{len_key} = {len}: a short convolution spans 2 to {MAX_CONV} positions"
         )));
     }
-    let layers = super::attention_free_layers(f, a, c.n_layer)?;
-    c.short_conv = Some(ShortConv { len, layers });
+    let free = super::attention_free_layers(f, a, c.n_layer)?;
+    for (m, free) in c.mixers.iter_mut().zip(free) {
+        if free {
+            *m = Mixer::ShortConv { taps: len };
+        }
+    }
     let window = super::get_usize_or(f, &format!("{a}.attention.sliding_window"), 0)?;
     if window > MAX_DIM * 16 {
         return Err(ModelError::Corrupt(format!(

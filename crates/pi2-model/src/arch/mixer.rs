@@ -1,9 +1,52 @@
-//! How each layer mixes tokens: attention, or where the file says so a short convolution
-//! (LFM2), read from per-layer metadata.
+//! How each layer mixes tokens: attention, a short convolution (LFM2) or a gated delta net
+//! (Qwen3.5), read from per-layer metadata.
 
 use super::get_usize_or;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Value};
+
+/// How a layer mixes tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    Attention,
+    /// A short causal convolution of `B * x` over `taps` positions, gated by C (LFM2).
+    ShortConv {
+        taps: usize,
+    },
+    /// Linear attention with a recurrent state per head (Qwen3.5's gated delta net).
+    DeltaNet(DeltaNet),
+}
+
+/// A gated delta net's shape: a causal convolution of `taps` positions over Q, K and V, `k_heads`
+/// query/key heads and `v_heads` value heads (each value head reads key head `h % k_heads`), each
+/// of `head_dim`, and per value head a `head_dim` x `head_dim` state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNet {
+    pub taps: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub head_dim: usize,
+}
+
+impl DeltaNet {
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.head_dim
+    }
+
+    /// Channels convolved: Q, K and V.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values of one state (every value head's matrix).
+    pub fn state_len(&self) -> usize {
+        self.v_heads * self.head_dim * self.head_dim
+    }
+}
 
 /// KV heads: one count, or one per layer (LFM2) where every layer that attends has the same
 /// count (0 marks a layer without attention, see [`attention_free_layers`]).

@@ -23,13 +23,15 @@ mod olmoe;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen35;
 mod qwen3moe;
 mod smallthinker;
 mod smollm3;
 pub(crate) use mixer::attention_free_layers;
 use mixer::head_count_kv;
+pub use mixer::{DeltaNet, Mixer};
 mod weights;
-pub use weights::{LayerWeights, Weights};
+pub use weights::{DeltaWeights, LayerWeights, Weights};
 
 pub use family::{Family, QkNorm, FAMILIES};
 
@@ -53,6 +55,7 @@ pub enum Arch {
     Phi3,
     Lfm2,
     Smallthinker,
+    Qwen35,
 }
 
 impl Arch {
@@ -138,20 +141,17 @@ pub struct ModelConfig {
     pub n_ctx_orig: usize,
     /// Queries scaled by a temperature that grows with position (Llama 4, Ministral 3).
     pub attn_temperature: Option<AttnTemperature>,
-    /// Layers that mix tokens by a short convolution instead of attention (LFM2).
-    pub short_conv: Option<ShortConv>,
+    /// How each layer mixes tokens (attention unless the family says otherwise).
+    pub mixers: Vec<Mixer>,
+    /// Each head's Q projection is followed by as many rows of an output gate: the attention
+    /// output is multiplied by their sigmoid before `wo` (Qwen3.5).
+    pub attn_output_gate: bool,
+    /// Interleaved multimodal RoPE sections (Qwen3.5's `rope.dimension_sections`): for text,
+    /// the rotated pairs outside the first three sections stay unrotated.
+    pub rope_sections: Option<[usize; 4]>,
     /// Routers read each layer's input before attention (un-normed) rather than the FFN's
     /// normed input (SmallThinker).
     pub route_before_attention: bool,
-}
-
-/// Short causal convolutions in place of attention (LFM2): each channel of `B * x` convolved
-/// with its own `len` taps over the current and the `len - 1` previous positions.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShortConv {
-    pub len: usize,
-    /// Per layer: whether it convolves (otherwise it attends).
-    pub layers: Vec<bool>,
 }
 
 /// Llama 4's attention temperature: the query at position `p` is multiplied by
@@ -413,12 +413,15 @@ impl ModelConfig {
             rope_mscale: rope.mscale,
             n_ctx_orig: rope.n_ctx_orig,
             attn_temperature: None,
-            short_conv: None,
+            mixers: vec![Mixer::Attention; n_layer],
+            attn_output_gate: false,
+            rope_sections: None,
             route_before_attention: false,
         };
         (fam.hyper)(f, a, &mut config)?;
         let free = attention_free_layers(f, a, n_layer)?;
-        if free.iter().any(|&x| x) && config.short_conv.is_none() {
+        let attends = |li: usize| config.mixers[li] == Mixer::Attention;
+        if (0..n_layer).any(|li| free[li] && attends(li)) {
             return Err(ModelError::Unsupported(format!(
                 "layers without attention heads ({a}.attention.head_count_kv has zeros) in a `{a}` model"
             )));
@@ -431,10 +434,24 @@ impl ModelConfig {
         self.rope_skip.is_none_or(|skip| !skip.has(li))
     }
 
-    /// Whether layer `li` mixes tokens by a short convolution (see [`ShortConv`]) rather than
-    /// attention.
-    pub fn conv_layer(&self, li: usize) -> bool {
-        (self.short_conv.as_ref()).is_some_and(|s| s.layers.get(li) == Some(&true))
+    /// How layer `li` mixes tokens.
+    pub fn mixer(&self, li: usize) -> Mixer {
+        self.mixers.get(li).copied().unwrap_or(Mixer::Attention)
+    }
+
+    /// Whether RoPE pair `i` (of `n_rot / 2`) rotates with the position: all do, except under
+    /// interleaved M-RoPE (llama.cpp's `imrope`, text positions) those outside the temporal,
+    /// height and width sections, whose position is 0.
+    pub fn rope_pair_rotates(&self, i: usize) -> bool {
+        let Some(s) = self.rope_sections else {
+            return true;
+        };
+        let sector = i % s.iter().sum::<usize>().max(1);
+        match sector % 3 {
+            1 => sector < 3 * s[1],
+            2 => sector < 3 * s[2],
+            _ => sector < 3 * s[0],
+        }
     }
 
     /// The window layer `li` attends to (`None`: the whole context).

@@ -1,7 +1,7 @@
 //! The weights of a model as views of its file: every tensor a family needs, found and checked
 //! for shape and type at load.
 
-use super::{ModelConfig, QkNorm, TensorView};
+use super::{DeltaNet, Mixer, ModelConfig, QkNorm, TensorView};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use pi2_kernels::{MatRef, QuantType};
@@ -21,10 +21,15 @@ pub struct LayerWeights {
     pub q_norm: Option<TensorView>,
     pub k_norm: Option<TensorView>,
     pub wo: TensorView,
-    /// A convolution layer's taps (LFM2; `n_embd` rows of [`ShortConv::len`], oldest position
-    /// first). Such a layer has no attention: `wq`, `wk` and `wv` hold its B, C and x
-    /// projections and `wo` its output projection.
+    /// A convolution layer's taps (LFM2; `n_embd` rows of its taps, oldest position first).
+    /// Such a layer has no attention: `wq`, `wk` and `wv` hold its B, C and x projections and
+    /// `wo` its output projection.
     pub conv: Option<TensorView>,
+    /// A gated delta net layer's own tensors (Qwen3.5). Such a layer has no attention: `wq`
+    /// holds its Q, K and V projection (`attn_qkv`, before the convolution), `wk` its output
+    /// gate (`attn_gate`), `wv` its beta projection (`ssm_beta`) and `wo` its output
+    /// projection (`ssm_out`).
+    pub delta: Option<DeltaWeights>,
     /// RMS norm of the attention output before the residual add (Gemma).
     pub post_attn_norm: Option<TensorView>,
     pub ffn_norm: TensorView,
@@ -57,6 +62,21 @@ pub struct LayerWeights {
     pub expert_select_bias: Option<TensorView>,
 }
 
+/// The tensors of a gated delta net layer besides its four projections (see
+/// [`LayerWeights::delta`]).
+#[derive(Clone, Debug)]
+pub struct DeltaWeights {
+    /// Per value head, the decay's input projection (`ssm_alpha`, `n_embd` wide), its bias
+    /// (`ssm_dt.bias`) and factor (`ssm_a`: `-exp(A_log)`).
+    pub alpha: TensorView,
+    pub dt_bias: TensorView,
+    pub a: TensorView,
+    /// The convolution's taps over Q, K and V (`conv_dim` rows of `taps`).
+    pub conv: TensorView,
+    /// The output's RMS norm (one head's weights), gated by SiLU of `wk`'s output.
+    pub norm: TensorView,
+}
+
 /// All weight views of a model.
 #[derive(Clone, Debug)]
 pub struct Weights {
@@ -78,7 +98,9 @@ pub struct Weights {
 /// A layer's Q, K and V projections: three tensors, or the row ranges of a fused `attn_qkv`
 /// (Phi-3; llama.cpp takes either for every family).
 fn qkv(f: &GgufFile, c: &ModelConfig, n: &dyn Fn(&str) -> String) -> Result<[TensorView; 3]> {
-    let (q, kv) = (c.q_dim(), c.kv_dim());
+    // With an output gate, each head's Q rows are followed by as many gate rows.
+    let q = c.q_dim() * (1 + c.attn_output_gate as usize);
+    let kv = c.kv_dim();
     match optional(view(f, &n("attn_qkv.weight"), &[c.n_embd, q + 2 * kv]))? {
         Some(fused) => Ok(fused.split(&[q, kv, kv]).try_into().expect("three parts")),
         None => Ok([
@@ -89,20 +111,66 @@ fn qkv(f: &GgufFile, c: &ModelConfig, n: &dyn Fn(&str) -> String) -> Result<[Ten
     }
 }
 
-/// A convolution layer's B, C and x projections (the row blocks of `shortconv.in_proj`), its
-/// output projection and its taps (LFM2).
-fn short_conv(
+/// A layer's token mixer: its four projections (see [`LayerWeights`]) and, for a convolution
+/// or a delta net, its own tensors.
+struct MixerTensors {
+    w: [TensorView; 3],
+    wo: TensorView,
+    conv: Option<TensorView>,
+    delta: Option<DeltaWeights>,
+}
+
+fn mixer(
     f: &GgufFile,
     c: &ModelConfig,
+    li: usize,
     n: &dyn Fn(&str) -> String,
-) -> Result<([TensorView; 3], TensorView, Option<TensorView>)> {
+) -> Result<MixerTensors> {
     let d = c.n_embd;
-    let taps = c.short_conv.as_ref().map_or(0, |s| s.len);
-    let conv = f32_rows(f, &n("shortconv.conv.weight"), [taps, d])?;
-    let input = view(f, &n("shortconv.in_proj.weight"), &[d, 3 * d])?;
-    let out = view(f, &n("shortconv.out_proj.weight"), &[d, d])?;
-    let bcx = input.split(&[d, d, d]).try_into().expect("three parts");
-    Ok((bcx, out, Some(conv)))
+    match c.mixer(li) {
+        Mixer::Attention => Ok(MixerTensors {
+            w: qkv(f, c, n)?,
+            wo: view(f, &n("attn_output.weight"), &[c.q_dim(), d])?,
+            conv: None,
+            delta: None,
+        }),
+        Mixer::ShortConv { taps } => {
+            let conv = f32_rows(f, &n("shortconv.conv.weight"), [taps, d])?;
+            let input = view(f, &n("shortconv.in_proj.weight"), &[d, 3 * d])?;
+            Ok(MixerTensors {
+                w: input.split(&[d, d, d]).try_into().expect("three parts"),
+                wo: view(f, &n("shortconv.out_proj.weight"), &[d, d])?,
+                conv: Some(conv),
+                delta: None,
+            })
+        }
+        Mixer::DeltaNet(dn) => delta_net(f, c, dn, n),
+    }
+}
+
+fn delta_net(
+    f: &GgufFile,
+    c: &ModelConfig,
+    dn: DeltaNet,
+    n: &dyn Fn(&str) -> String,
+) -> Result<MixerTensors> {
+    let (d, hv) = (c.n_embd, dn.v_heads);
+    Ok(MixerTensors {
+        w: [
+            view(f, &n("attn_qkv.weight"), &[d, dn.conv_dim()])?,
+            view(f, &n("attn_gate.weight"), &[d, dn.value_dim()])?,
+            view(f, &n("ssm_beta.weight"), &[d, hv])?,
+        ],
+        wo: view(f, &n("ssm_out.weight"), &[dn.value_dim(), d])?,
+        conv: None,
+        delta: Some(DeltaWeights {
+            alpha: view(f, &n("ssm_alpha.weight"), &[d, hv])?,
+            dt_bias: f32_view(f, &n("ssm_dt.bias"), hv)?,
+            a: f32_view(f, &n("ssm_a"), hv)?,
+            conv: f32_rows(f, &n("ssm_conv1d.weight"), [dn.taps, dn.conv_dim()])?,
+            norm: f32_view(f, &n("ssm_norm.weight"), dn.head_dim)?,
+        }),
+    })
 }
 
 /// A dense layer's gate and up projections fused in one `ffn_up` of twice the rows, gate
@@ -221,7 +289,7 @@ impl Weights {
                     false => Ok(None),
                 }
             };
-            let attends = !c.conv_layer(i);
+            let attends = c.mixer(i) == Mixer::Attention;
             // Q and K norms: per head (one head's weights), or over each token's whole vector.
             let qk_norm = |name: &str, whole: usize| match fam.qk_norm {
                 _ if !attends => Ok(None),
@@ -268,14 +336,12 @@ impl Weights {
                 ("", vec![c.n_embd, c.n_ff])
             };
             let attn_norm = f32_view(f, &n("attn_norm.weight"), c.n_embd)?;
-            let ([wq, wk, wv], wo, conv) = match attends {
-                true => (
-                    qkv(f, c, &n)?,
-                    view(f, &n("attn_output.weight"), &[c.q_dim(), c.n_embd])?,
-                    None,
-                ),
-                false => short_conv(f, c, &n)?,
-            };
+            let MixerTensors {
+                w: [wq, wk, wv],
+                wo,
+                conv,
+                delta,
+            } = mixer(f, c, i, &n)?;
             let fused = fused_up(f, c, &n)?;
             layers.push(LayerWeights {
                 attn_norm,
@@ -289,6 +355,7 @@ impl Weights {
                 k_norm: qk_norm("attn_k_norm.weight", c.kv_dim())?,
                 wo,
                 conv,
+                delta,
                 post_attn_norm: norm_if(fam.post_norms, "post_attention_norm.weight", c.n_embd)?,
                 ffn_norm: f32_view(f, &n(fam.ffn_norm), c.n_embd)?,
                 post_ffn_norm: norm_if(fam.post_norms, "post_ffw_norm.weight", c.n_embd)?,
