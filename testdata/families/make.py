@@ -351,9 +351,30 @@ def qwen35(r, s):
             norm(r, f"blk.{i}.attn_q_norm.weight", hd)
             norm(r, f"blk.{i}.attn_k_norm.weight", hd)
             mat(r, f"blk.{i}.attn_output.weight", e, q, 0.5)
-        mat(r, f"blk.{i}.ffn_gate.weight", s["n_ff"], e)
-        mat(r, f"blk.{i}.ffn_up.weight", s["n_ff"], e)
-        mat(r, f"blk.{i}.ffn_down.weight", e, s["n_ff"], 0.5)
+        if s.get("n_expert"):
+            layer_moe_shared(r, s, i)
+        else:
+            mat(r, f"blk.{i}.ffn_gate.weight", s["n_ff"], e)
+            mat(r, f"blk.{i}.ffn_up.weight", s["n_ff"], e)
+            mat(r, f"blk.{i}.ffn_down.weight", e, s["n_ff"], 0.5)
+
+def layer_moe_shared(r, s, i):
+    # Routed experts (no ffn_norm: the caller's post_attention_norm is the FFN's norm) and a
+    # shared expert scaled by the sigmoid of its own gate.
+    e, f, n, sh = s["n_embd"], s["n_ff_exp"], s["n_expert"], s["n_ff_shexp"]
+    mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, 2.0)
+    r.t(f"blk.{i}.ffn_gate_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+    r.t(f"blk.{i}.ffn_up_exps.weight", [n, f, e], (3.0 / e) ** 0.5)
+    r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, f], 0.5 * (3.0 / f) ** 0.5)
+    mat(r, f"blk.{i}.ffn_gate_shexp.weight", sh, e)
+    mat(r, f"blk.{i}.ffn_up_shexp.weight", sh, e)
+    mat(r, f"blk.{i}.ffn_down_shexp.weight", e, sh, 0.5)
+    r.t(f"blk.{i}.ffn_gate_inp_shexp.weight", [e], 0.5)
+
+def qwen35moe(r, s):
+    moe_meta(r, s, True)
+    r.kv("expert_shared_feed_forward_length", "u32", s["n_ff_shexp"])
+    qwen35(r, s)
 
 FAMILIES = {
     "llama": (llama, [
@@ -435,6 +456,14 @@ FAMILIES = {
              taps=4, k_heads=2, v_heads=4, d_state=16, interval=4, rope_base=1e7),
         dict(n_embd=96, n_layer=3, n_ff=160, n_head=4, n_head_kv=1, head_dim=24, n_rot=8, sections=[0, 2, 2, 0],
              taps=3, k_heads=3, v_heads=3, d_state=32, interval=2, tied=True),
+    ]),
+    "qwen35moe": (qwen35moe, [
+        dict(n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, n_rot=16, sections=[2, 2, 1, 3],
+             taps=4, k_heads=2, v_heads=4, d_state=16, interval=4, n_expert=8, n_expert_used=2, n_ff_exp=32,
+             n_ff_shexp=48),
+        dict(n_embd=96, n_layer=3, n_ff=160, n_head=4, n_head_kv=1, head_dim=24, n_rot=8, sections=[0, 2, 2, 0],
+             taps=3, k_heads=3, v_heads=3, d_state=32, interval=2, tied=True, n_expert=16, n_expert_used=4,
+             n_ff_exp=24, n_ff_shexp=24),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

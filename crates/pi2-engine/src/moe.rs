@@ -241,6 +241,35 @@ pub(crate) fn experts<'o>(
     Ok(())
 }
 
+/// A layer's shared expert over the `n` tokens of `s.xn`, added to `s.x`, each token's output
+/// scaled by the sigmoid of its dot product with the expert's gate (when it has one).
+pub(crate) fn shared(
+    ks: &KernelSet,
+    c: &ModelConfig,
+    [gate, up, down]: [MatRef<'_>; 3],
+    gate_inp: Option<&[f32]>,
+    s: &mut Scratch,
+    n: usize,
+) {
+    let (d, ff) = (c.n_embd, gate.rows);
+    let (g, u) = (grow(&mut s.gate, n * ff), grow(&mut s.up, n * ff));
+    project_pair(ks, &mut s.acts, &s.xn[..n * d], d, [(gate, g), (up, u)]);
+    gated(c.ffn_act, &mut s.gate[..n * ff], &s.up[..n * ff]);
+    s.acts.quantize(down.ty.act_kind(), &s.gate[..n * ff], ff);
+    matmul(ks, &down, &s.acts, grow(&mut s.o, n * d));
+    for t in 0..n {
+        let w = gate_inp.map_or(1.0, |wg| {
+            let logit: f32 = (s.xn[t * d..(t + 1) * d].iter().zip(wg))
+                .map(|(x, w)| x * w)
+                .sum();
+            1.0 / (1.0 + (-logit).exp())
+        });
+        (s.x[t * d..(t + 1) * d].iter_mut())
+            .zip(&s.o[t * d..(t + 1) * d])
+            .for_each(|(x, o)| *x += w * o);
+    }
+}
+
 /// The units layer `li + 1`'s router picks for the one token whose residual stream is `s.x`
 /// (normed with that layer's FFN norm, if its router reads a normed input): where the layer's
 /// own input will be after this layer, guessed from where it is now.

@@ -156,9 +156,13 @@ impl<'m> ModelInfo<'m> {
                 true => ", routed from the layer's input before attention",
                 false => "",
             };
+            let shared = match m.weights.layers.iter().any(|l| l.shared.is_some()) {
+                true => format!(", and a shared expert of {} neurons", c.n_ff_shared),
+                false => String::new(),
+            };
             writeln!(
                 f,
-                "experts:       {n} per layer, {used} per token, gated by {:?}{norm}{route}",
+                "experts:       {n} per layer, {used} per token, gated by {:?}{norm}{route}{shared}",
                 g.func
             )?;
         }

@@ -221,20 +221,27 @@ impl Engine<'_> {
                     .iter()
                     .map(|&(e, w)| (li * c.n_expert + e, w))
                     .collect();
-                return self.sparse_token(li, l, &units, pass);
+                self.sparse_token(li, l, &units, pass)?;
+            } else {
+                let biases =
+                    (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
+                moe::experts(
+                    &self.ks,
+                    c,
+                    li,
+                    &self.routes,
+                    biases,
+                    &mut self.s,
+                    self.store.as_mut(),
+                    observer,
+                )?;
             }
-            let biases =
-                (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
-            return moe::experts(
-                &self.ks,
-                c,
-                li,
-                &self.routes,
-                biases,
-                &mut self.s,
-                self.store.as_mut(),
-                observer,
-            );
+            if let Some(sh) = &l.shared {
+                let mats = [&sh.gate, &sh.up, &sh.down].map(|t| t.mat(f));
+                let gate = sh.gate_inp.as_ref().map(|g| g.f32s(f));
+                moe::shared(&self.ks, c, mats, gate, &mut self.s, n);
+            }
+            return Ok(());
         }
         // A converted layer held whole runs dense where that is faster (no predictor). From an
         // offload's pinned rows it computes what the sparse step would (the layer's threshold),

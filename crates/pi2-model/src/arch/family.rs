@@ -69,7 +69,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 15] = [
+pub const FAMILIES: [&Family; 16] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -85,4 +85,5 @@ pub const FAMILIES: [&Family; 15] = [
     &super::lfm2::FAMILY,
     &super::smallthinker::FAMILY,
     &super::qwen35::FAMILY,
+    &super::qwen35moe::FAMILY,
 ];

@@ -24,6 +24,7 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 mod qwen35;
+mod qwen35moe;
 mod qwen3moe;
 mod smallthinker;
 mod smollm3;
@@ -31,7 +32,7 @@ pub(crate) use mixer::attention_free_layers;
 use mixer::head_count_kv;
 pub use mixer::{DeltaNet, Mixer};
 mod weights;
-pub use weights::{DeltaWeights, LayerWeights, Weights};
+pub use weights::{DeltaWeights, LayerWeights, SharedExpert, Weights};
 
 pub use family::{Family, QkNorm, FAMILIES};
 
@@ -56,6 +57,7 @@ pub enum Arch {
     Lfm2,
     Smallthinker,
     Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -115,6 +117,9 @@ pub struct ModelConfig {
     pub n_expert: usize,
     /// Experts each token is routed to.
     pub n_expert_used: usize,
+    /// Neurons of a mixture's shared expert, where its layers have one (see
+    /// [`LayerWeights::shared`]).
+    pub n_ff_shared: usize,
     /// Factor of the token embeddings as they enter the first layer (1: none).
     pub embd_scale: f32,
     /// Factor of the attention scores (usually `1 / sqrt(head_dim)`).
@@ -328,6 +333,17 @@ impl ModelConfig {
             }
             _ => get_usize(f, &k("feed_forward_length"))?,
         };
+        // A shared expert's size (Qwen2-MoE, Qwen3.5-MoE): its key, else the dense size.
+        let n_ff_shared = match (n_expert > 0, f.get(&k("expert_shared_feed_forward_length"))) {
+            (true, Some(_)) => get_usize(f, &k("expert_shared_feed_forward_length"))?,
+            (true, None) => get_usize_or(f, &k("feed_forward_length"), 0)?,
+            (false, _) => 0,
+        };
+        if n_ff_shared > MAX_DIM {
+            return Err(ModelError::Corrupt(format!(
+                "{a}.expert_shared_feed_forward_length = {n_ff_shared} is out of range"
+            )));
+        }
         let n_head = get_usize(f, &k("attention.head_count"))?;
         let n_head_kv = head_count_kv(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
@@ -397,6 +413,7 @@ impl ModelConfig {
             ffn_act,
             n_expert,
             n_expert_used,
+            n_ff_shared,
             gating,
             embd_scale: match fam.scale_embeddings {
                 true => (n_embd as f32).sqrt(),

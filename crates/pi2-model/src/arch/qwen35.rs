@@ -39,7 +39,7 @@ pub const FAMILY: Family = Family {
 /// Largest delta-net head pi2 runs (Qwen3.5's is 128).
 const MAX_HEAD: usize = 256;
 
-fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
+pub(super) fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
     let dn = delta_net(f, a)?;
     let recurrent = recurrent_layers(f, a, c.n_layer)?;
     for (m, r) in c.mixers.iter_mut().zip(recurrent) {

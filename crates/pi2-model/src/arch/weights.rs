@@ -60,6 +60,20 @@ pub struct LayerWeights {
     /// Added to each expert's probability for the choice only (`ffn_exp_probs_b`: DeepSeek-V3's
     /// rule, LFM2-MoE).
     pub expert_select_bias: Option<TensorView>,
+    /// A mixture layer's shared expert, which every token runs beside its chosen ones
+    /// (Qwen2-MoE, Qwen3.5-MoE).
+    pub shared: Option<SharedExpert>,
+}
+
+/// An expert every token runs (`ffn_{gate,up,down}_shexp`, `n_ff_shared` neurons), its output
+/// scaled by the sigmoid of the token's dot product with `gate_inp` (`ffn_gate_inp_shexp`)
+/// when the layer has one.
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    pub gate: TensorView,
+    pub up: TensorView,
+    pub down: TensorView,
+    pub gate_inp: Option<TensorView>,
 }
 
 /// The tensors of a gated delta net layer besides its four projections (see
@@ -171,6 +185,34 @@ fn delta_net(
             norm: f32_view(f, &n("ssm_norm.weight"), dn.head_dim)?,
         }),
     })
+}
+
+/// A mixture layer's shared expert, when the file has one; a fused `ffn_gate_up_exps` is refused
+/// by name (pi2 reads gate and up apart).
+fn shared_expert(
+    f: &GgufFile,
+    c: &ModelConfig,
+    n: &dyn Fn(&str) -> String,
+) -> Result<Option<SharedExpert>> {
+    if c.n_expert == 0 {
+        return Ok(None);
+    }
+    if f.tensor_position(&n("ffn_gate_up_exps.weight")).is_some() {
+        return Err(ModelError::Unsupported(format!(
+            "`{}`: experts with gate and up fused in one tensor (re-convert with separate ffn_gate_exps and ffn_up_exps)",
+            n("ffn_gate_up_exps.weight")
+        )));
+    }
+    let (d, ff) = (c.n_embd, c.n_ff_shared);
+    let Some(up) = optional(view(f, &n("ffn_up_shexp.weight"), &[d, ff]))? else {
+        return Ok(None);
+    };
+    Ok(Some(SharedExpert {
+        gate: view(f, &n("ffn_gate_shexp.weight"), &[d, ff])?,
+        up,
+        down: view(f, &n("ffn_down_shexp.weight"), &[ff, d])?,
+        gate_inp: optional(f32_view(f, &n("ffn_gate_inp_shexp.weight"), d))?,
+    }))
 }
 
 /// A dense layer's gate and up projections fused in one `ffn_up` of twice the rows, gate
@@ -385,6 +427,7 @@ impl Weights {
                 bo: norm_if(fam.biases, "attn_output.bias", c.n_embd)?,
                 sinks: norm_if(fam.sinks, "attn_sinks.weight", c.n_head)?,
                 router_bias: norm_if(fam.biases, "ffn_gate_inp.bias", c.n_expert)?,
+                shared: shared_expert(f, c, &n)?,
                 expert_select_bias: match c.n_expert > 0 {
                     true => optional(f32_view(f, &n("ffn_exp_probs_b.bias"), c.n_expert))?,
                     false => None,
