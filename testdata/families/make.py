@@ -283,7 +283,7 @@ def lfm2(r, s):
     e, L, hd = s["n_embd"], s["n_layer"], s["n_embd"] // s["n_head"]
     common(r, s)
     attends = s["attention_layers"]
-    r.meta = [m for m in r.meta if m[0] != "lfm2.attention.head_count_kv"]
+    r.meta = [m for m in r.meta if m[0] != f"{r.arch}.attention.head_count_kv"]
     r.kv("attention.head_count_kv", "arr_i32", [s["n_head_kv"] if i in attends else 0 for i in range(L)])
     r.kv("shortconv.l_cache", "u32", s["taps"])
     if s.get("window"):
@@ -297,7 +297,19 @@ def lfm2(r, s):
             r.t(f"blk.{i}.shortconv.conv.weight", [e, s["taps"]], 0.6)
             mat(r, f"blk.{i}.shortconv.in_proj.weight", 3 * e, e)
             mat(r, f"blk.{i}.shortconv.out_proj.weight", e, e, 0.5)
-        layer_ffn(r, s, i)
+        if s.get("n_expert") and i >= s["dense_lead"]:
+            layer_moe(r, s, i)
+            r.t(f"blk.{i}.exp_probs_b.bias", [s["n_expert"]], 0.3)
+        else:
+            layer_ffn(r, s, i)
+
+def lfm2moe(r, s):
+    # LFM2-MoE: LFM2's layers, dense FFNs in the first `dense_lead` layers, then experts with
+    # sigmoid gates and a selection bias.
+    moe_meta(r, s, True)
+    r.kv("leading_dense_block_count", "u32", s["dense_lead"])
+    r.kv("expert_gating_func", "u32", 2)
+    lfm2(r, s)
 
 def smallthinker(r, s):
     # SmallThinker: the router reads the layer's un-normed input before attention (a small gain
@@ -464,6 +476,12 @@ FAMILIES = {
         dict(n_embd=96, n_layer=3, n_ff=160, n_head=4, n_head_kv=1, head_dim=24, n_rot=8, sections=[0, 2, 2, 0],
              taps=3, k_heads=3, v_heads=3, d_state=32, interval=2, tied=True, n_expert=16, n_expert_used=4,
              n_ff_exp=24, n_ff_shexp=24),
+    ]),
+    "lfm2moe": (lfm2moe, [
+        dict(n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, taps=3, attention_layers=[1, 3],
+             n_expert=8, n_expert_used=2, n_ff_exp=32, dense_lead=1),
+        dict(n_embd=96, n_layer=5, n_ff=160, n_head=6, n_head_kv=2, taps=3, attention_layers=[2],
+             tied=True, n_expert=16, n_expert_used=4, n_ff_exp=24, dense_lead=2),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

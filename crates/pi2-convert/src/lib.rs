@@ -576,6 +576,17 @@ fn requant_tolerance(ty: QuantType) -> f32 {
     }
 }
 
+/// A mixture whose leading layers are dense (LFM2-MoE) is not converted: it runs from the
+/// plain file, its experts streamed.
+fn check_mixture_layers(model: &Model) -> Result<(), ConvertError> {
+    match model.config.dense_lead {
+        0 => Ok(()),
+        n => Err(ConvertError::Refused(format!(
+            "a mixture whose first {n} layers are dense is not converted yet: run it from the plain file (under --mem-budget its experts stream from flash)"
+        ))),
+    }
+}
+
 fn check_granule(granule: u32) -> Result<(), ConvertError> {
     if !granule.is_power_of_two() || granule < 32 || granule as u64 > pi2_model::gguf::MAX_ALIGNMENT
     {

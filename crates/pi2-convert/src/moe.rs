@@ -169,6 +169,7 @@ pub fn convert(
             "not a mixture-of-experts model".into(),
         ));
     }
+    super::check_mixture_layers(model)?;
     super::check_granule(cfg.granule)?;
     check_thresholds(thresholds, c.n_layer)?;
     if cfg.predictor.is_some() {

@@ -274,6 +274,7 @@ pub fn convert_file(
             tokens.len()
         )));
     }
+    crate::check_mixture_layers(model)?;
     let mut engine = Engine::new(model, engine_cfg)?;
     if model.config.n_expert > 0 {
         return convert_experts(

@@ -160,9 +160,13 @@ impl<'m> ModelInfo<'m> {
                 true => format!(", and a shared expert of {} neurons", c.n_ff_shared),
                 false => String::new(),
             };
+            let lead = match c.dense_lead {
+                0 => String::new(),
+                k => format!(" (after {k} dense layers of {} neurons)", c.n_ff_dense),
+            };
             writeln!(
                 f,
-                "experts:       {n} per layer, {used} per token, gated by {:?}{norm}{route}{shared}",
+                "experts:       {n} per layer{lead}, {used} per token, gated by {:?}{norm}{route}{shared}",
                 g.func
             )?;
         }

@@ -273,8 +273,10 @@ impl Engine<'_> {
             }
             return Ok(());
         }
-        let next = (li + 1 < c.n_layer).then_some(li + 1);
-        let mats = self.store.ffn(li, next)?;
+        // A dense layer is its model's unit `li * n_expert` (a mixture's leading dense layers).
+        let ne = c.n_expert.max(1);
+        let next = (li + 1 < c.n_layer).then_some((li + 1) * ne);
+        let mats = self.store.ffn(li * ne, next)?;
         if let Some(sp) = self.sparse.filter(|sp| sp.batches_too || decode_batch) {
             let sl = &sp.layers[li];
             let dense_bytes = [mats.gate, mats.up, mats.down]

@@ -37,7 +37,7 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
             _ => None,
         })
         .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
-    let ff = c.n_ff.max(c.n_ff_shared);
+    let ff = c.n_ff.max(c.n_ff_shared).max(c.n_ff_dense);
     let per_token = 8 * c.n_embd + q + 2 * c.kv_dim() + (4 * ff).max(delta_rows);
     // A clustered head's logits in stored order and its centroid scores.
     let head = match model.file.get(pi2_model::bundle::KEY_HEAD_CLUSTER) {

@@ -69,7 +69,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 16] = [
+pub const FAMILIES: [&Family; 17] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -86,4 +86,5 @@ pub const FAMILIES: [&Family; 16] = [
     &super::smallthinker::FAMILY,
     &super::qwen35::FAMILY,
     &super::qwen35moe::FAMILY,
+    &super::lfm2moe::FAMILY,
 ];

@@ -37,7 +37,7 @@ pub const FAMILY: Family = Family {
 /// Longest convolution accepted (LFM2's is 3): each position keeps this many rows of state.
 const MAX_CONV: usize = 64;
 
-fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
+pub(super) fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
     let len_key = format!("{a}.shortconv.l_cache");
     let len = super::get_usize(f, &len_key)?;
     if !(2..=MAX_CONV).contains(&len) {

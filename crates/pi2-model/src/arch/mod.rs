@@ -16,6 +16,7 @@ use rope::rope;
 pub use rope::Yarn;
 mod granite;
 mod lfm2;
+mod lfm2moe;
 mod llama;
 mod mistral3;
 mod mixer;
@@ -58,6 +59,7 @@ pub enum Arch {
     Smallthinker,
     Qwen35,
     Qwen35Moe,
+    Lfm2Moe,
 }
 
 impl Arch {
@@ -120,6 +122,10 @@ pub struct ModelConfig {
     /// Neurons of a mixture's shared expert, where its layers have one (see
     /// [`LayerWeights::shared`]).
     pub n_ff_shared: usize,
+    /// A mixture's first layers with a dense FFN instead (LFM2-MoE's
+    /// `leading_dense_block_count`), and their neurons (`feed_forward_length`).
+    pub dense_lead: usize,
+    pub n_ff_dense: usize,
     /// Factor of the token embeddings as they enter the first layer (1: none).
     pub embd_scale: f32,
     /// Factor of the attention scores (usually `1 / sqrt(head_dim)`).
@@ -414,6 +420,11 @@ impl ModelConfig {
             n_expert,
             n_expert_used,
             n_ff_shared,
+            dense_lead: 0,
+            n_ff_dense: match n_expert > 0 {
+                true => get_usize_or(f, &k("feed_forward_length"), 0)?,
+                false => n_ff,
+            },
             gating,
             embd_scale: match fam.scale_embeddings {
                 true => (n_embd as f32).sqrt(),
@@ -436,6 +447,14 @@ impl ModelConfig {
             route_before_attention: false,
         };
         (fam.hyper)(f, a, &mut config)?;
+        if config.dense_lead > 0
+            && (config.dense_lead >= n_layer || !(1..=MAX_DIM).contains(&config.n_ff_dense))
+        {
+            return Err(ModelError::Corrupt(format!(
+                "{} leading dense layers of {} neurons in a {n_layer}-layer mixture is not a valid layout",
+                config.dense_lead, config.n_ff_dense
+            )));
+        }
         let free = attention_free_layers(f, a, n_layer)?;
         let attends = |li: usize| config.mixers[li] == Mixer::Attention;
         if (0..n_layer).any(|li| free[li] && attends(li)) {
@@ -449,6 +468,19 @@ impl ModelConfig {
     /// Whether layer `li` rotates Q and K.
     pub fn rope_in(&self, li: usize) -> bool {
         self.rope_skip.is_none_or(|skip| !skip.has(li))
+    }
+
+    /// Whether layer `li`'s FFN is a mixture of experts.
+    pub fn has_experts(&self, li: usize) -> bool {
+        self.n_expert > 0 && li >= self.dense_lead
+    }
+
+    /// Neurons of layer `li`'s FFN (of each expert, in a mixture layer).
+    pub fn ffn_size(&self, li: usize) -> usize {
+        match self.n_expert > 0 && !self.has_experts(li) {
+            true => self.n_ff_dense,
+            false => self.n_ff,
+        }
     }
 
     /// How layer `li` mixes tokens.

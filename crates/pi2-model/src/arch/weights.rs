@@ -57,7 +57,7 @@ pub struct LayerWeights {
     /// (expert e owns rows `e*n_ff..(e+1)*n_ff` of gate and up, `e*n_embd..` of down, or
     /// `e*n_ff..` of a transposed down).
     pub router: Option<TensorView>,
-    /// Added to each expert's probability for the choice only (`ffn_exp_probs_b`: DeepSeek-V3's
+    /// Added to each expert's probability for the choice only (`exp_probs_b`: DeepSeek-V3's
     /// rule, LFM2-MoE).
     pub expert_select_bias: Option<TensorView>,
     /// A mixture layer's shared expert, which every token runs beside its chosen ones
@@ -192,9 +192,10 @@ fn delta_net(
 fn shared_expert(
     f: &GgufFile,
     c: &ModelConfig,
+    moe: bool,
     n: &dyn Fn(&str) -> String,
 ) -> Result<Option<SharedExpert>> {
-    if c.n_expert == 0 {
+    if !moe {
         return Ok(None);
     }
     if f.tensor_position(&n("ffn_gate_up_exps.weight")).is_some() {
@@ -220,19 +221,19 @@ fn shared_expert(
 fn fused_up(
     f: &GgufFile,
     c: &ModelConfig,
+    moe: bool,
+    ff: usize,
     n: &dyn Fn(&str) -> String,
 ) -> Result<Option<[TensorView; 2]>> {
-    let dims = [c.n_embd, 2 * c.n_ff];
+    let dims = [c.n_embd, 2 * ff];
     let fused = f
         .tensor(&n("ffn_up.weight"))
         .is_some_and(|t| t.dims.iter().map(|&d| d as usize).eq(dims));
-    if c.n_expert > 0 || f.tensor_position(&n("ffn_gate.weight")).is_some() || !fused {
+    if moe || f.tensor_position(&n("ffn_gate.weight")).is_some() || !fused {
         return Ok(None);
     }
     let v = view(f, &n("ffn_up.weight"), &dims)?;
-    Ok(Some(
-        v.split(&[c.n_ff, c.n_ff]).try_into().expect("two parts"),
-    ))
+    Ok(Some(v.split(&[ff, ff]).try_into().expect("two parts")))
 }
 
 fn view(f: &GgufFile, name: &str, dims: &[usize]) -> Result<TensorView> {
@@ -332,6 +333,8 @@ impl Weights {
                 }
             };
             let attends = c.mixer(i) == Mixer::Attention;
+            // A mixture's leading layers may be dense, of their own size.
+            let (moe, ff) = (c.has_experts(i), c.ffn_size(i));
             // Q and K norms: per head (one head's weights), or over each token's whole vector.
             let qk_norm = |name: &str, whole: usize| match fam.qk_norm {
                 _ if !attends => Ok(None),
@@ -349,7 +352,7 @@ impl Weights {
             // Looked up after the other tensors (struct fields evaluate in order), so a missing
             // layer reports its first tensor.
             let down = || -> Result<(TensorView, bool)> {
-                if c.n_expert > 0 {
+                if moe {
                     let dims = [c.n_ff, c.n_embd, c.n_expert];
                     if let Some(d) = optional(view(f, &n("ffn_down_exps.weight"), &dims))? {
                         return Ok((d, false));
@@ -362,9 +365,9 @@ impl Weights {
                     };
                 }
                 // A converted file's transposed rows first (it may keep the source's too).
-                match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, c.n_ff]))? {
+                match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, ff]))? {
                     Some(d) => Ok((d, true)),
-                    None => match optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))? {
+                    None => match optional(view(f, &n("ffn_down.weight"), &[ff, c.n_embd]))? {
                         Some(d) => Ok((d, false)),
                         None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
                     },
@@ -372,10 +375,10 @@ impl Weights {
             };
             let down_transposed: bool;
             // Stacked expert tensors (`*_exps`), as llama.cpp writes Mixtral since 2024.
-            let (ffn, ffn_dims) = if c.n_expert > 0 {
+            let (ffn, ffn_dims) = if moe {
                 ("_exps", vec![c.n_embd, c.n_ff, c.n_expert])
             } else {
-                ("", vec![c.n_embd, c.n_ff])
+                ("", vec![c.n_embd, ff])
             };
             let attn_norm = f32_view(f, &n("attn_norm.weight"), c.n_embd)?;
             let MixerTensors {
@@ -384,7 +387,7 @@ impl Weights {
                 conv,
                 delta,
             } = mixer(f, c, i, &n)?;
-            let fused = fused_up(f, c, &n)?;
+            let fused = fused_up(f, c, moe, ff, &n)?;
             layers.push(LayerWeights {
                 attn_norm,
                 wq,
@@ -415,24 +418,24 @@ impl Weights {
                     d
                 },
                 down_transposed,
-                down_dense: match down_transposed && c.n_expert == 0 {
-                    true => optional(view(f, &n("ffn_down.weight"), &[c.n_ff, c.n_embd]))?,
+                down_dense: match down_transposed && !moe {
+                    true => optional(view(f, &n("ffn_down.weight"), &[ff, c.n_embd]))?,
                     false => None,
                 },
-                router: if c.n_expert > 0 {
+                router: if moe {
                     Some(view(f, &n("ffn_gate_inp.weight"), &[c.n_embd, c.n_expert])?)
                 } else {
                     None
                 },
                 bo: norm_if(fam.biases, "attn_output.bias", c.n_embd)?,
                 sinks: norm_if(fam.sinks, "attn_sinks.weight", c.n_head)?,
-                router_bias: norm_if(fam.biases, "ffn_gate_inp.bias", c.n_expert)?,
-                shared: shared_expert(f, c, &n)?,
-                expert_select_bias: match c.n_expert > 0 {
-                    true => optional(f32_view(f, &n("ffn_exp_probs_b.bias"), c.n_expert))?,
+                router_bias: norm_if(fam.biases && moe, "ffn_gate_inp.bias", c.n_expert)?,
+                shared: shared_expert(f, c, moe, &n)?,
+                expert_select_bias: match moe {
+                    true => optional(f32_view(f, &n("exp_probs_b.bias"), c.n_expert))?,
                     false => None,
                 },
-                expert_biases: match fam.biases {
+                expert_biases: match fam.biases && moe {
                     true => Some([
                         f32_rows(f, &n("ffn_gate_exps.bias"), [c.n_ff, c.n_expert])?,
                         f32_rows(f, &n("ffn_up_exps.bias"), [c.n_ff, c.n_expert])?,
