@@ -330,3 +330,27 @@ fn a_trailing_assistant_message_is_continued() {
         assert!(r.body.contains(needle), "{}", r.body);
     }
 }
+
+/// llama-server's `/v1/chat/completions/input_tokens` counts a chat request's prompt as the
+/// chat route reads it (template, system message and all) without running the model; a
+/// malformed request is refused as the chat route refuses it.
+#[test]
+fn chat_input_tokens_count_the_prompt_the_chat_route_reads() {
+    let s = Server::start(&[]);
+    let body = json!({"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a colour."}
+    ]});
+    let r = post(&s.addr, "/v1/chat/completions/input_tokens", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["object"], "response.input_tokens");
+    let n = r.json()["input_tokens"].as_u64().unwrap();
+    let mut run = body.clone();
+    run["max_tokens"] = 1.into();
+    let c = post(&s.addr, "/v1/chat/completions", &run);
+    assert_eq!(c.status, 200, "{}", c.body);
+    assert_eq!(c.json()["usage"]["prompt_tokens"].as_u64(), Some(n));
+    let r = post(&s.addr, "/chat/completions/input_tokens", &json!({"messages": "hi"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("messages"), "{}", r.body);
+}

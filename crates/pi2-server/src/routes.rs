@@ -33,6 +33,8 @@ pub fn router(state: Arc<AppState>, ui: bool) -> Router {
         .route("/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
+        .route("/v1/chat/completions/input_tokens", post(input_tokens))
+        .route("/chat/completions/input_tokens", post(input_tokens))
         .route("/v1/completions", post(completion))
         // llama-server's native route, under both its names.
         .route("/completion", post(native))
@@ -146,6 +148,33 @@ async fn apply_template(State(s): State<Arc<AppState>>, body: Body) -> Response 
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("rendering failed: {e}"),
+            )
+        })?
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The number of tokens a chat request's prompt takes (llama-server's
+/// `/v1/chat/completions/input_tokens`): its messages and tools through the template, as
+/// `/v1/chat/completions` would read them, without running the model.
+async fn input_tokens(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    let answer = async {
+        let body = read_body(&s, body).await?;
+        let state = s.clone();
+        tokio::task::spawn_blocking(move || {
+            let req = CompletionRequest::parse(&body)?;
+            let plan = req.tool_plan()?;
+            let n = chat_prompt(&state, &req, plan.as_ref())?.len();
+            Ok::<_, ApiError>(
+                Json(json!({ "object": "response.input_tokens", "input_tokens": n }))
+                    .into_response(),
+            )
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("counting failed: {e}"),
             )
         })?
     };
