@@ -233,7 +233,7 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
     assert_eq!(call(chat, &[auth], hi).0, 200);
     // As llama-server with one model: any `model` name is answered (apps hard-code theirs);
     // the OpenAI SDK's `developer` role is the system prompt; llama-server's own fields pass.
-    let named = br#"{"model":"gpt-4o","messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":"hi"}],"n_predict":2,"cache_prompt":true,"typical_p":1.0,"samplers":["penalties","dry","top_n_sigma","top_k","typ_p","top_p","min_p","xtc","temperature"]}"#;
+    let named = br#"{"model":"gpt-4o","messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":"hi"}],"n_predict":2,"ignore_eos":true,"cache_prompt":true,"typical_p":1.0,"samplers":["penalties","dry","top_n_sigma","top_k","typ_p","top_p","min_p","xtc","temperature"]}"#;
     let (got, body) = call(chat, &[auth], named);
     assert_eq!(got, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();

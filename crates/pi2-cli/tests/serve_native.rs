@@ -350,7 +350,65 @@ fn chat_input_tokens_count_the_prompt_the_chat_route_reads() {
     let c = post(&s.addr, "/v1/chat/completions", &run);
     assert_eq!(c.status, 200, "{}", c.body);
     assert_eq!(c.json()["usage"]["prompt_tokens"].as_u64(), Some(n));
-    let r = post(&s.addr, "/chat/completions/input_tokens", &json!({"messages": "hi"}));
+    let r = post(
+        &s.addr,
+        "/chat/completions/input_tokens",
+        &json!({"messages": "hi"}),
+    );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("messages"), "{}", r.body);
+}
+
+/// `n` choices: choice i is the answer a one-choice request with seed + i gets, every choice's
+/// tokens are counted; streamed, more than one choice is refused by name.
+#[test]
+fn n_choices_sample_with_consecutive_seeds() {
+    let s = Server::start(&[]);
+    let ask = |route: &str, extra: Value| {
+        let mut body = json!({"max_tokens": 12, "temperature": 1.0, "seed": 7});
+        match route {
+            "/v1/chat/completions" => {
+                body["messages"] = json!([{"role": "user", "content": "Tell me a story."}])
+            }
+            _ => body["prompt"] = "Once upon a time".into(),
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post(&s.addr, route, &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    for (route, text) in [
+        ("/v1/chat/completions", "/message/content"),
+        ("/v1/completions", "/text"),
+    ] {
+        let many = ask(route, json!({"n": 3}));
+        let choices = many["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3, "{many}");
+        let mut tokens = 0;
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], i, "{many}");
+            let one = ask(route, json!({"seed": 7 + i}));
+            assert_eq!(
+                c.pointer(text),
+                one["choices"][0].pointer(text),
+                "{route} choice {i}"
+            );
+            tokens += one["usage"]["completion_tokens"].as_u64().unwrap();
+        }
+        assert_eq!(many["usage"]["completion_tokens"].as_u64(), Some(tokens));
+        let prompt = many["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(
+            many["usage"]["total_tokens"].as_u64(),
+            Some(prompt + tokens)
+        );
+    }
+    let r = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "n": 2, "stream": true}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("`n`"), "{}", r.body);
 }

@@ -140,6 +140,8 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
+/// Most choices one request asks for (`n`).
+pub const MAX_CHOICES: usize = 8;
 /// Most stop strings, and longest, accepted (OpenAI allows 4).
 const MAX_STOPS: usize = 16;
 /// Roles a message may have (`developer` is the OpenAI SDK's name for `system`).
@@ -413,10 +415,26 @@ impl CompletionRequest {
         if let Some((name, v, want)) = pi2_runtime::options::sampling_problem(&cfg) {
             return Err(ApiError::bad(format!("`{name}` is {v}; it must be {want}")).param(name));
         }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad("`n`: one choice per request").param("n"));
-        }
         Ok(cfg)
+    }
+
+    /// How many choices to answer (`n`, OpenAI's): up to [`MAX_CHOICES`], each sampled with
+    /// the request's seed plus its index; streamed or on llama-server's native routes, one.
+    pub fn choices(&self, kind: Kind) -> Result<usize, ApiError> {
+        match self.n {
+            None | Some(1) => Ok(1),
+            Some(n) if n == 0 || n > MAX_CHOICES as u64 => {
+                Err(ApiError::bad(format!("`n` is {n}; it must be 1 to {MAX_CHOICES}")).param("n"))
+            }
+            Some(_) if self.streams() => Err(ApiError::bad(
+                "`n` above 1 is answered whole: drop `stream` or ask one choice per request",
+            )
+            .param("n")),
+            Some(_) if kind.native() => {
+                Err(ApiError::bad("`n` is for /v1/completions and /v1/chat/completions").param("n"))
+            }
+            Some(n) => Ok(n as usize),
+        }
     }
 
     /// `max_tokens` (or `max_completion_tokens`), refused beyond the context.
@@ -725,7 +743,9 @@ mod tests {
         assert!(r(r#"{"temperature":-1}"#).sampler(1000, 512).is_err());
         assert!(r(r#"{"top_p":0}"#).sampler(1000, 512).is_err());
         assert!(r(r#"{"min_p":2}"#).sampler(1000, 512).is_err());
-        assert!(r(r#"{"n":2}"#).sampler(1000, 512).is_err());
+        assert!(r(r#"{"n":2}"#).choices(Kind::Chat).is_ok_and(|n| n == 2));
+        assert!(r(r#"{"n":0}"#).choices(Kind::Chat).is_err());
+        assert!(r(r#"{"n":2,"stream":true}"#).choices(Kind::Chat).is_err());
         assert!(r(r#"{"presence_penalty":3}"#).sampler(1000, 512).is_err());
         assert!(r(r#"{"logit_bias":{"5":101}}"#).sampler(1000, 512).is_err());
         let e = r(r#"{"logit_bias":{"1000":1}}"#)

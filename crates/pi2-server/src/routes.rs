@@ -239,14 +239,14 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
                 format!("checking the request failed: {e}"),
             )
         })??;
-    let (tx, rx) = mpsc::channel(64);
-    if req.echo == Some(true) {
-        if kind != Kind::Completion {
-            return Err(ApiError::bad("`echo` is for /v1/completions").param("echo"));
+    let echo = match req.echo == Some(true) {
+        true if kind != Kind::Completion => {
+            return Err(ApiError::bad("`echo` is for /v1/completions").param("echo"))
         }
-        // The prompt's text, as the answer's first text (the channel is new: there is room).
-        let _ = tx.try_send(Event::Text(req.prompt_text()?.to_string(), Vec::new()));
-    }
+        true => Some(req.prompt_text()?.to_string()),
+        false => None,
+    };
+    let n = req.choices(kind)?;
     let sampler = req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?;
     let max_tokens = req.max_tokens(s.n_ctx)?;
     let (native_prompt, settings) = match kind {
@@ -256,21 +256,32 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         ),
         _ => (String::new(), serde_json::Value::Null),
     };
-    let job = Job {
-        prompt,
-        sampler,
-        max_tokens,
-        stops: req.stops()?,
-        ignore_eos: req.ignore_eos.unwrap_or(false),
-        stream: req.streams(),
-        drafts: req.drafts(s.draft, s.draft_model, s.offloads)?,
-        draft_max: s.draft_max,
-        grammar,
-        logprobs,
-        embed: None,
-        events: tx,
-    };
-    s.queue.submit(job)?;
+    // Choice i samples with seed + i (each its own job: batched slots run them together).
+    let mut answers = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::channel(64);
+        if let Some(text) = &echo {
+            // The prompt's text, as the answer's first text (the channel is new: there is room).
+            let _ = tx.try_send(Event::Text(text.clone(), Vec::new()));
+        }
+        let mut sampler = sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(i as u64);
+        s.queue.submit(Job {
+            prompt: prompt.clone(),
+            sampler,
+            max_tokens,
+            stops: req.stops()?,
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+            stream: req.streams(),
+            drafts: req.drafts(s.draft, s.draft_model, s.offloads)?,
+            draft_max: s.draft_max,
+            grammar: grammar.clone(),
+            logprobs,
+            embed: None,
+            events: tx,
+        })?;
+        answers.push(rx);
+    }
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion | Kind::Native | Kind::Infill => "cmpl",
@@ -295,11 +306,12 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         tools: plan.map(|p| p.names),
     };
     if req.streams() {
+        let rx = answers.pop().expect("a stream has one choice");
         Ok(Sse::new(events(out, rx))
             .keep_alive(KeepAlive::default())
             .into_response())
     } else {
-        whole(out, rx).await
+        whole(out, answers).await
     }
 }
 
@@ -433,9 +445,38 @@ struct Output {
     max_calls: usize,
 }
 
-/// Collects the answer. If the client leaves, this future is dropped with `rx`, and the slot
-/// stops at its next token.
-async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, ApiError> {
+/// Collects the answers (choice i from `answers[i]`) into one response: the first choice's,
+/// with the others' choices after it and their generated tokens counted in its usage. If the
+/// client leaves, this future is dropped with the receivers, and the slots stop at their next
+/// token.
+async fn whole(out: Output, answers: Vec<mpsc::Receiver<Event>>) -> Result<Response, ApiError> {
+    let mut merged: Option<serde_json::Value> = None;
+    for (i, rx) in answers.into_iter().enumerate() {
+        let mut v = one_answer(&out, rx).await?;
+        let Some(m) = merged.as_mut() else {
+            merged = Some(v);
+            continue;
+        };
+        let mut choice = v["choices"][0].take();
+        choice["index"] = i.into();
+        m["choices"].as_array_mut().expect("choices").push(choice);
+        let u = &v["usage"];
+        for key in ["completion_tokens", "total_tokens"] {
+            let add = match key {
+                "completion_tokens" => u[key].as_u64().unwrap_or(0),
+                _ => u["completion_tokens"].as_u64().unwrap_or(0),
+            };
+            m["usage"][key] = (m["usage"][key].as_u64().unwrap_or(0) + add).into();
+        }
+    }
+    Ok(Json(merged.expect("at least one choice")).into_response())
+}
+
+/// One choice's answer, as the whole response it would be alone.
+async fn one_answer(
+    out: &Output,
+    mut rx: mpsc::Receiver<Event>,
+) -> Result<serde_json::Value, ApiError> {
     let env = &out.env;
     let (mut text, mut lps) = (String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
@@ -450,7 +491,7 @@ async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, A
                 let (content, mut calls) = crate::tools::parse_calls(&text, names);
                 calls.truncate(out.max_calls);
                 if out.tools.is_none() || calls.is_empty() {
-                    return Ok(Json(env.answer(&text, &s, lp)).into_response());
+                    return Ok(env.answer(&text, &s, lp));
                 }
                 let mut v = env.answer(&content, &s, lp);
                 let choice = &mut v["choices"][0];
@@ -459,7 +500,7 @@ async fn whole(out: Output, mut rx: mpsc::Receiver<Event>) -> Result<Response, A
                     choice["message"]["content"] = serde_json::Value::Null;
                 }
                 choice["finish_reason"] = "tool_calls".into();
-                return Ok(Json(v).into_response());
+                return Ok(v);
             }
             Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
             Event::Busy(m) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),

@@ -43,7 +43,7 @@ assert other.choices[0].message.content == expected, (other.choices[0].message.c
 
 # Fields pi2 does not serve yet are refused by name, never answered as if honoured; their
 # defaults pass.
-for extra, field in [({"n": 2}, "n"),
+for extra, field in [({"n": 2, "stream": True}, "n"),
                      ({"extra_body": {"suffix": "}"}}, "suffix"),
                      ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
                      ({"extra_body": {"mirostat": 2}}, "mirostat")]:
@@ -52,6 +52,11 @@ for extra, field in [({"n": 2}, "n"),
         sys.exit(f"{field} was accepted")
     except openai.BadRequestError as e:
         assert f"`{field}`" in str(e), e
+# n choices: greedy ones agree; their tokens are all counted.
+many = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0, n=3)
+assert [c.index for c in many.choices] == [0, 1, 2], many.choices
+assert all(c.message.content == expected for c in many.choices), many.choices
+assert many.usage.completion_tokens == 3 * 24, many.usage
 client.chat.completions.create(model=model, messages=messages, max_tokens=2, presence_penalty=0,
                                logprobs=False, user="someone")
 # logit_bias is served: banning the greedy first token changes the answer's first token.
