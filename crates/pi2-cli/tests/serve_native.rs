@@ -412,3 +412,53 @@ fn n_choices_sample_with_consecutive_seeds() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("`n`"), "{}", r.body);
 }
+
+/// OpenAI's list of prompts on `/v1/completions`: one answer each, in order (with `n`, each
+/// prompt's choices in a row), each the answer its prompt alone gets, every prompt's and
+/// answer's tokens counted; `echo` starts each with its own prompt; streamed, refused by name.
+#[test]
+fn a_list_of_prompts_gets_an_answer_each() {
+    let s = Server::start(&[]);
+    let prompts = ["The capital of France is", "One, two, three,"];
+    let ask = |body: Value| {
+        let r = post(&s.addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let alone: Vec<Value> = prompts
+        .iter()
+        .map(|p| ask(json!({"prompt": p, "max_tokens": 6, "temperature": 0})))
+        .collect();
+    let both = ask(json!({"prompt": prompts, "max_tokens": 6, "temperature": 0, "n": 2}));
+    let choices = both["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4, "{both}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["text"], alone[i / 2]["choices"][0]["text"], "{both}");
+    }
+    let sum = |key: &str| {
+        alone
+            .iter()
+            .map(|a| a["usage"][key].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(
+        both["usage"]["prompt_tokens"].as_u64(),
+        Some(sum("prompt_tokens"))
+    );
+    assert_eq!(
+        both["usage"]["completion_tokens"].as_u64(),
+        Some(2 * sum("completion_tokens"))
+    );
+    let echoed = ask(json!({"prompt": prompts, "max_tokens": 2, "temperature": 0, "echo": true}));
+    for (c, p) in echoed["choices"].as_array().unwrap().iter().zip(prompts) {
+        assert!(c["text"].as_str().unwrap().starts_with(p), "{echoed}");
+    }
+    let r = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompts, "stream": true}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("`prompt`"), "{}", r.body);
+}

@@ -140,8 +140,12 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// Most choices one request asks for (`n`).
+/// A prompt's tokens, and its text when it is text (for `echo`).
+pub type PromptText<'a> = (Vec<u32>, Option<&'a str>);
+
+/// Most choices one request asks for (`n`), and answers (prompts times choices).
 pub const MAX_CHOICES: usize = 8;
+pub const MAX_ANSWERS: usize = 16;
 /// Most stop strings, and longest, accepted (OpenAI allows 4).
 const MAX_STOPS: usize = 16;
 /// Roles a message may have (`developer` is the OpenAI SDK's name for `system`).
@@ -276,6 +280,36 @@ impl CompletionRequest {
             )
             .param("prompt")),
             None => Err(ApiError::bad("`prompt` is required").param("prompt")),
+        }
+    }
+
+    /// A completion's prompts (OpenAI's list of texts: one answer each, in order) as tokens,
+    /// and their texts (for `echo`); one prompt otherwise.
+    pub fn prompts(
+        &self,
+        tok: &pi2_model::tokenizer::Tokenizer,
+    ) -> Result<Vec<PromptText<'_>>, ApiError> {
+        match &self.prompt {
+            Some(Prompt::Texts(v)) if v.len() > 1 => {
+                if v.len() * self.n.unwrap_or(1).max(1) as usize > MAX_ANSWERS {
+                    return Err(ApiError::bad(format!(
+                        "`prompt`: {} prompts of `n` = {} choices each are more than {MAX_ANSWERS} answers",
+                        v.len(),
+                        self.n.unwrap_or(1)
+                    ))
+                    .param("prompt"));
+                }
+                if self.streams() {
+                    return Err(ApiError::bad(
+                        "`prompt`: a list of prompts is answered whole: drop `stream` or send one prompt per request",
+                    )
+                    .param("prompt"));
+                }
+                Ok(v.iter()
+                    .map(|t| (tok.encode(t, true, true), Some(t.as_str())))
+                    .collect())
+            }
+            _ => Ok(vec![(self.prompt_tokens(tok)?, self.prompt_text().ok())]),
         }
     }
 

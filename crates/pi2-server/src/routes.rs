@@ -216,7 +216,8 @@ async fn answer(s: &Arc<AppState>, body: Body, kind: Kind) -> Response {
 struct Checked {
     req: CompletionRequest,
     plan: Option<crate::tools::ToolPlan>,
-    prompt: Vec<pi2_model::TokenId>,
+    /// Each prompt (several: a completion's list), with its text for `echo`.
+    prompts: Vec<(Vec<pi2_model::TokenId>, Option<String>)>,
     logprobs: Option<usize>,
     grammar: Option<Arc<pi2_grammar::Grammar>>,
 }
@@ -228,7 +229,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     let Checked {
         req,
         plan,
-        prompt,
+        prompts,
         logprobs,
         grammar,
     } = tokio::task::spawn_blocking(move || check(&state, &body, kind))
@@ -243,24 +244,33 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         true if kind != Kind::Completion => {
             return Err(ApiError::bad("`echo` is for /v1/completions").param("echo"))
         }
-        true => Some(req.prompt_text()?.to_string()),
-        false => None,
+        true => {
+            req.prompt_text()
+                .map(|_| ())
+                .or_else(|e| match prompts.len() > 1 {
+                    true => Ok(()),
+                    false => Err(e),
+                })?;
+            true
+        }
+        false => false,
     };
     let n = req.choices(kind)?;
     let sampler = req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?;
     let max_tokens = req.max_tokens(s.n_ctx)?;
     let (native_prompt, settings) = match kind {
         Kind::Native | Kind::Infill => (
-            String::from_utf8_lossy(&s.model.tokenizer.decode(&prompt, true)).into_owned(),
+            String::from_utf8_lossy(&s.model.tokenizer.decode(&prompts[0].0, true)).into_owned(),
             crate::native::settings(&sampler, max_tokens, s.n_ctx, &req),
         ),
         _ => (String::new(), serde_json::Value::Null),
     };
-    // Choice i samples with seed + i (each its own job: batched slots run them together).
-    let mut answers = Vec::with_capacity(n);
-    for i in 0..n {
+    // Each prompt's choice i samples with seed + i (each its own job: batched slots run them
+    // together); answers are in that order.
+    let mut answers = Vec::with_capacity(n * prompts.len());
+    for ((prompt, text), i) in prompts.iter().flat_map(|p| (0..n).map(move |i| (p, i))) {
         let (tx, rx) = mpsc::channel(64);
-        if let Some(text) = &echo {
+        if let Some(text) = text.as_ref().filter(|_| echo) {
             // The prompt's text, as the answer's first text (the channel is new: there is room).
             let _ = tx.try_send(Event::Text(text.clone(), Vec::new()));
         }
@@ -311,7 +321,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
             .keep_alive(KeepAlive::default())
             .into_response())
     } else {
-        whole(out, answers).await
+        whole(out, answers, n).await
     }
 }
 
@@ -334,26 +344,19 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
     if let Some((name, _)) = fim_fields.iter().find(|f| f.1 && kind != Kind::Infill) {
         return Err(ApiError::bad(format!("`{name}` is for /infill")).param(*name));
     }
-    let prompt = match kind {
-        Kind::Chat => chat_prompt(s, &req, plan.as_ref())?,
+    let prompts = match kind {
+        Kind::Chat => vec![(chat_prompt(s, &req, plan.as_ref())?, None)],
         // A completion prompt is the model's whole input, control tokens and all (as
-        // llama-server takes it): text, token ids (as OpenAI's API allows), or both.
-        Kind::Completion | Kind::Native => req.prompt_tokens(tok)?,
-        Kind::Infill => crate::native::infill_prompt(tok, &req, s.n_ctx)?,
+        // llama-server takes it): text, token ids (as OpenAI's API allows), or both; OpenAI's
+        // list of texts, one answer each.
+        Kind::Completion => (req.prompts(tok)?.into_iter())
+            .map(|(p, t)| (p, t.map(str::to_string)))
+            .collect(),
+        Kind::Native => vec![(req.prompt_tokens(tok)?, None)],
+        Kind::Infill => vec![(crate::native::infill_prompt(tok, &req, s.n_ctx)?, None)],
     };
-    if prompt.is_empty() {
-        return Err(ApiError::bad("the prompt is empty"));
-    }
-    if prompt.len() >= s.n_ctx {
-        return Err(ApiError::over_context(
-            format!(
-                "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
-                prompt.len(),
-                s.n_ctx
-            ),
-            prompt.len(),
-            s.n_ctx,
-        ));
+    for (prompt, _) in &prompts {
+        check_prompt_length(s, prompt)?;
     }
     let logprobs = req.top_logprobs(kind)?;
     let asked = req.grammar_spec()?;
@@ -380,10 +383,29 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
     Ok(Checked {
         req,
         plan,
-        prompt,
+        prompts,
         logprobs,
         grammar,
     })
+}
+
+/// A prompt the model can take: not empty, shorter than the context.
+fn check_prompt_length(s: &AppState, prompt: &[pi2_model::TokenId]) -> Result<(), ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::bad("the prompt is empty"));
+    }
+    if prompt.len() >= s.n_ctx {
+        return Err(ApiError::over_context(
+            format!(
+                "the prompt is {} tokens; the context holds {} (start `pi2 serve` with a larger -c or with --context-shift, or shorten the prompt)",
+                prompt.len(),
+                s.n_ctx
+            ),
+            prompt.len(),
+            s.n_ctx,
+        ));
+    }
+    Ok(())
 }
 
 /// A chat request's prompt: its messages (with the tools, through the template's `tools` or a
@@ -445,11 +467,15 @@ struct Output {
     max_calls: usize,
 }
 
-/// Collects the answers (choice i from `answers[i]`) into one response: the first choice's,
-/// with the others' choices after it and their generated tokens counted in its usage. If the
-/// client leaves, this future is dropped with the receivers, and the slots stop at their next
-/// token.
-async fn whole(out: Output, answers: Vec<mpsc::Receiver<Event>>) -> Result<Response, ApiError> {
+/// Collects the answers (choice i from `answers[i]`; each prompt's `per_prompt` in a row)
+/// into one response: the first's, with the others' choices after it and every prompt's and
+/// choice's tokens counted in its usage. If the client leaves, this future is dropped with the
+/// receivers, and the slots stop at their next token.
+async fn whole(
+    out: Output,
+    answers: Vec<mpsc::Receiver<Event>>,
+    per_prompt: usize,
+) -> Result<Response, ApiError> {
     let mut merged: Option<serde_json::Value> = None;
     for (i, rx) in answers.into_iter().enumerate() {
         let mut v = one_answer(&out, rx).await?;
@@ -460,14 +486,16 @@ async fn whole(out: Output, answers: Vec<mpsc::Receiver<Event>>) -> Result<Respo
         let mut choice = v["choices"][0].take();
         choice["index"] = i.into();
         m["choices"].as_array_mut().expect("choices").push(choice);
-        let u = &v["usage"];
-        for key in ["completion_tokens", "total_tokens"] {
-            let add = match key {
-                "completion_tokens" => u[key].as_u64().unwrap_or(0),
-                _ => u["completion_tokens"].as_u64().unwrap_or(0),
-            };
-            m["usage"][key] = (m["usage"][key].as_u64().unwrap_or(0) + add).into();
+        let count = |v: &serde_json::Value, key: &str| v["usage"][key].as_u64().unwrap_or(0);
+        let mut keys = vec!["completion_tokens"];
+        if i % per_prompt.max(1) == 0 {
+            keys.push("prompt_tokens");
         }
+        for key in keys {
+            m["usage"][key] = (count(m, key) + count(&v, key)).into();
+        }
+        m["usage"]["total_tokens"] =
+            (count(m, "prompt_tokens") + count(m, "completion_tokens")).into();
     }
     Ok(Json(merged.expect("at least one choice")).into_response())
 }
