@@ -462,3 +462,62 @@ fn a_list_of_prompts_gets_an_answer_each() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("`prompt`"), "{}", r.body);
 }
+
+/// A thinking model's reasoning comes apart from its answer (llama-server's
+/// `reasoning_format`, `auto` by default), whole and streamed as `reasoning_content` deltas; an
+/// answer is made to think here by a grammar (the test model does not think on its own).
+#[test]
+fn reasoning_comes_apart_from_the_answer() {
+    let s = Server::start(&[]);
+    let think = r#"root ::= "<think>Two and two.</think>\n\nFour.""#;
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 64,
+                           "temperature": 0, "grammar": think});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let r = post(&s.addr, "/v1/chat/completions", &body(json!({})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = &r.json()["choices"][0]["message"];
+    assert_eq!(m["content"], "Four.", "{}", r.body);
+    assert_eq!(m["reasoning_content"], "Two and two.", "{}", r.body);
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &body(json!({"reasoning_format": "none"})),
+    );
+    let m = &r.json()["choices"][0]["message"];
+    assert_eq!(
+        m["content"], "<think>Two and two.</think>\n\nFour.",
+        "{}",
+        r.body
+    );
+    assert!(m.get("reasoning_content").is_none(), "{}", r.body);
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &body(json!({"stream": true})),
+    );
+    assert_eq!(r.status, 200);
+    let chunks: Vec<Value> = sse_data(&r.body)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let field = |name: &str| -> String {
+        (chunks.iter())
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    assert_eq!(field("reasoning_content"), "Two and two.");
+    assert_eq!(field("content"), "Four.");
+    let r = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &body(json!({"reasoning_format": "hidden"})),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("reasoning_format"), "{}", r.body);
+}

@@ -54,6 +54,8 @@ pub struct CompletionRequest {
     pub n_probs: Option<u64>,
     /// Variables for the chat template (llama-server's; e.g. Qwen3's `enable_thinking`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// How a thinking model's reasoning is given (llama-server's; see `reasoning.rs`).
+    pub reasoning_format: Option<String>,
     /// The template's opening of the assistant's turn after the messages (default true).
     pub add_generation_prompt: Option<bool>,
     /// Continue the last (assistant) message instead of opening a turn: `true` or `"content"`.

@@ -40,6 +40,7 @@ const SERVED: &[&str] = &[
     "top_logprobs",
     "n_probs",
     "chat_template_kwargs",
+    "reasoning_format",
     "add_generation_prompt",
     "continue_final_message",
     "input_prefix",

@@ -218,6 +218,8 @@ struct Checked {
     plan: Option<crate::tools::ToolPlan>,
     /// Each prompt (several: a completion's list), with its text for `echo`.
     prompts: Vec<(Vec<pi2_model::TokenId>, Option<String>)>,
+    /// A chat answer's reasoning, split from its content.
+    think: Option<crate::reasoning::Split>,
     logprobs: Option<usize>,
     grammar: Option<Arc<pi2_grammar::Grammar>>,
 }
@@ -230,6 +232,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         req,
         plan,
         prompts,
+        think,
         logprobs,
         grammar,
     } = tokio::task::spawn_blocking(move || check(&state, &body, kind))
@@ -311,6 +314,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     };
     let out = Output {
         env,
+        think,
         scores: logprobs.map(|_| &s.model.tokenizer),
         max_calls: plan.as_ref().map_or(0, |p| p.max_calls),
         tools: plan.map(|p| p.names),
@@ -380,10 +384,25 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
             Some(s.grammar(&spec, field)?)
         }
     };
+    let think = match kind {
+        Kind::Chat => {
+            let format = crate::reasoning::Format::parse(req.reasoning_format.as_deref())?;
+            // Whether the template left the answer inside an open think block.
+            let p = &prompts[0].0;
+            let tail = tok.decode(&p[p.len().saturating_sub(8)..], true);
+            let opened = crate::reasoning::opens_thinking(&String::from_utf8_lossy(&tail));
+            Some(crate::reasoning::Split::new(format, opened))
+        }
+        _ if req.reasoning_format.is_some() => {
+            return Err(ApiError::bad("`reasoning_format` is for chat").param("reasoning_format"))
+        }
+        _ => None,
+    };
     Ok(Checked {
         req,
         plan,
         prompts,
+        think,
         logprobs,
         grammar,
     })
@@ -461,6 +480,7 @@ fn chat_prompt(
 /// (when asked for), and the functions offered (their calls are parsed from the text).
 struct Output {
     env: Envelope,
+    think: Option<crate::reasoning::Split>,
     scores: Option<&'static Tokenizer>,
     tools: Option<Vec<String>>,
     /// Calls one answer may make (`parallel_tool_calls: false`: one).
@@ -515,19 +535,29 @@ async fn one_answer(
             }
             Event::Done(s) => {
                 let lp = out.scores.map(|tok| logprobs_value(env.kind, tok, &lps, 0));
+                let (reasoning, text) = match out.think.clone() {
+                    Some(split) => split.whole(&text),
+                    None => (None, text),
+                };
                 let names = out.tools.as_deref().unwrap_or(&[]);
                 let (content, mut calls) = crate::tools::parse_calls(&text, names);
                 calls.truncate(out.max_calls);
-                if out.tools.is_none() || calls.is_empty() {
-                    return Ok(env.answer(&text, &s, lp));
+                let mut v = match out.tools.is_none() || calls.is_empty() {
+                    true => env.answer(&text, &s, lp),
+                    false => {
+                        let mut v = env.answer(&content, &s, lp);
+                        let choice = &mut v["choices"][0];
+                        choice["message"]["tool_calls"] = crate::tools::calls_json(&calls, &env.id);
+                        if content.is_empty() {
+                            choice["message"]["content"] = serde_json::Value::Null;
+                        }
+                        choice["finish_reason"] = "tool_calls".into();
+                        v
+                    }
+                };
+                if let Some(r) = reasoning {
+                    v["choices"][0]["message"]["reasoning_content"] = r.into();
                 }
-                let mut v = env.answer(&content, &s, lp);
-                let choice = &mut v["choices"][0];
-                choice["message"]["tool_calls"] = crate::tools::calls_json(&calls, &env.id);
-                if content.is_empty() {
-                    choice["message"]["content"] = serde_json::Value::Null;
-                }
-                choice["finish_reason"] = "tool_calls".into();
                 return Ok(v);
             }
             Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
@@ -577,6 +607,13 @@ fn events(
         .map(Ok)
 }
 
+/// A chat chunk of reasoning (`delta.reasoning_content`, as llama-server streams it).
+fn reasoning_chunk(env: &Envelope, text: &str) -> serde_json::Value {
+    let mut v = env.chunk(None, false, None, None);
+    v["choices"][0]["delta"]["reasoning_content"] = text.into();
+    v
+}
+
 fn data(v: serde_json::Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
 }
@@ -602,19 +639,40 @@ impl Streamed {
                     .out
                     .scores
                     .map(|tok| logprobs_value(env.kind, tok, &l, self.sent));
+                let (reasoning, t) = match &mut self.out.think {
+                    Some(split) => split.feed(&t),
+                    None => (String::new(), t),
+                };
+                let mut evs = Vec::new();
+                if !reasoning.is_empty() {
+                    evs.push(data(reasoning_chunk(env, &reasoning)));
+                }
                 let shown = match &mut self.calls {
                     Some(c) => c.push(&t),
                     None => t,
                 };
                 self.sent += shown.len();
-                if shown.is_empty() && lp.is_none() {
-                    return Vec::new();
+                if !shown.is_empty() || lp.is_some() {
+                    evs.push(data(env.chunk(Some(&shown), false, None, lp)));
                 }
-                vec![data(env.chunk(Some(&shown), false, None, lp))]
+                evs
             }
             Event::Done(mut s) => {
                 self.ended = true;
                 let mut evs = Vec::new();
+                if let Some(split) = self.out.think.as_mut() {
+                    let (reasoning, rest) = split.finish();
+                    if !reasoning.is_empty() {
+                        evs.push(data(reasoning_chunk(env, &reasoning)));
+                    }
+                    let rest = match &mut self.calls {
+                        Some(c) => c.push(&rest),
+                        None => rest,
+                    };
+                    if !rest.is_empty() {
+                        evs.push(data(env.chunk(Some(&rest), false, None, None)));
+                    }
+                }
                 let names = self.out.tools.as_deref().unwrap_or(&[]);
                 if let Some(c) = self.calls.take() {
                     let (rest, mut calls) = c.finish(names);
