@@ -397,6 +397,11 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
             }
             let st = streamed.experts().unwrap().stats().clone();
             assert!(st.reads > 0, "{name}: {st:?}");
+            if m.config.route_before_attention && slots == half {
+                // A decoded token's experts are read while its attention runs (where the
+                // cache has room beside the previous layer's).
+                assert!(st.prefetch_used > 0, "{name}: {st:?}");
+            }
             match slots == half {
                 // Decode finds experts chosen before.
                 // (A cache of every expert leaves nothing to read ahead.)

@@ -47,7 +47,7 @@ impl Engine<'_> {
             if let Some(o) = observer.as_deref_mut() {
                 o.observe_stream(li, &self.s.x[..n * c.n_embd]);
             }
-            self.route_before_attention(li, l, n);
+            self.route_before_attention(li, l, n, pass)?;
             let mats = self.store.attention(li)?;
             mixer::block(
                 &self.ks,
@@ -73,12 +73,29 @@ impl Engine<'_> {
     }
 
     /// Layer `li`'s routes from its input stream, where the model routes before attention.
-    pub(super) fn route_before_attention(&mut self, li: usize, l: &LayerWeights, n: usize) {
+    /// A decoded token's experts are then known one attention block early: a store that
+    /// streams experts starts reading them now (the exact choice, not a guess), so the reads
+    /// overlap attention.
+    pub(super) fn route_before_attention(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        pass: Pass,
+    ) -> Result<(), EngineError> {
         let (c, f) = (&self.model.config, &self.model.file);
-        if let Some(router) = (moe::Router::of(l, f)).filter(|_| c.route_before_attention) {
-            let (s, routes) = (&mut self.s, &mut self.routes);
-            moe::route_tokens(&self.ks, c, li, &router, RouterInput::Stream, s, routes, n);
+        let Some(router) = (moe::Router::of(l, f)).filter(|_| c.route_before_attention) else {
+            return Ok(());
+        };
+        let (s, routes) = (&mut self.s, &mut self.routes);
+        moe::route_tokens(&self.ks, c, li, &router, RouterInput::Stream, s, routes, n);
+        if n == 1 && pass != Pass::Prompt && self.store.experts().is_some() {
+            let units: Vec<usize> = (self.routes.picked.iter())
+                .map(|&(e, _)| li * c.n_expert + e)
+                .collect();
+            self.store.prefetch(&units)?;
         }
+        Ok(())
     }
 
     /// Embedding rows of `tokens` into `s.x`, scaled as the model says.

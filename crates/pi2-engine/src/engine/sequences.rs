@@ -122,7 +122,7 @@ impl Engine<'_> {
         // Rows swap between the stream and its normalized copy: both hold every token.
         crate::scratch::grow(&mut self.s.xn, n * d);
         for (li, l) in m.weights.layers.iter().enumerate() {
-            self.route_before_attention(li, l, n);
+            self.route_before_attention(li, l, n, Pass::Decode)?;
             let mats = self.store.attention(li)?;
             for (t, seq) in seqs.iter_mut().enumerate() {
                 // Row t is a one-token pass at its own sequence's next position.
