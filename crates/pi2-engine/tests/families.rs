@@ -369,6 +369,8 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
         // A cache of one token's experts and one more, then of half of them.
         for slots in [m.config.n_expert_used as u64 + 1, half] {
             let budget = need.minimum + need.slot * (slots - m.config.n_expert_used as u64);
+            // Routed before attention: no guesses, so that what is read early is the
+            // exact choice's doing.
             let x = pi2_engine::ExpertStream::new(
                 &m,
                 &path,
@@ -376,6 +378,7 @@ fn mixtures_stream_their_experts_from_the_plain_file_as_in_memory() {
                 scratch,
                 &pi2_engine::OffloadConfig {
                     budget,
+                    prefetch_experts: !m.config.route_before_attention,
                     ..Default::default()
                 },
             )
