@@ -226,39 +226,7 @@ impl Engine<'_> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
         if let Some(router) = moe::Router::of(l, f) {
-            if !c.route_before_attention {
-                let (s, routes) = (&mut self.s, &mut self.routes);
-                moe::route_tokens(&self.ks, c, li, &router, RouterInput::Normed, s, routes, n);
-            }
-            if n == 1 && self.sparse.is_some() && !prompt {
-                // The chosen experts as units of the sparse FFN.
-                let units: Vec<(usize, f32)> = self
-                    .routes
-                    .picked
-                    .iter()
-                    .map(|&(e, w)| (li * c.n_expert + e, w))
-                    .collect();
-                self.sparse_token(li, l, &units, pass)?;
-            } else {
-                let biases =
-                    (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
-                moe::experts(
-                    &self.ks,
-                    c,
-                    li,
-                    &self.routes,
-                    biases,
-                    &mut self.s,
-                    self.store.as_mut(),
-                    observer,
-                )?;
-            }
-            if let Some(sh) = &l.shared {
-                let mats = [&sh.gate, &sh.up, &sh.down].map(|t| t.mat(f));
-                let gate = sh.gate_inp.as_ref().map(|g| g.f32s(f));
-                moe::shared(&self.ks, c, mats, gate, &mut self.s, n);
-            }
-            return Ok(());
+            return self.mixture(li, l, router, n, pass, observer);
         }
         // A converted layer held whole runs dense where that is faster (no predictor). From an
         // offload's pinned rows it computes what the sparse step would (the layer's threshold),
@@ -363,6 +331,43 @@ impl Engine<'_> {
             li,
             n,
         );
+        Ok(())
+    }
+
+    /// Mixture layer `li`'s FFN: the tokens routed (unless they were before attention), their
+    /// chosen experts (a decoded token of a sparse model: as units of the sparse step), then
+    /// the shared expert where the layer has one.
+    fn mixture<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        router: moe::Router<'_>,
+        n: usize,
+        pass: Pass,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        if !c.route_before_attention {
+            let (s, routes) = (&mut self.s, &mut self.routes);
+            moe::route_tokens(&self.ks, c, li, &router, RouterInput::Normed, s, routes, n);
+        }
+        if n == 1 && self.sparse.is_some() && pass != Pass::Prompt {
+            let units: Vec<(usize, f32)> = (self.routes.picked.iter())
+                .map(|&(e, w)| (li * c.n_expert + e, w))
+                .collect();
+            self.sparse_token(li, l, &units, pass)?;
+        } else {
+            let biases =
+                (l.expert_biases.as_ref()).map(|b| [&b[0], &b[1], &b[2]].map(|t| t.f32s(f)));
+            let (s, store) = (&mut self.s, self.store.as_mut());
+            moe::experts(&self.ks, c, li, &self.routes, biases, s, store, observer)?;
+        }
+        if let Some(sh) = &l.shared {
+            let mats = [&sh.gate, &sh.up, &sh.down].map(|t| t.mat(f));
+            let gate = sh.gate_inp.as_ref().map(|g| g.f32s(f));
+            moe::shared(&self.ks, c, mats, gate, &mut self.s, n);
+        }
         Ok(())
     }
 

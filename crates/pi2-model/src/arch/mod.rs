@@ -330,26 +330,7 @@ impl ModelConfig {
         };
         let n_embd = get_usize(f, &k("embedding_length"))?;
         let n_layer = get_usize(f, &k("block_count"))?;
-        // A mixture's experts have a size of their own where the family says so (llama.cpp:
-        // the dense size over the experts used when the key is absent).
-        let n_ff = match (n_expert > 0, f.get(&k("expert_feed_forward_length"))) {
-            (true, Some(_)) => get_usize(f, &k("expert_feed_forward_length"))?,
-            (true, None) if fam.expert_size_key => {
-                get_usize(f, &k("feed_forward_length"))? / n_expert_used.max(1)
-            }
-            _ => get_usize(f, &k("feed_forward_length"))?,
-        };
-        // A shared expert's size (Qwen2-MoE, Qwen3.5-MoE): its key, else the dense size.
-        let n_ff_shared = match (n_expert > 0, f.get(&k("expert_shared_feed_forward_length"))) {
-            (true, Some(_)) => get_usize(f, &k("expert_shared_feed_forward_length"))?,
-            (true, None) => get_usize_or(f, &k("feed_forward_length"), 0)?,
-            (false, _) => 0,
-        };
-        if n_ff_shared > MAX_DIM {
-            return Err(ModelError::Corrupt(format!(
-                "{a}.expert_shared_feed_forward_length = {n_ff_shared} is out of range"
-            )));
-        }
+        let (n_ff, n_ff_shared) = ffn_sizes(f, fam, n_expert, n_expert_used)?;
         let n_head = get_usize(f, &k("attention.head_count"))?;
         let n_head_kv = head_count_kv(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
@@ -530,6 +511,39 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// A model's FFN sizes: of its layers (of each expert, in a mixture) and of a mixture's shared
+/// expert (0: none).
+fn ffn_sizes(
+    f: &GgufFile,
+    fam: &Family,
+    n_expert: usize,
+    n_expert_used: usize,
+) -> Result<(usize, usize)> {
+    let a = fam.name;
+    let k = |s: &str| format!("{a}.{s}");
+    // A mixture's experts have a size of their own where the family says so (llama.cpp:
+    // the dense size over the experts used when the key is absent).
+    let n_ff = match (n_expert > 0, f.get(&k("expert_feed_forward_length"))) {
+        (true, Some(_)) => get_usize(f, &k("expert_feed_forward_length"))?,
+        (true, None) if fam.expert_size_key => {
+            get_usize(f, &k("feed_forward_length"))? / n_expert_used.max(1)
+        }
+        _ => get_usize(f, &k("feed_forward_length"))?,
+    };
+    // A shared expert's size (Qwen2-MoE, Qwen3.5-MoE): its key, else the dense size.
+    let n_ff_shared = match (n_expert > 0, f.get(&k("expert_shared_feed_forward_length"))) {
+        (true, Some(_)) => get_usize(f, &k("expert_shared_feed_forward_length"))?,
+        (true, None) => get_usize_or(f, &k("feed_forward_length"), 0)?,
+        (false, _) => 0,
+    };
+    if n_ff_shared > MAX_DIM {
+        return Err(ModelError::Corrupt(format!(
+            "{a}.expert_shared_feed_forward_length = {n_ff_shared} is out of range"
+        )));
+    }
+    Ok((n_ff, n_ff_shared))
 }
 
 /// A family's experts: how many, how many each token uses, and how they are weighted.

@@ -79,7 +79,7 @@ fn delta_net(f: &GgufFile, a: &str) -> Result<DeltaNet> {
     let inner = get_usize(f, &k("inner_size"))?;
     let valid = (2..=64).contains(&dn.taps)
         && (1..=MAX_HEAD).contains(&dn.head_dim)
-        && (1..=1024).contains(&dn.v_heads)
+        && (1..=256).contains(&dn.v_heads)
         && dn.k_heads > 0
         && dn.v_heads.is_multiple_of(dn.k_heads)
         && inner == dn.value_dim();
