@@ -255,3 +255,80 @@ fn raise_fd_limit() {
         }
     }
 }
+
+/// llama-server's `--host` list: one server answers on each address (all loopback: a
+/// rebinding page is still refused); `--cors-origins localhost` lets pages of this machine,
+/// on any port, call the API and no other site.
+#[test]
+fn several_addresses_and_pages_of_this_machine() {
+    use std::io::BufRead;
+    let args = [
+        "serve",
+        "-m",
+        &common::m(),
+        "--port",
+        "0",
+        "-t",
+        "1",
+        "--host",
+        "127.0.0.1,127.0.0.2",
+        "--cors-origins",
+        "localhost",
+    ];
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pi2"))
+        .args(args)
+        .current_dir(common::root())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addrs: Vec<String> = (0..2)
+        .map(|_| {
+            let line = lines.next().unwrap().unwrap();
+            let at = line
+                .split("http://")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{line}"));
+            at.split_whitespace().next().unwrap().to_string()
+        })
+        .collect();
+    std::thread::spawn(move || lines.for_each(drop));
+    assert!(
+        addrs[0].starts_with("127.0.0.1:") && addrs[1].starts_with("127.0.0.2:"),
+        "{addrs:?}"
+    );
+    for addr in &addrs {
+        let raw = raw_reply(addr, addr, "GET", &[]);
+        assert!(raw.starts_with("HTTP/1.1 200"), "{addr}: {raw}");
+        let raw = raw_reply(addr, "evil.example", "GET", &[]);
+        assert!(raw.starts_with("HTTP/1.1 403"), "{addr}: {raw}");
+    }
+    let preflight = |origin: &str| {
+        raw_reply(
+            &addrs[1],
+            &addrs[1],
+            "OPTIONS",
+            &[
+                &format!("Origin: {origin}"),
+                "Access-Control-Request-Method: POST",
+            ],
+        )
+        .to_ascii_lowercase()
+    };
+    for page in [
+        "http://localhost:5173",
+        "http://127.0.0.1:3000",
+        "http://[::1]:8000",
+    ] {
+        let raw = preflight(page);
+        assert!(
+            raw.contains(&format!("access-control-allow-origin: {page}")),
+            "{raw}"
+        );
+    }
+    assert!(!preflight("https://evil.example").contains("evil.example"));
+    assert!(!preflight("http://localhost.evil.example").contains("evil"));
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -27,16 +27,20 @@ pub struct Rules {
 
 impl Rules {
     /// Rules for a server bound to `bind` (the `--host` value).
-    pub fn new(bind: &str, max_body: usize) -> Self {
-        let loopback = bind == "localhost"
-            || bind
-                .trim_matches(['[', ']'])
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        let hosts = if loopback {
-            let mut h = vec!["localhost".into(), "127.0.0.1".into(), "[::1]".into()];
-            if !h.iter().any(|x| x == bind) {
-                h.push(bind.to_string());
+    /// Rules for a server listening on `binds`: when every one is a loopback address, requests
+    /// must name a local host (a page elsewhere cannot reach it through DNS rebinding).
+    pub fn new(binds: &[String], max_body: usize) -> Self {
+        let loopback = |bind: &str| {
+            bind == "localhost"
+                || (bind.trim_matches(['[', ']']).parse::<IpAddr>())
+                    .is_ok_and(|ip| ip.is_loopback())
+        };
+        let hosts = if !binds.is_empty() && binds.iter().all(|b| loopback(b)) {
+            let mut h: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "[::1]".into()];
+            for bind in binds {
+                if !h.iter().any(|x| x == bind) {
+                    h.push(bind.to_string());
+                }
             }
             h
         } else {
@@ -123,14 +127,22 @@ pub async fn check(State(rules): State<Arc<Rules>>, req: Request, next: Next) ->
     }
 }
 
-/// No CORS headers at all unless `origin` names one (or `*`): then that origin may call the
-/// API from a browser, with a key in `Authorization` where the server has one.
-pub fn cors(origin: Option<&str>) -> Option<CorsLayer> {
-    let origin = origin?;
-    let allow = if origin == "*" {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::exact(HeaderValue::from_str(origin).ok()?)
+/// No CORS headers at all unless `origins` names some: then those origins may call the API from
+/// a browser, with a key in `Authorization` where the server has one. As llama-server's
+/// `--cors-origins`: a comma-separated list, `*` for any, or `localhost` for pages served from
+/// this machine (`localhost`, `127.0.0.1` or `[::1]`, any port).
+pub fn cors(origins: Option<&str>) -> Option<CorsLayer> {
+    let origins = origins?;
+    let allow = match origins.trim() {
+        "*" => AllowOrigin::any(),
+        "localhost" => AllowOrigin::predicate(|o: &HeaderValue, _| {
+            o.to_str().ok().is_some_and(is_local_origin)
+        }),
+        list => AllowOrigin::list(
+            (list.split(','))
+                .map(|o| HeaderValue::from_str(o.trim()).ok())
+                .collect::<Option<Vec<_>>>()?,
+        ),
     };
     Some(
         CorsLayer::new()
@@ -138,6 +150,27 @@ pub fn cors(origin: Option<&str>) -> Option<CorsLayer> {
             .allow_methods([Method::GET, Method::POST])
             .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]),
     )
+}
+
+/// The first of `origins` that is not an origin (`scheme://host[:port]`), `*` or `localhost`.
+pub fn cors_origin_problem(origins: &str) -> Option<&str> {
+    if matches!(origins.trim(), "*" | "localhost") {
+        return None;
+    }
+    (origins.split(',').map(str::trim))
+        .find(|o| !o.contains("://") || o.ends_with('/') || HeaderValue::from_str(o).is_err())
+}
+
+/// Whether `origin` is a page of this machine: `http(s)://localhost`, `127.0.0.1` or `[::1]`.
+fn is_local_origin(origin: &str) -> bool {
+    let Some((_, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let host = match rest.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().map(|h| format!("[{h}]")),
+        None => rest.split(':').next().map(str::to_string),
+    };
+    host.is_some_and(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "[::1]"))
 }
 
 #[cfg(test)]
@@ -163,11 +196,48 @@ mod tests {
 
     #[test]
     fn loopback_binds_check_hosts_and_others_do_not() {
-        assert!(Rules::new("127.0.0.1", 1024)
-            .hosts
-            .contains(&"localhost".into()));
-        assert!(Rules::new("::1", 1024).hosts.contains(&"[::1]".into()));
-        assert!(Rules::new("0.0.0.0", 1024).hosts.is_empty());
-        assert!(Rules::new("192.168.1.5", 1024).hosts.is_empty());
+        let rules = |binds: &[&str]| {
+            let binds: Vec<String> = binds.iter().map(|b| b.to_string()).collect();
+            Rules::new(&binds, 1024).hosts
+        };
+        assert!(rules(&["127.0.0.1"]).contains(&"localhost".into()));
+        assert!(rules(&["::1"]).contains(&"[::1]".into()));
+        assert!(rules(&["127.0.0.1", "127.0.0.2"]).contains(&"127.0.0.2".into()));
+        assert!(rules(&["0.0.0.0"]).is_empty());
+        assert!(rules(&["192.168.1.5"]).is_empty());
+        // One address open to the network: the others' host check would not protect it.
+        assert!(rules(&["127.0.0.1", "0.0.0.0"]).is_empty());
+    }
+
+    #[test]
+    fn cors_origins_are_origins_a_list_localhost_or_any() {
+        for ok in [
+            "*",
+            "localhost",
+            "https://a.example",
+            "https://a.example, http://b.example:8080",
+        ] {
+            assert_eq!(cors_origin_problem(ok), None, "{ok}");
+        }
+        assert_eq!(cors_origin_problem("https://a.example,evil"), Some("evil"));
+        assert_eq!(
+            cors_origin_problem("https://a.example/"),
+            Some("https://a.example/")
+        );
+        for local in [
+            "http://localhost:5173",
+            "https://127.0.0.1",
+            "http://[::1]:80",
+        ] {
+            assert!(is_local_origin(local), "{local}");
+        }
+        for other in [
+            "http://localhost.evil.example",
+            "http://evil.example",
+            "localhost",
+            "http://[::2]",
+        ] {
+            assert!(!is_local_origin(other), "{other}");
+        }
     }
 }

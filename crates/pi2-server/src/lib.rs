@@ -126,6 +126,15 @@ pub enum ServerError {
 }
 
 impl ServerConfig {
+    /// The addresses `--host` lists (comma-separated, as llama-server takes them).
+    pub fn hosts(&self) -> Vec<String> {
+        (self.host.split(','))
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     fn check(&self, prepared: &pi2_runtime::Prepared<'_>) -> Result<(), ServerError> {
         let bad = |option, msg: String| Err(ServerError::Option { option, msg });
         if !(1..=MAX_PARALLEL).contains(&self.parallel) {
@@ -168,13 +177,15 @@ impl ServerConfig {
             }
         }
         if let Some(o) = &self.cors_origin {
-            let url_like = o == "*" || (o.contains("://") && !o.ends_with('/'));
-            if !url_like || guard::cors(Some(o)).is_none() {
+            if let Some(bad_one) = guard::cors_origin_problem(o) {
                 return bad(
                     "--cors-origin",
-                    format!("`{o}` is not an origin such as https://app.example or *"),
+                    format!("`{bad_one}` is not an origin such as https://app.example, `localhost` or *"),
                 );
             }
+        }
+        if self.hosts().is_empty() {
+            return bad("--host", "give at least one address".into());
         }
         if self.model_names.is_empty() {
             return bad("--alias", "the model needs a name".into());
@@ -232,11 +243,11 @@ pub fn place_slots(engine: &mut pi2_runtime::EngineOptions, parallel: usize, sha
 }
 
 /// Serves `prepared` until Ctrl-C or SIGTERM. Engines are made before listening;
-/// `on_listening` gets the bound address (port 0 picks a free one).
+/// `on_listening` gets each bound address (`--host` may list several; port 0 picks a free one).
 pub fn serve(
     prepared: &'static pi2_runtime::Prepared<'static>,
     cfg: &ServerConfig,
-    on_listening: impl FnOnce(SocketAddr),
+    mut on_listening: impl FnMut(SocketAddr),
 ) -> Result<(), ServerError> {
     cfg.check(prepared)?;
     let metrics = Arc::new(metrics::Metrics::new(cfg.parallel));
@@ -265,7 +276,8 @@ pub fn serve(
     state.context_shift = cfg.context_shift;
     state.pooling = cfg.pooling;
     state.body_timeout = cfg.body_timeout;
-    let rules = Arc::new(guard::Rules::new(&cfg.host, cfg.max_body));
+    let hosts = cfg.hosts();
+    let rules = Arc::new(guard::Rules::new(&hosts, cfg.max_body));
     let mut app = routes::router(Arc::new(state), cfg.ui)
         .layer(axum::middleware::from_fn_with_state(rules, guard::check));
     if let Some(cors) = guard::cors(cfg.cors_origin.as_deref()) {
@@ -282,23 +294,29 @@ pub fn serve(
         .max_blocking_threads(4)
         .build()?;
     rt.block_on(async {
-        let addr = format!("{}:{}", cfg.host, cfg.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .map_err(|source| {
-                let hint = match source.kind() {
-                    std::io::ErrorKind::AddrInUse => {
-                        "is another server using the port? choose another --port"
-                    }
-                    std::io::ErrorKind::PermissionDenied => {
-                        "ports below 1024 need privileges; choose another --port"
-                    }
-                    _ => "check --host: an address of this machine, such as 127.0.0.1 or 0.0.0.0",
-                };
-                ServerError::Bind { addr, source, hint }
-            })?;
-        on_listening(listener.local_addr()?);
-        conn::serve(listener, app, limits, shutdown()).await?;
+        let mut serving = Vec::new();
+        for host in &hosts {
+            let addr = format!("{host}:{}", cfg.port);
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .map_err(|source| {
+                    let hint = match source.kind() {
+                        std::io::ErrorKind::AddrInUse => {
+                            "is another server using the port? choose another --port"
+                        }
+                        std::io::ErrorKind::PermissionDenied => {
+                            "ports below 1024 need privileges; choose another --port"
+                        }
+                        _ => {
+                            "check --host: addresses of this machine, such as 127.0.0.1 or 0.0.0.0"
+                        }
+                    };
+                    ServerError::Bind { addr, source, hint }
+                })?;
+            on_listening(listener.local_addr()?);
+            serving.push(conn::serve(listener, app.clone(), limits, shutdown()));
+        }
+        futures_util::future::try_join_all(serving).await?;
         Ok(())
     })
 }

@@ -13,7 +13,8 @@ pub struct ServeArgs {
     pub draft: DraftArgs,
     #[command(flatten)]
     pub template: crate::args::TemplateArgs,
-    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
+    /// Addresses to listen on, comma-separated (127.0.0.1: this machine only; 0.0.0.0: every
+    /// interface)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on (0: any free port, printed at start)
@@ -49,9 +50,10 @@ pub struct ServeArgs {
     /// Seconds a request's body may take to arrive (408 after)
     #[arg(long = "body-timeout", default_value_t = 30.0)]
     pub body_timeout: f64,
-    /// The origin web pages may call the API from (e.g. https://app.example, or * for any);
+    /// The origins web pages may call the API from (comma-separated, e.g. https://app.example;
+    /// `localhost` for pages of this machine; * for any), as llama-server's --cors-origins;
     /// without it no CORS headers are sent and browsers keep other sites out
-    #[arg(long = "cors-origin")]
+    #[arg(long = "cors-origin", visible_alias = "cors-origins")]
     pub cors_origin: Option<String>,
     /// A chat longer than the context drops its oldest messages (the system prompt and the
     /// last message stay), as llama-server does; without it such a request gets a 400
