@@ -296,6 +296,21 @@ fn thirty_two_clients_get_answers_or_503_and_metrics_count_them() {
     );
     assert_eq!(metric(&s.addr, "pi2_requests_processing"), 0.0);
     assert_eq!(metric(&s.addr, "pi2_requests_deferred"), 0.0);
+    // llama-server's names for dashboards made for it: its prompt count leaves cached tokens out.
+    assert_eq!(
+        metric(&s.addr, "llamacpp:tokens_predicted_total"),
+        24.0 * ok as f64
+    );
+    let (evaluated, cached) = (
+        metric(&s.addr, "llamacpp:prompt_tokens_total"),
+        metric(&s.addr, "llamacpp:prompt_tokens_cached_total"),
+    );
+    assert_eq!(
+        evaluated,
+        metric(&s.addr, "pi2_prompt_tokens_evaluated_total")
+    );
+    assert_eq!(evaluated + cached, metric(&s.addr, "pi2_prompt_tokens_total"));
+    assert!(metric(&s.addr, "llamacpp:predicted_tokens_seconds") > 0.0);
 }
 
 #[test]

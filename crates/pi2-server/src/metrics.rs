@@ -216,7 +216,81 @@ impl Metrics {
                 "# HELP pi2_{name} {help}\n# TYPE pi2_{name} {kind}\npi2_{name} {v}"
             );
         }
+        for (name, kind, help, v) in self.llama_server_rows(queued) {
+            let _ = writeln!(
+                out,
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {v}"
+            );
+        }
         out
+    }
+
+    /// The same counts under llama-server's names (`llamacpp:`), for dashboards made for it:
+    /// its `prompt_tokens_total` counts the tokens evaluated (a slot's cached ones apart).
+    fn llama_server_rows(&self, queued: usize) -> Vec<Row> {
+        let get = |a: &AtomicU64| a.load(Relaxed) as f64;
+        let (evaluated, prompt) = (get(&self.prompt_evaluated), get(&self.prompt_tokens));
+        let (prompt_s, predicted_s) = (get(&self.prompt_us) / 1e6, get(&self.predicted_us) / 1e6);
+        let per_second = |n: f64, s: f64| if s > 0.0 { n / s } else { 0.0 };
+        let predicted = get(&self.predicted_tokens);
+        const C: &str = "counter";
+        const G: &str = "gauge";
+        vec![
+            (
+                "prompt_tokens_total",
+                C,
+                "Number of prompt tokens processed, excluding cached tokens",
+                evaluated,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                C,
+                "Number of prompt tokens reused from the cache",
+                (prompt - evaluated).max(0.0),
+            ),
+            (
+                "prompt_seconds_total",
+                C,
+                "Total time spent processing prompts",
+                prompt_s,
+            ),
+            (
+                "tokens_predicted_total",
+                C,
+                "Number of generation tokens processed",
+                predicted,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                C,
+                "Total time spent generating tokens",
+                predicted_s,
+            ),
+            (
+                "prompt_tokens_seconds",
+                G,
+                "Average prompt throughput in tokens/s",
+                per_second(evaluated, prompt_s),
+            ),
+            (
+                "predicted_tokens_seconds",
+                G,
+                "Average generation throughput in tokens/s",
+                per_second(predicted, predicted_s),
+            ),
+            (
+                "requests_processing",
+                G,
+                "Number of requests processing",
+                self.processing.load(Relaxed).max(0) as f64,
+            ),
+            (
+                "requests_deferred",
+                G,
+                "Number of requests deferred",
+                queued as f64,
+            ),
+        ]
     }
 
     /// Rows of what the engines did: batched steps of shared slots, and the offload's reads.
