@@ -309,7 +309,10 @@ fn thirty_two_clients_get_answers_or_503_and_metrics_count_them() {
         evaluated,
         metric(&s.addr, "pi2_prompt_tokens_evaluated_total")
     );
-    assert_eq!(evaluated + cached, metric(&s.addr, "pi2_prompt_tokens_total"));
+    assert_eq!(
+        evaluated + cached,
+        metric(&s.addr, "pi2_prompt_tokens_total")
+    );
     assert!(metric(&s.addr, "llamacpp:predicted_tokens_seconds") > 0.0);
 }
 
