@@ -521,3 +521,34 @@ fn reasoning_comes_apart_from_the_answer() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
 }
+
+/// OpenAI's `reasoning_effort` reaches the chat template as llama-server gives it (gpt-oss's
+/// template reads `reasoning_effort`); `none` turns thinking off (`enable_thinking: false`,
+/// Qwen3's); another value is refused by name.
+#[test]
+fn reasoning_effort_reaches_the_template() {
+    let template = "{{ reasoning_effort | default('-') }}/{{ enable_thinking | default('-') }}/{% for m in messages %}{{ m.content }}{% endfor %}";
+    let s = Server::start(&["--chat-template", template]);
+    let render = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post(&s.addr, "/apply-template", &body);
+        (r.status, r.body)
+    };
+    let prompt = |extra: Value| {
+        let (status, body) = render(extra);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["prompt"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(prompt(json!({})), "-/-/hi");
+    assert_eq!(prompt(json!({"reasoning_effort": "high"})), "high/-/hi");
+    assert_eq!(prompt(json!({"reasoning_effort": "none"})), "-/False/hi");
+    let (status, body) = render(json!({"reasoning_effort": "extreme"}));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("reasoning_effort"), "{body}");
+}

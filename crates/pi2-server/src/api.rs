@@ -56,6 +56,8 @@ pub struct CompletionRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// How a thinking model's reasoning is given (llama-server's; see `reasoning.rs`).
     pub reasoning_format: Option<String>,
+    /// How much a thinking model thinks (OpenAI's; a template variable, as llama-server).
+    pub reasoning_effort: Option<String>,
     /// The template's opening of the assistant's turn after the messages (default true).
     pub add_generation_prompt: Option<bool>,
     /// Continue the last (assistant) message instead of opening a turn: `true` or `"content"`.
@@ -395,7 +397,24 @@ impl CompletionRequest {
         &self,
         template: &'t pi2_model::ChatTemplate,
     ) -> Result<std::borrow::Cow<'t, pi2_model::ChatTemplate>, ApiError> {
-        match self.chat_template_kwargs.as_ref().filter(|v| !v.is_empty()) {
+        let mut vars = self.chat_template_kwargs.clone().unwrap_or_default();
+        // OpenAI's `reasoning_effort`, as llama-server gives it to the template (gpt-oss reads
+        // it); `none` turns thinking off (`enable_thinking: false`, Qwen3's variable).
+        match self.reasoning_effort.as_deref() {
+            None => {}
+            Some("none") => {
+                vars.remove("reasoning_effort");
+                vars.insert("enable_thinking".into(), false.into());
+            }
+            Some(e @ ("minimal" | "low" | "medium" | "high")) => {
+                vars.insert("reasoning_effort".into(), e.into());
+            }
+            Some(other) => return Err(ApiError::bad(format!(
+                "`reasoning_effort` is `none`, `minimal`, `low`, `medium` or `high`, not `{other}`"
+            ))
+            .param("reasoning_effort")),
+        }
+        match Some(&vars).filter(|v| !v.is_empty()) {
             Some(vars) => template
                 .with_variables(vars)
                 .map(std::borrow::Cow::Owned)

@@ -41,6 +41,7 @@ const SERVED: &[&str] = &[
     "n_probs",
     "chat_template_kwargs",
     "reasoning_format",
+    "reasoning_effort",
     "add_generation_prompt",
     "continue_final_message",
     "input_prefix",
@@ -110,7 +111,7 @@ fn asks_nothing(name: &str, v: &Value, body: &Map<String, Value>) -> Option<bool
         "suffix" => v.as_str() == Some("") || empty(),
         "best_of" => v.as_f64() == Some(1.0),
         "modalities" => v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
-        "audio" | "prediction" | "reasoning_effort" | "web_search_options" => false,
+        "audio" | "prediction" | "web_search_options" => false,
         _ => return None,
     })
 }
