@@ -409,10 +409,12 @@ impl CompletionRequest {
             Some(e @ ("minimal" | "low" | "medium" | "high")) => {
                 vars.insert("reasoning_effort".into(), e.into());
             }
-            Some(other) => return Err(ApiError::bad(format!(
+            Some(other) => {
+                return Err(ApiError::bad(format!(
                 "`reasoning_effort` is `none`, `minimal`, `low`, `medium` or `high`, not `{other}`"
             ))
-            .param("reasoning_effort")),
+                .param("reasoning_effort"))
+            }
         }
         match Some(&vars).filter(|v| !v.is_empty()) {
             Some(vars) => template
