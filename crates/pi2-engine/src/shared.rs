@@ -57,6 +57,9 @@ pub struct BatchStats {
 
 /// Longest wait for decoding sequences' tokens before a batched step runs without them.
 const MAX_GATHER: Duration = Duration::from_millis(50);
+/// Shortest such wait: about a thread's wake-up on a loaded machine, below which no other
+/// sequence can arrive (a real model's step is longer: an eighth of it is the wait).
+const MIN_GATHER: Duration = Duration::from_millis(1);
 
 impl<'m> SharedEngine<'m> {
     /// Shares `engine` (its own sequence is left unused).
@@ -122,7 +125,7 @@ impl<'m> SharedEngine<'m> {
     /// Gathers the waiting tokens (after a short wait for decoding sequences) and runs them as
     /// one step; called with `b.gathering` set by the caller.
     fn run_batch<'b>(&'b self, mut b: MutexGuard<'b, Board>) -> MutexGuard<'b, Board> {
-        let deadline = Instant::now() + (b.last_step / 8).min(MAX_GATHER);
+        let deadline = Instant::now() + (b.last_step / 8).clamp(MIN_GATHER, MAX_GATHER);
         loop {
             // A sequence whose last row is not yet taken comes back with its next token.
             let missing = (b.seats.iter().flatten())
