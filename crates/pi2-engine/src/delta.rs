@@ -10,6 +10,7 @@
 use crate::attention::project_many;
 use crate::kv::KvCache;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, Scratch};
+use crate::states::Keep;
 use pi2_kernels::{matmul, KernelSet, MatRef};
 use pi2_model::{DeltaNet, GgufFile, LayerWeights, ModelConfig};
 use rayon::prelude::*;
@@ -34,7 +35,8 @@ fn l2_norm(x: &mut [f32], eps: f32) {
 }
 
 /// Layer `li` over the `n` tokens of `s.x` at positions `pos0..`, with its projections
-/// `[qkv, output gate, beta, out]`, added to the residual stream.
+/// `[qkv, output gate, beta, out]`, added to the residual stream; the states after its tokens
+/// are kept as `keep` says.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block(
     ks: &KernelSet,
@@ -45,9 +47,8 @@ pub(crate) fn block(
     [wqkv, wz, wbeta, wo]: [MatRef<'_>; 4],
     s: &mut Scratch,
     kv: &mut KvCache,
-    li: usize,
-    pos0: usize,
-    n: usize,
+    [li, pos0, n]: [usize; 3],
+    keep: Keep,
 ) {
     let dw = l.delta.as_ref().expect("a delta net layer has its tensors");
     let (d, hv, cd, vd) = (c.n_embd, dn.v_heads, dn.conv_dim(), dn.value_dim());
@@ -91,7 +92,7 @@ pub(crate) fn block(
             l2_norm(head, c.rms_eps);
         }
     }
-    recur(dn, s, kv, li, pos0, n);
+    recur(dn, s, kv, [li, pos0, n], keep);
     // Each head's output normed and gated by SiLU of its gate rows.
     let norm = dw.norm.f32s(f);
     for (o, z) in (s.up[..n * vd].chunks_exact_mut(dn.head_dim)).zip(s.k.chunks_exact(dn.head_dim))
@@ -141,13 +142,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// The recurrence over the batch's tokens: the state after `pos0 - 1` from the cache, each
 /// token's heads in parallel into `s.up`, the states the cache keeps written back.
-fn recur(dn: DeltaNet, s: &mut Scratch, kv: &mut KvCache, li: usize, pos0: usize, n: usize) {
+fn recur(dn: DeltaNet, s: &mut Scratch, kv: &mut KvCache, [li, pos0, n]: [usize; 3], keep: Keep) {
     let (hd, hk, hv) = (dn.head_dim, dn.k_heads, dn.v_heads);
     let (kd, cd, vd) = (dn.key_dim(), dn.conv_dim(), dn.value_dim());
     let scale = 1.0 / (hd as f32).sqrt();
     let states = kv.states(li);
     let mut work = std::mem::take(&mut s.state);
-    states.begin(pos0, n, &mut work);
+    states.begin(pos0, n, keep, &mut work);
     let out = grow(&mut s.up, n * vd);
     for t in 0..n {
         let row = &s.att[t * cd..(t + 1) * cd];

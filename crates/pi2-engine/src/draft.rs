@@ -50,6 +50,17 @@ impl Drafter for SelfDraft {
         let Some(&last) = history.last() else {
             return Ok(Vec::new());
         };
+        let recurrent = (0..engine.model().config.n_layer).any(|li| {
+            matches!(
+                engine.model().config.mixer(li),
+                pi2_model::Mixer::DeltaNet(_)
+            )
+        });
+        if recurrent {
+            return Err(EngineError::Drafts(
+                "self-drafts are cut back one token at a time, which a recurrent layer's state (Qwen3.5's delta nets) cannot be: use --draft lookup or --draft-model".into(),
+            ));
+        }
         let base = engine.n_past();
         let room = engine.n_ctx().saturating_sub(base + 1);
         let mut out = Vec::with_capacity(max);
@@ -67,7 +78,11 @@ impl Drafter for SelfDraft {
             }
             Ok::<_, EngineError>(())
         })();
-        engine.truncate(base);
+        if engine.truncate(base) != base {
+            return Err(EngineError::Drafts(format!(
+                "the cache could not be cut back to position {base} after self-drafting"
+            )));
+        }
         drafted.map(|()| out)
     }
 }

@@ -225,8 +225,15 @@ pub fn generate_scored(
             logits.copy_from_slice(&checked[last * n_vocab..(last + 1) * n_vocab]);
         }
         length.update(draft.len(), kept);
-        engine.truncate(base + 1 + kept);
-        cached.truncate(base + 1 + kept);
+        // The cache takes back the rejected tokens (it keeps what a checked draft needs; a
+        // cache that could not would be a wrong answer, so it is an error).
+        let want = base + 1 + kept;
+        if engine.truncate(want) != want {
+            return Err(EngineError::Drafts(format!(
+                "the cache could not take back rejected draft tokens to position {want}"
+            )));
+        }
+        cached.truncate(want);
         if let Some(stop) = stopped {
             break stop;
         }

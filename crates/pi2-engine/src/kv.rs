@@ -6,7 +6,7 @@
 //! keeps, in the same ring, one f32 row per position of what it convolves: its state is the
 //! positions it holds, so truncating the cache rolls it back too.
 
-use crate::states::{slots_for, Snapshots};
+use crate::states::{slots_for, Keep, Snapshots};
 use half::f16;
 use pi2_model::{Mixer, ModelConfig};
 
@@ -124,7 +124,8 @@ pub fn kv_bytes(c: &ModelConfig, n_ctx: usize, n_batch: usize) -> usize {
                 None => n_ctx,
             };
             let (k, v) = l.cells.widths();
-            positions * (k + v) * std::mem::size_of::<f16>() + l.state * 4 * slots_for(n_batch)
+            positions * (k + v) * std::mem::size_of::<f16>()
+                + l.state * 4 * slots_for(n_batch, Keep::Last)
         })
         .sum()
 }
@@ -294,8 +295,9 @@ impl KvCache {
             .sum()
     }
 
-    /// Bytes held once positions up to `end` are written by a batch of `n`.
-    pub fn bytes_at(&self, end: usize, n: usize) -> usize {
+    /// Bytes held once positions up to `end` are written by a batch of `n` (keeping `keep`
+    /// of its recurrent states).
+    pub fn bytes_at(&self, end: usize, n: usize, keep: Keep) -> usize {
         let end = end.min(self.n_ctx);
         self.layers
             .iter()
@@ -305,7 +307,7 @@ impl KvCache {
                     Some(w) => ring_len(w, n, self.n_ctx).max(l.ring),
                     None => end.max(l.k.len() / kw.max(1)),
                 };
-                2 * (kw + vw) * positions + l.states.as_ref().map_or(0, |s| s.bytes_after(n))
+                2 * (kw + vw) * positions + l.states.as_ref().map_or(0, |s| s.bytes_after(n, keep))
             })
             .sum()
     }
@@ -361,7 +363,7 @@ mod tests {
             "one position of one layer: 2 values of k and v, 2 bytes each"
         );
         assert_eq!(
-            kv.bytes_at(4, 1),
+            kv.bytes_at(4, 1, Keep::Last),
             2 * 2 * 2 * 4 * 2,
             "four positions of both layers"
         );

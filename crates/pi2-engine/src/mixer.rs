@@ -7,12 +7,13 @@
 use crate::attention::{self, project_many};
 use crate::kv::KvCache;
 use crate::scratch::{grow, rms_norm_rows, Scratch};
+use crate::states::Keep;
 use pi2_kernels::{matmul, KernelSet, MatRef};
 use pi2_model::{GgufFile, LayerWeights, Mixer, ModelConfig};
 
 /// Layer `li`'s token mixer over the `n` tokens of `s.x` at positions `pos0..`, its four
 /// matrices from the store (`[wq, wk, wv, wo]`, or a convolution's `[B, C, x, out]`), added to
-/// the residual stream.
+/// the residual stream; a recurrent layer keeps the states `keep` says.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block(
     ks: &KernelSet,
@@ -25,6 +26,7 @@ pub(crate) fn block(
     li: usize,
     pos0: usize,
     n: usize,
+    keep: Keep,
 ) {
     match c.mixer(li) {
         Mixer::Attention => attention::block(ks, f, c, l, mats, s, kv, li, pos0, n),
@@ -32,7 +34,9 @@ pub(crate) fn block(
             let taps = l.conv.as_ref().expect("a convolution layer has its taps");
             convolve(ks, f, c, l, taps.f32s(f), mats, s, kv, li, pos0, n)
         }
-        Mixer::DeltaNet(dn) => crate::delta::block(ks, f, c, l, dn, mats, s, kv, li, pos0, n),
+        Mixer::DeltaNet(dn) => {
+            crate::delta::block(ks, f, c, l, dn, mats, s, kv, [li, pos0, n], keep)
+        }
     }
 }
 

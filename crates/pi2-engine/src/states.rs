@@ -1,13 +1,19 @@
 //! A recurrent layer's state after each of its last positions (Qwen3.5's delta nets), kept so
 //! that a checked draft's rejected tokens can be taken back as a KV cache's are: the state
-//! after position `p` is at slot `p % ring`. A batch of up to [`MAX_KEPT`] tokens keeps the
-//! state after each of them; a longer one (a prompt) its last only, so going back into it
-//! re-evaluates from the start (the KV cache's answer for positions it no longer holds).
+//! after position `p` is at slot `p % ring`. A checked draft's batch keeps the state after each
+//! of its tokens ([`Keep::Each`]); any other batch (a prompt) its last only, so going back
+//! into it re-evaluates from the start (the KV cache's answer for positions it no longer
+//! holds).
 
 use std::ops::Range;
 
-/// Most states one batch keeps.
-pub(crate) const MAX_KEPT: usize = 16;
+/// Which of a batch's states are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keep {
+    Last,
+    /// Every one: a checked draft, whose rejected tokens are taken back.
+    Each,
+}
 
 pub(crate) struct Snapshots {
     /// f32 values of one state.
@@ -19,10 +25,10 @@ pub(crate) struct Snapshots {
 }
 
 /// Slots a batch of `n` tokens keeps.
-pub(crate) fn slots_for(n: usize) -> usize {
-    match n <= MAX_KEPT {
-        true => n.max(1),
-        false => 1,
+pub(crate) fn slots_for(n: usize, keep: Keep) -> usize {
+    match keep {
+        Keep::Each => n.max(1),
+        Keep::Last => 1,
     }
 }
 
@@ -39,7 +45,7 @@ impl Snapshots {
     /// Loads the state after position `pos0 - 1` into `work` (zeros at position 0) and makes
     /// room for a batch of `n` positions from `pos0`. The caller keeps the cache's promise:
     /// `pos0 - 1` is held (truncating checks it).
-    pub fn begin(&mut self, pos0: usize, n: usize, work: &mut Vec<f32>) {
+    pub fn begin(&mut self, pos0: usize, n: usize, keep: Keep, work: &mut Vec<f32>) {
         work.clear();
         work.resize(self.len, 0.0);
         if pos0 > 0 {
@@ -51,7 +57,7 @@ impl Snapshots {
             let at = (pos0 - 1) % self.ring * self.len;
             work.copy_from_slice(&self.states[at..at + self.len]);
         }
-        let need = slots_for(n);
+        let need = slots_for(n, keep);
         if need > self.ring {
             // Wider: what is kept is the state just loaded.
             self.states = vec![0.0; need * self.len];
@@ -101,8 +107,8 @@ impl Snapshots {
     }
 
     /// Bytes held once a batch of `n` ran.
-    pub fn bytes_after(&self, n: usize) -> usize {
-        self.ring.max(slots_for(n)) * self.len * 4
+    pub fn bytes_after(&self, n: usize, keep: Keep) -> usize {
+        self.ring.max(slots_for(n, keep)) * self.len * 4
     }
 }
 
@@ -113,7 +119,8 @@ mod tests {
     /// A state that is just its position's number, run through batches.
     fn run(s: &mut Snapshots, pos0: usize, n: usize) -> Vec<f32> {
         let mut work = Vec::new();
-        s.begin(pos0, n, &mut work);
+        let keep = if n <= 8 { Keep::Each } else { Keep::Last };
+        s.begin(pos0, n, keep, &mut work);
         let first = work.clone();
         for t in 0..n {
             work.iter_mut().for_each(|v| *v = (pos0 + t) as f32);

@@ -79,7 +79,8 @@ fn every_family_takes_back_rejected_tokens() {
         let straight = e.forward(kept, Logits::From(0)).unwrap().to_vec();
         e.truncate(0);
         e.forward(prompt, Logits::Last).unwrap();
-        e.forward(&[kept[0], wrong[0], wrong[1], wrong[2]], Logits::Last)
+        // A checked draft's batch: its last token's state and every one before it are kept.
+        e.forward_decode(&[kept[0], wrong[0], wrong[1], wrong[2]], Logits::Last)
             .unwrap();
         assert_eq!(
             e.truncate(prompt.len() + 1),

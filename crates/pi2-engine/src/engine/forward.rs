@@ -7,6 +7,7 @@ use crate::moe::RouterInput;
 use crate::pipeline::Step;
 use crate::residency::Mapped;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
+use crate::states::Keep;
 use crate::weights::SparseCall;
 use crate::{ffn, mixer, moe};
 use pi2_model::{LayerWeights, TokenId};
@@ -26,7 +27,12 @@ impl Engine<'_> {
         let pos0 = self.kv.len;
         // The KV cache grows inside a budget: room comes from the neuron memory.
         let (parked, parked_positions) = self.parked_kv;
-        let kv = self.kv.bytes_at(pos0 + n, n) + parked;
+        // A checked draft keeps a recurrent layer's state after each of its tokens.
+        let keep = match pass {
+            Pass::Decode => Keep::Each,
+            _ => Keep::Last,
+        };
+        let kv = self.kv.bytes_at(pos0 + n, n, keep) + parked;
         self.store
             .charge_kv(kv as u64, pos0 + n + parked_positions)?;
         let (first_layer, resumed) = match input {
@@ -60,6 +66,7 @@ impl Engine<'_> {
                 li,
                 pos0,
                 n,
+                keep,
             );
             self.ffn_layer(li, l, n, pass, observer.as_deref_mut())?;
         }

@@ -9,6 +9,7 @@ use super::Pass;
 use crate::error::EngineError;
 use crate::kv::KvCache;
 use crate::mixer;
+use crate::states::Keep;
 use pi2_model::TokenId;
 
 /// One sequence's KV cache, kept outside the engine that runs it (see
@@ -112,7 +113,9 @@ impl Engine<'_> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
         let (n, d) = (tokens.len(), c.n_embd);
-        let grown: usize = seqs.iter().map(|s| s.0.bytes_at(s.0.len + 1, 1)).sum();
+        let grown: usize = (seqs.iter())
+            .map(|s| s.0.bytes_at(s.0.len + 1, 1, Keep::Last))
+            .sum();
         let (parked, parked_positions) = self.parked_kv;
         let positions =
             self.kv.len + parked_positions + seqs.iter().map(|s| s.0.len + 1).sum::<usize>();
@@ -136,7 +139,8 @@ impl Engine<'_> {
                         .fill(fl, self.model.config.rope_mscale, pos, 1);
                 }
                 super::forward::swap_rows(&mut self.s, t, d);
-                mixer::block(&self.ks, f, c, l, mats, &mut self.s, &mut seq.0, li, pos, 1);
+                let (s, kv) = (&mut self.s, &mut seq.0);
+                mixer::block(&self.ks, f, c, l, mats, s, kv, li, pos, 1, Keep::Last);
                 super::forward::swap_rows(&mut self.s, t, d);
             }
             self.ffn_layer(li, l, n, Pass::Decode, None)?;
