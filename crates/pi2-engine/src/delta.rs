@@ -11,12 +11,12 @@ use crate::attention::project_many;
 use crate::kv::KvCache;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows, Scratch};
 use crate::states::Keep;
-use pi2_kernels::{matmul, KernelSet, MatRef};
-use pi2_model::{DeltaNet, GgufFile, LayerWeights, ModelConfig};
+use pi2_kernels::{KernelSet, MatRef};
+use pi2_model::{DeltaNet, FfnAct, GgufFile, LayerWeights, ModelConfig};
 use rayon::prelude::*;
 
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    FfnAct::Silu.gate(x)
 }
 
 /// ggml's softplus: the identity past 20.
@@ -77,16 +77,11 @@ pub(crate) fn block(
         *b = 1.0 / (1.0 + (-*b).exp());
         *g = softplus(*g) * a[t % hv];
     }
-    let taps = dw.conv.f32s(f);
-    convolve(
-        taps,
-        dn,
-        &s.q[..n * cd],
-        kv,
-        li,
-        pos0,
-        grow(&mut s.att, n * cd),
-    );
+    // Q, K and V through the causal convolution (their rows kept in the cache) and SiLU.
+    let conv = grow(&mut s.att, n * cd);
+    let rows = kv.append_state(li, pos0, &s.q[..n * cd], cd);
+    rows.convolve(dw.conv.f32s(f), pos0, conv);
+    conv.iter_mut().for_each(|v| *v = silu(*v));
     for row in s.att[..n * cd].chunks_exact_mut(cd) {
         for head in row[..2 * dn.key_dim()].chunks_exact_mut(dn.head_dim) {
             l2_norm(head, c.rms_eps);
@@ -100,40 +95,8 @@ pub(crate) fn block(
         rms_norm_in_place(o, norm, c.rms_eps);
         o.iter_mut().zip(z).for_each(|(o, &z)| *o *= silu(z));
     }
-    s.acts.quantize(wo.ty.act_kind(), &s.up[..n * vd], vd);
-    let out = grow(&mut s.o, n * d);
-    matmul(ks, &wo, &s.acts, out);
-    s.x[..n * d]
-        .iter_mut()
-        .zip(&s.o[..n * d])
-        .for_each(|(x, o)| *x += o * c.residual_scale);
-}
-
-/// The causal convolution of the Q, K and V rows (kept in the cache) with each channel's taps
-/// (`w`, oldest position first) and SiLU, into `out`.
-fn convolve(
-    w: &[f32],
-    dn: DeltaNet,
-    qkv: &[f32],
-    kv: &mut KvCache,
-    li: usize,
-    pos0: usize,
-    out: &mut [f32],
-) {
-    let (cd, taps) = (dn.conv_dim(), dn.taps);
-    let rows = kv.append_state(li, pos0, qkv, cd);
-    for (t, row) in out.chunks_exact_mut(cd).enumerate() {
-        let p = pos0 + t;
-        for (ch, o) in row.iter_mut().enumerate() {
-            let mut sum = 0.0f32;
-            for (j, &wj) in w[ch * taps..(ch + 1) * taps].iter().enumerate() {
-                if let Some(q) = (p + 1 + j).checked_sub(taps) {
-                    sum += rows.value(q, ch) * wj;
-                }
-            }
-            *o = silu(sum);
-        }
-    }
+    let (input, acts) = (&s.up[..n * vd], &mut s.acts);
+    crate::mixer::add_output(ks, c, &wo, input, vd, acts, &mut s.o, &mut s.x);
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -33,6 +33,26 @@ impl StateView<'_> {
         let (lo, hi) = (self.cells[at].to_bits(), self.cells[at + 1].to_bits());
         f32::from_bits(lo as u32 | (hi as u32) << 16)
     }
+
+    /// The causal convolution of the rows of positions `pos0..` (`out`'s rows, `width` each):
+    /// channel `ch` of position `p` is `sum_j taps[ch][j] * row(p + 1 + j - len)[ch]` with
+    /// `len` taps per channel, oldest first, positions before the first counting zero (as
+    /// llama.cpp's `ssm_conv` sums them, tap by tap).
+    pub fn convolve(&self, taps: &[f32], pos0: usize, out: &mut [f32]) {
+        let len = taps.len() / self.width;
+        for (t, row) in out.chunks_exact_mut(self.width).enumerate() {
+            let p = pos0 + t;
+            for (ch, o) in row.iter_mut().enumerate() {
+                let mut sum = 0.0f32;
+                for (j, &w) in taps[ch * len..(ch + 1) * len].iter().enumerate() {
+                    if let Some(q) = (p + 1 + j).checked_sub(len) {
+                        sum += self.value(q, ch) * w;
+                    }
+                }
+                *o = sum;
+            }
+        }
+    }
 }
 
 /// What a layer keeps per position.

@@ -58,7 +58,6 @@ fn convolve(
     n: usize,
 ) {
     let d = c.n_embd;
-    let len = taps.len() / d;
     rms_norm_rows(&s.x, l.attn_norm.f32s(f), c.rms_eps, d, n, &mut s.xn);
     let b = grow(&mut s.q, n * d);
     let gate = grow(&mut s.k, n * d);
@@ -73,26 +72,31 @@ fn convolve(
     );
     let bx = &mut s.q[..n * d];
     bx.iter_mut().zip(&s.v[..n * d]).for_each(|(b, x)| *b *= x);
-    let rows = kv.append_state(li, pos0, bx, d);
     let y = grow(&mut s.att, n * d);
-    for (t, (yt, ct)) in y.chunks_exact_mut(d).zip(s.k.chunks_exact(d)).enumerate() {
-        let p = pos0 + t;
-        for (ch, (yv, &cv)) in yt.iter_mut().zip(ct).enumerate() {
-            let mut sum = 0.0f32;
-            for (j, &w) in taps[ch * len..(ch + 1) * len].iter().enumerate() {
-                if let Some(q) = (p + 1 + j).checked_sub(len) {
-                    sum += rows.value(q, ch) * w;
-                }
-            }
-            *yv = cv * sum;
-        }
-    }
-    s.acts.quantize(wo.ty.act_kind(), &s.att[..n * d], d);
-    let o = grow(&mut s.o, n * d);
-    matmul(ks, &wo, &s.acts, o);
+    kv.append_state(li, pos0, bx, d).convolve(taps, pos0, y);
+    y.iter_mut().zip(&s.k[..n * d]).for_each(|(y, c)| *y *= c);
+    let (input, scratch) = (&s.att[..n * d], &mut s.acts);
+    add_output(ks, c, &wo, input, d, scratch, &mut s.o, &mut s.x);
+}
+
+/// A mixer's output: the `n` rows of `input` (`width` each) through `wo`, added to the residual
+/// stream `x` (scaled as the model says; `o * 1.0` is `o`, bit for bit).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_output(
+    ks: &KernelSet,
+    c: &ModelConfig,
+    wo: &MatRef<'_>,
+    input: &[f32],
+    width: usize,
+    acts: &mut pi2_kernels::ActBuf,
+    o: &mut Vec<f32>,
+    x: &mut [f32],
+) {
+    let (d, n) = (c.n_embd, input.len() / width);
+    acts.quantize(wo.ty.act_kind(), input, width);
+    matmul(ks, wo, acts, grow(o, n * d));
     let scale = c.residual_scale;
-    s.x[..n * d]
-        .iter_mut()
-        .zip(&s.o[..n * d])
+    (x[..n * d].iter_mut())
+        .zip(&o[..n * d])
         .for_each(|(x, o)| *x += o * scale);
 }

@@ -121,64 +121,65 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
 /// llama-server's `/apply-template`: the chat request's messages in the model's template, as
 /// the text a completion would be given (`{"prompt"}`), nothing generated.
 async fn apply_template(State(s): State<Arc<AppState>>, body: Body) -> Response {
-    let answer = async {
-        let body = read_body(&s, body).await?;
-        let state = s.clone();
-        tokio::task::spawn_blocking(move || {
-            let req = CompletionRequest::parse(&body)?;
-            let template = state.template.as_ref().map_err(|e| {
-                ApiError::bad(format!("this model has no usable chat template ({e})"))
-            })?;
-            let template = req.template(template)?;
-            let msgs = req.chat_messages()?;
-            let prompt = match req.chat_ending(&msgs)? {
-                ChatEnding::Close {
-                    add_generation_prompt,
-                } => template.render(&msgs, add_generation_prompt),
-                ChatEnding::Continue => template.render_continuing(&msgs, None),
-            }
-            .map_err(|e| {
-                ApiError::bad(format!("the chat template refused the messages: {e}"))
-                    .param("messages")
-            })?;
-            Ok::<_, ApiError>(Json(json!({ "prompt": prompt })).into_response())
-        })
-        .await
+    on_request(s, body, "rendering", |state, req| {
+        let template = state
+            .template
+            .as_ref()
+            .map_err(|e| ApiError::bad(format!("this model has no usable chat template ({e})")))?;
+        let template = req.template(template)?;
+        let msgs = req.chat_messages()?;
+        let prompt = match req.chat_ending(&msgs)? {
+            ChatEnding::Close {
+                add_generation_prompt,
+            } => template.render(&msgs, add_generation_prompt),
+            ChatEnding::Continue => template.render_continuing(&msgs, None),
+        }
         .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("rendering failed: {e}"),
-            )
-        })?
-    };
-    answer.await.unwrap_or_else(IntoResponse::into_response)
+            ApiError::bad(format!("the chat template refused the messages: {e}")).param("messages")
+        })?;
+        Ok(json!({ "prompt": prompt }))
+    })
+    .await
 }
 
 /// The number of tokens a chat request's prompt takes (llama-server's
 /// `/v1/chat/completions/input_tokens`): its messages and tools through the template, as
 /// `/v1/chat/completions` would read them, without running the model.
 async fn input_tokens(State(s): State<Arc<AppState>>, body: Body) -> Response {
-    let answer = async {
+    on_request(s, body, "counting", |state, req| {
+        let plan = req.tool_plan()?;
+        let n = chat_prompt(state, &req, plan.as_ref())?.len();
+        Ok(json!({ "object": "response.input_tokens", "input_tokens": n }))
+    })
+    .await
+}
+
+/// A request answered without the model: read, parsed and answered by `answer` on a blocking
+/// thread (templates and tokenizing can take long), its JSON or its error as the response.
+async fn on_request(
+    s: Arc<AppState>,
+    body: Body,
+    doing: &'static str,
+    answer: impl FnOnce(&AppState, CompletionRequest) -> Result<serde_json::Value, ApiError>
+        + Send
+        + 'static,
+) -> Response {
+    let done = async {
         let body = read_body(&s, body).await?;
         let state = s.clone();
-        tokio::task::spawn_blocking(move || {
-            let req = CompletionRequest::parse(&body)?;
-            let plan = req.tool_plan()?;
-            let n = chat_prompt(&state, &req, plan.as_ref())?.len();
-            Ok::<_, ApiError>(
-                Json(json!({ "object": "response.input_tokens", "input_tokens": n }))
-                    .into_response(),
-            )
-        })
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("counting failed: {e}"),
-            )
-        })?
+        tokio::task::spawn_blocking(move || answer(&state, CompletionRequest::parse(&body)?))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{doing} failed: {e}"),
+                )
+            })?
     };
-    answer.await.unwrap_or_else(IntoResponse::into_response)
+    match done.await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn chat(State(s): State<Arc<AppState>>, body: Body) -> Response {
