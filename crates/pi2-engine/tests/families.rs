@@ -12,7 +12,7 @@
 use pi2_engine::{Engine, EngineConfig, Logits};
 use pi2_kernels::Tier;
 use pi2_model::{GgufFile, Model};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::PathBuf;
 
 fn references() -> Vec<Value> {
@@ -489,6 +489,72 @@ fn a_failed_expert_read_is_an_error_and_never_a_different_answer() {
     e.truncate(0);
     let got = e.forward(&prompt, Logits::Last).unwrap();
     assert_eq!(got, &want[..]);
+}
+
+/// Hostile metadata of the new families is refused at load with an error naming the problem,
+/// never a panic: each row changes one key of a recipe.
+#[test]
+fn broken_layouts_of_the_new_families_are_refused_by_name() {
+    let cases: [(&str, &str, Value, &str); 7] = [
+        (
+            "lfm2-0",
+            "lfm2.shortconv.l_cache",
+            json!(100000),
+            "short convolution spans",
+        ),
+        (
+            "lfm2-0",
+            "lfm2.attention.head_count_kv",
+            json!([0, 2, 0]),
+            "3 entries for 4 layers",
+        ),
+        (
+            "lfm2-0",
+            "lfm2.attention.head_count_kv",
+            json!([0, 2, 0, 4]),
+            "one KV head count",
+        ),
+        (
+            "qwen3-0",
+            "qwen3.attention.head_count_kv",
+            json!([0, 2]),
+            "layers without attention heads",
+        ),
+        (
+            "qwen35-0",
+            "qwen35.ssm.inner_size",
+            json!(12345),
+            "gated delta net",
+        ),
+        (
+            "qwen35-0",
+            "qwen35.full_attention_interval",
+            json!(0),
+            "not a layer pattern",
+        ),
+        (
+            "lfm2moe-0",
+            "lfm2moe.leading_dense_block_count",
+            json!(9),
+            "leading dense layers",
+        ),
+    ];
+    let refs = references();
+    for (name, key, value, says) in cases {
+        let mut r = refs.iter().find(|r| r["name"] == name).unwrap().clone();
+        let meta = r["meta"].as_array_mut().unwrap();
+        let ty = if value.is_array() { "arr_i32" } else { "u32" };
+        match meta.iter_mut().find(|m| m[0] == key) {
+            Some(m) => (m[1], m[2]) = (ty.into(), value),
+            None => meta.push(json!([key, ty, value])),
+        }
+        let w = pi2_model::recipe::build(&r).unwrap();
+        let f = GgufFile::from_bytes(&w.to_bytes()).unwrap();
+        let Err(err) = Model::from_file(f) else {
+            panic!("{name} with {key} was accepted")
+        };
+        assert!(err.to_string().contains(says), "{name}, {key}: {err}");
+    }
 }
 
 /// A gating function pi2 does not compute (llama.cpp's `sqrt(softplus)`, 4) is refused by name
