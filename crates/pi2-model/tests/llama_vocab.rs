@@ -1,12 +1,13 @@
 //! llama.cpp's own tokenizer tests (`ggml-vocab-NAME.gguf` with `.inp` texts and `.out` ids, as
-//! its `test-tokenizer-0` runs them: no BOS, control text not parsed), fetched into
+//! its `test-tokenizer-0` runs them: no BOS, control text not parsed; the ids decode back to the
+//! text), fetched into
 //! `models/llama-vocab/` by `cargo xtask fetch-model` from the llama-cpp-python sdist on PyPI.
 
 use pi2_model::{GgufFile, ModelError, Tokenizer};
 use std::path::PathBuf;
 
 /// Vocabulary kinds pi2 does not implement: loading them must say so.
-const UNSUPPORTED_MODELS: [&str; 2] = ["bert", "gemma4"];
+const UNSUPPORTED_MODELS: [&str; 1] = ["bert"];
 const SEPARATOR: &str = "\n__ggml_vocab_test__\n";
 
 #[test]
@@ -62,6 +63,10 @@ fn llama_cpp_vocab_tests_pass() {
             if got != want {
                 failures.push(format!("{name} {text:?}: got {got:?}, want {want:?}"));
             }
+            let back = String::from_utf8_lossy(&tok.decode(&got, false)).into_owned();
+            if back != *text {
+                failures.push(format!("{name} {text:?}: decodes to {back:?}"));
+            }
         }
         eprintln!("{name}: {} cases", texts.len());
         passed.push(name);
@@ -80,6 +85,7 @@ fn llama_cpp_vocab_tests_pass() {
         "gpt-2",
         "qwen2",
         "qwen35",
+        "gemma-4",
         "deepseek-llm",
         "deepseek-coder",
         "falcon",
