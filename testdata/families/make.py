@@ -39,6 +39,8 @@ def splitmix_uniform(seed, n):
 def values(t):
     """A tensor's f32 values: offset + scale * uniform(-1, 1)."""
     n = int(np.prod(t["shape"]))
+    if "values" in t:
+        return np.array(t["values"], dtype=np.float32)
     v = t["offset"] + t["scale"] * splitmix_uniform(t["seed"], n)
     return v.astype(np.float32)
 
@@ -388,6 +390,67 @@ def qwen35moe(r, s):
     r.kv("expert_shared_feed_forward_length", "u32", s["n_ff_shexp"])
     qwen35(r, s)
 
+def gemma4(r, s):
+    # Gemma 4 (E2B/E4B layout): sliding layers with their own head size and rotation, global
+    # layers with wider heads and proportional RoPE (rope_freqs leaves pairs at rest), V normed,
+    # the last layers sharing earlier layers' KV, per-layer token embeddings, layer scales.
+    e, L, w = s["n_embd"], s["n_layer"], s["per_layer"]
+    hd, hd_swa, period, shared = s["head_dim"], s["head_dim_swa"], s["period"], s["shared"]
+    common(r, s, head_dim=hd)
+    swa = [(i + 1) % period != 0 for i in range(L)]
+    kv_from = L - shared
+    r.kv("rope.freq_base_swa", "f32", 10000.0)
+    r.kv("attention.sliding_window", "u32", s["window"])
+    r.kv("attention.sliding_window_pattern", "arr_bool", swa)
+    r.kv("attention.key_length_swa", "u32", hd_swa)
+    r.kv("attention.value_length_swa", "u32", hd_swa)
+    r.kv("rope.dimension_count", "u32", hd)
+    r.kv("rope.dimension_count_swa", "u32", s["n_rot_swa"])
+    r.kv("attention.shared_kv_layers", "u32", shared)
+    r.kv("embedding_length_per_layer_input", "u32", w)
+    if "final_cap" in s:
+        r.kv("final_logit_softcapping", "f32", s["final_cap"])
+    kv_heads = [s["n_head_kv"] if swa[i] else s.get("n_head_kv_full", s["n_head_kv"]) for i in range(L)]
+    if s.get("n_head_kv_full"):
+        r.meta = [m for m in r.meta if m[0] != f"{r.arch}.attention.head_count_kv"]
+        r.kv("attention.head_count_kv", "arr_i32", kv_heads)
+    ffs = [s["n_ff"] * (2 if s.get("double_ff") and i >= kv_from else 1) for i in range(L)]
+    if s.get("double_ff"):
+        r.meta = [m for m in r.meta if m[0] != f"{r.arch}.feed_forward_length"]
+        r.kv("feed_forward_length", "arr_i32", ffs)
+    rotated = int(hd * 0.25 / 2)
+    r.t("rope_freqs.weight", [hd // 2], 0.0, 1.0)
+    r.tensors[-1]["values"] = [1.0] * rotated + [1e30] * (hd // 2 - rotated)
+    if w:
+        r.t("per_layer_token_embd.weight", [N_VOCAB, w * L], 1.0)
+        mat(r, "per_layer_model_proj.weight", w * L, e)
+        norm(r, "per_layer_proj_norm.weight", w)
+    for i in range(L):
+        h = hd_swa if swa[i] else hd
+        q, kv = s["n_head"] * h, kv_heads[i] * h
+        norm(r, f"blk.{i}.attn_norm.weight", e)
+        mat(r, f"blk.{i}.attn_q.weight", q, e)
+        if i < kv_from or s.get("shared_kv_tensors"):
+            mat(r, f"blk.{i}.attn_k.weight", kv, e)
+            if swa[i] or not s.get("k_eq_v"):
+                mat(r, f"blk.{i}.attn_v.weight", kv, e)
+            norm(r, f"blk.{i}.attn_k_norm.weight", h)
+        norm(r, f"blk.{i}.attn_q_norm.weight", h)
+        mat(r, f"blk.{i}.attn_output.weight", e, q, 0.5)
+        norm(r, f"blk.{i}.post_attention_norm.weight", e)
+        f = ffs[i]
+        norm(r, f"blk.{i}.ffn_norm.weight", e)
+        mat(r, f"blk.{i}.ffn_gate.weight", f, e)
+        mat(r, f"blk.{i}.ffn_up.weight", f, e)
+        mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
+        norm(r, f"blk.{i}.post_ffw_norm.weight", e)
+        if s.get("out_scale"):
+            norm(r, f"blk.{i}.layer_output_scale.weight", 1)
+        if w:
+            mat(r, f"blk.{i}.inp_gate.weight", w, e)
+            mat(r, f"blk.{i}.proj.weight", e, w, 0.5)
+            norm(r, f"blk.{i}.post_norm.weight", e)
+
 FAMILIES = {
     "llama": (llama, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2),
@@ -483,6 +546,15 @@ FAMILIES = {
         dict(n_embd=96, n_layer=5, n_ff=160, n_head=6, n_head_kv=2, taps=3, attention_layers=[2],
              tied=True, n_expert=16, n_expert_used=4, n_ff_exp=24, dense_lead=2),
     ]),
+    "gemma4": (gemma4, [
+        dict(n_embd=64, n_layer=6, n_ff=96, n_head=2, n_head_kv=1, head_dim=64, head_dim_swa=32, n_rot_swa=32,
+             period=3, shared=3, per_layer=16, window=8, tied=True, final_cap=30.0, double_ff=True,
+             out_scale=True, rope_base=1e6, shared_kv_tensors=True),
+        dict(n_embd=96, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, n_head_kv_full=1, head_dim=48, head_dim_swa=24,
+             n_rot_swa=16, period=2, shared=0, per_layer=0, window=16, k_eq_v=True, rope_base=1e6, final_cap=0.0),
+        dict(n_embd=64, n_layer=8, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16, n_rot_swa=16,
+             period=4, shared=4, per_layer=8, window=12, tied=True, final_cap=15.0, out_scale=True, rope_base=1e6),
+    ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),
     ]),
@@ -518,6 +590,8 @@ def write_gguf(r, path):
             w.add_array(key, [float(x) for x in v])
         elif ty == "arr_i32":
             w.add_array(key, [int(x) for x in v])
+        elif ty == "arr_bool":
+            w.add_array(key, [bool(x) for x in v])
         else:
             raise ValueError(ty)
     crcs = {}

@@ -147,8 +147,13 @@ pub fn measure_sensitivity(
                     thresholds: &thresholds,
                     streams: None,
                 };
-                let logits =
-                    engine.resume_observed(l, &streams[l], Logits::From(first), Some(&mut obs))?;
+                let logits = engine.resume_observed(
+                    l,
+                    part,
+                    &streams[l],
+                    Logits::From(first),
+                    Some(&mut obs),
+                )?;
                 // Rows in parallel (a softmax over the vocabulary each), summed in order.
                 let rows: Vec<f64> = logits
                     .par_chunks_exact(v)

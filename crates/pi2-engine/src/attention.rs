@@ -27,39 +27,52 @@ pub(crate) fn block(
     pos0: usize,
     n: usize,
 ) {
-    let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+    let heads = c.heads(li);
+    let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(li), c.kv_dim(li), heads.head_dim);
+    // A layer that shares an earlier layer's keys and values computes only queries.
+    let kv_source = c.kv_source(li);
+    let own_kv = kv_source == li;
     rms_norm_rows(&s.x, l.attn_norm.f32s(f), c.rms_eps, d, n, &mut s.xn);
     // Q, K and V share the input; quantize it once per activation format. With an output
     // gate, each head's Q rows are followed by its gate rows.
     let gated = c.attn_output_gate;
     let q = grow(&mut s.q, n * qd * (1 + gated as usize));
-    let k = grow(&mut s.k, n * kvd);
-    let v = grow(&mut s.v, n * kvd);
-    project_many(
-        ks,
-        f,
-        &mut s.acts,
-        &s.xn[..n * d],
-        d,
-        [
-            (wq, l.bq.as_ref(), q),
-            (wk, l.bk.as_ref(), k),
-            (wv, l.bv.as_ref(), v),
-        ],
-    );
+    let xn = &s.xn[..n * d];
+    match own_kv {
+        true => {
+            let k = grow(&mut s.k, n * kvd);
+            let v = grow(&mut s.v, n * kvd);
+            let jobs = [
+                (wq, l.bq.as_ref(), q),
+                (wk, l.bk.as_ref(), k),
+                (wv, l.bv.as_ref(), v),
+            ];
+            project_many(ks, f, &mut s.acts, xn, d, jobs);
+        }
+        false => project_many(ks, f, &mut s.acts, xn, d, [(wq, l.bq.as_ref(), q)]),
+    }
     if gated {
         split_gate(&mut s.q, grow(&mut s.gate, n * qd), n, c.n_head, hd);
     }
-    if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-        for (x, w) in [(&mut s.q[..n * qd], qn), (&mut s.k[..n * kvd], kn)] {
-            // Per head, or over each token's whole vector: the weights' length says which.
-            let w = w.f32s(f);
-            x.chunks_exact_mut(w.len())
-                .for_each(|h| rms_norm_in_place(h, w, c.rms_eps));
-        }
+    // Per head, or over each token's whole vector: the weights' length says which.
+    let norm = |x: &mut [f32], w: &TensorView| {
+        let w = w.f32s(f);
+        x.chunks_exact_mut(w.len())
+            .for_each(|h| rms_norm_in_place(h, w, c.rms_eps));
+    };
+    if let Some(qn) = &l.q_norm {
+        norm(&mut s.q[..n * qd], qn);
+    }
+    if let (Some(kn), true) = (&l.k_norm, own_kv) {
+        norm(&mut s.k[..n * kvd], kn);
+    }
+    if c.v_norm && own_kv {
+        s.v[..n * kvd]
+            .chunks_exact_mut(hd)
+            .for_each(|h| rms_norm_unweighted(h, c.rms_eps));
     }
     if c.rope_in(li) {
-        let half = c.n_rot / 2;
+        let half = heads.n_rot / 2;
         let tables = if c.window(li).is_some() {
             &s.rope_local
         } else {
@@ -72,10 +85,14 @@ pub(crate) fn block(
                 &sin[t * half..(t + 1) * half],
             );
             for h in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                rope(h, c.n_rot, c.rope_kind, ct, st);
+                rope(h, heads.n_rot, c.rope_kind, ct, st);
             }
-            for h in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                rope(h, c.n_rot, c.rope_kind, ct, st);
+            let k = match own_kv {
+                true => &mut s.k[t * kvd..(t + 1) * kvd],
+                false => &mut [],
+            };
+            for h in k.chunks_exact_mut(hd) {
+                rope(h, heads.n_rot, c.rope_kind, ct, st);
             }
         }
     }
@@ -85,10 +102,14 @@ pub(crate) fn block(
             q.iter_mut().for_each(|x| *x *= f);
         }
     }
-    let cache = kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd);
+    let cache = match own_kv {
+        true => kv.append(li, pos0, &s.k[..n * kvd], &s.v[..n * kvd], kvd),
+        false => kv.view(kv_source),
+    };
     attend(
         ks,
         c,
+        li,
         &s.q[..n * qd],
         &cache,
         pos0,
@@ -117,6 +138,13 @@ pub(crate) fn block(
         .for_each(|(x, o)| *x += o * scale);
 }
 
+/// RMS norm without weights (ggml's `rms_norm` alone: Gemma 4's values).
+fn rms_norm_unweighted(x: &mut [f32], eps: f32) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    x.iter_mut().for_each(|v| *v *= r);
+}
+
 /// Moves each head's gate rows (after its Q rows in `q`) into `gate`, leaving Q compact
 /// (`n_head * hd` per token): in place, each head moves down, never over one not yet moved.
 fn split_gate(q: &mut [f32], gate: &mut [f32], n: usize, n_head: usize, hd: usize) {
@@ -131,17 +159,20 @@ fn split_gate(q: &mut [f32], gate: &mut [f32], n: usize, n_head: usize, hd: usiz
 /// values over the cached positions up to its own (the last `window` of them in a
 /// sliding-window layer); with `sinks`, each head's softmax also counts its sink logit (which
 /// weights no value).
+#[allow(clippy::too_many_arguments)]
 fn attend(
     ks: &KernelSet,
     c: &ModelConfig,
+    li: usize,
     qs: &[f32],
     cache: &KvView<'_>,
     pos0: usize,
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
-    let group = c.n_head / c.n_head_kv;
+    let heads = c.heads(li);
+    let (qd, kvd, hd) = (c.q_dim(li), c.kv_dim(li), heads.head_dim);
+    let group = c.n_head / heads.n_head_kv;
     // RoPE's factor of the rotated dimensions is in its tables (see `RopeTables::fill`).
     let scale = c.attn_scale;
     let cap = c.attn_softcap;

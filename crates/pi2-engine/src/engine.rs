@@ -148,7 +148,13 @@ pub(crate) enum Pass {
 #[derive(Clone, Copy)]
 enum Input<'a> {
     Tokens(&'a [TokenId]),
-    Stream { layer: usize, x: &'a [f32] },
+    /// The stream entering `layer` at the positions of `tokens` (whose per-layer inputs the
+    /// layers may need).
+    Stream {
+        layer: usize,
+        x: &'a [f32],
+        tokens: &'a [TokenId],
+    },
 }
 
 impl Input<'_> {
@@ -466,6 +472,13 @@ impl<'m> Engine<'m> {
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
         self.check_tokens(tokens)?;
+        // Observers (profiles, calibration) keep one row of counts per layer.
+        if observer.is_some() && !self.model.config.ffn_sizes.is_empty() {
+            return Err(pi2_model::ModelError::Unsupported(
+                "profiling or converting a model whose layers have FFNs of different sizes (Gemma 4's wider layers) is not done yet: run it in memory (without --mem-budget)".into(),
+            )
+            .into());
+        }
         self.pass(Input::Tokens(tokens), want, Pass::Plain, observer)
     }
 
@@ -477,28 +490,45 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Layers `first_layer..` and the head over `stream`, the residual stream entering
-    /// `first_layer` at the next positions (`n * n_embd`, as
+    /// Layers `first_layer..` and the head over `stream`, the residual stream of `tokens`
+    /// entering `first_layer` at the next positions (`n * n_embd` for `n` tokens, as
     /// [`FfnObserver::observe_stream`] saw it), without extending the context: the layers
     /// below hold nothing for these positions, so nothing else may attend to them (and where
     /// the pass wrote over a sliding window the next positions need, the context is lost, as
     /// [`Engine::truncate`] loses it: [`Engine::n_past`] says). What a change to one layer
     /// costs is measured this way without running the layers below it again (they are the
-    /// same as in the dense pass that saw the stream).
+    /// same as in the dense pass that saw the stream). A layer that reads a lower layer's keys
+    /// and values (Gemma 4's shared KV) reads what that dense pass wrote there.
     pub fn resume_observed<'o>(
         &mut self,
         first_layer: usize,
+        tokens: &[TokenId],
         stream: &[f32],
         want: Logits,
         observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
     ) -> Result<&[f32], EngineError> {
         let c = &self.model.config;
-        if first_layer >= c.n_layer || !stream.len().is_multiple_of(c.n_embd) {
+        if first_layer >= c.n_layer || stream.len() != tokens.len() * c.n_embd {
             return Err(EngineError::Resume {
                 layer: first_layer,
                 n_layer: c.n_layer,
                 len: stream.len(),
+                tokens: tokens.len(),
                 n_embd: c.n_embd,
+            });
+        }
+        self.check_tokens(tokens)?;
+        // Layers that read a lower layer's keys and values (Gemma 4's shared KV) read what the
+        // dense pass over these positions left there.
+        let end = self.kv.len + tokens.len();
+        let unwritten = (first_layer..c.n_layer)
+            .map(|li| (li, c.kv_source(li)))
+            .find(|&(_, src)| src < first_layer && !self.kv.holds(src, end));
+        if let Some((layer, from)) = unwritten {
+            return Err(EngineError::ResumeShared {
+                first: first_layer,
+                layer,
+                from,
             });
         }
         if self.store.offload().is_some() {
@@ -511,6 +541,7 @@ impl<'m> Engine<'m> {
             Input::Stream {
                 layer: first_layer,
                 x: stream,
+                tokens,
             },
             want,
             Pass::Plain,
@@ -606,14 +637,19 @@ fn rope_frequencies(model: &Model, n_ctx: usize) -> (Vec<f32>, Option<Vec<f32>>)
             turns * plain * scale / freq_factors.map_or(1.0, |ff| ff[i])
         })
         .collect();
-    // Sliding layers with a base of their own rotate plainly (Gemma 3); with the same base,
-    // as the others do (gpt-oss, YaRN included).
-    let local = c.sliding_window.map(|w| match w.rope_base == c.rope_base {
-        true => inv_freq.clone(),
-        false => (0..c.n_rot / 2)
-            .map(|i| w.rope_base.powf(-2.0 * i as f32 / c.n_rot as f32))
-            .collect(),
-    });
+    // Sliding layers with a base or head shape of their own rotate plainly (Gemma 3 and 4);
+    // with the same, as the others do (gpt-oss, YaRN included).
+    let local = c
+        .sliding_window
+        .map(|w| match w.rope_base == c.rope_base && w.heads.is_none() {
+            true => inv_freq.clone(),
+            false => {
+                let n_rot = w.heads.map_or(c.n_rot, |h| h.n_rot);
+                (0..n_rot / 2)
+                    .map(|i| w.rope_base.powf(-2.0 * i as f32 / n_rot as f32))
+                    .collect()
+            }
+        });
     (inv_freq, local)
 }
 

@@ -23,13 +23,22 @@ pub enum EngineError {
     #[error("a context of {n_ctx} tokens is outside 1..{max} (set -c/--ctx-size)")]
     ContextSize { n_ctx: usize, max: usize },
     #[error(
-        "cannot resume at layer {layer} of {n_layer} with a stream of {len} values (a multiple of n_embd {n_embd} is needed)"
+        "cannot resume at layer {layer} of {n_layer} with a stream of {len} values for {tokens} tokens ({tokens} x n_embd {n_embd} are needed)"
     )]
     Resume {
         layer: usize,
         n_layer: usize,
         len: usize,
+        tokens: usize,
         n_embd: usize,
+    },
+    #[error(
+        "cannot resume at layer {first}: layer {layer} reads the keys and values of layer {from}, which no pass over these positions wrote (run the dense pass over them first)"
+    )]
+    ResumeShared {
+        first: usize,
+        layer: usize,
+        from: usize,
     },
     #[error("empty input")]
     Empty,

@@ -88,9 +88,15 @@ struct LayerShape {
 /// its recurrent states.
 fn layer_shapes(c: &ModelConfig) -> impl Iterator<Item = LayerShape> + '_ {
     (0..c.n_layer).map(|li| match c.mixer(li) {
+        // A layer that attends to another's keys and values keeps none.
+        Mixer::Attention if c.kv_source(li) != li => LayerShape {
+            window: None,
+            cells: Cells::KeyValue(0),
+            state: 0,
+        },
         Mixer::Attention => LayerShape {
             window: c.window(li),
-            cells: Cells::KeyValue(c.kv_dim()),
+            cells: Cells::KeyValue(c.kv_dim(li)),
             state: 0,
         },
         Mixer::ShortConv { taps } => LayerShape {
@@ -120,6 +126,8 @@ struct LayerKv {
 
 pub(crate) struct KvCache {
     layers: Vec<LayerKv>,
+    /// The last layer that keeps anything: its writes mark how far the cache has been written.
+    last_kept: usize,
     /// Positions held.
     pub len: usize,
     /// One past the highest position written since the cache was last emptied: sliding
@@ -157,7 +165,7 @@ impl KvCache {
     }
 
     fn with_layers(shapes: impl IntoIterator<Item = LayerShape>, n_ctx: usize) -> Self {
-        let layers = shapes
+        let layers: Vec<LayerKv> = shapes
             .into_iter()
             .map(|l| LayerKv {
                 k: Vec::new(),
@@ -171,8 +179,12 @@ impl KvCache {
                 states: (l.state > 0).then(|| Snapshots::new(l.state)),
             })
             .collect();
+        let last_kept = (layers.iter())
+            .rposition(|l| l.cells.widths() != (0, 0))
+            .unwrap_or(0);
         Self {
             layers,
+            last_kept,
             len: 0,
             high: 0,
             n_ctx,
@@ -207,6 +219,28 @@ impl KvCache {
             v: bytemuck::cast_slice(&l.v[..]),
             ring: l.ring,
             window: l.window,
+        }
+    }
+
+    /// Layer `li`'s cache as it stands, for a layer that attends to it without writing (Gemma 4's
+    /// shared KV: the layer's own positions were written by it earlier in the same pass).
+    pub fn view(&self, li: usize) -> KvView<'_> {
+        let l = &self.layers[li];
+        KvView {
+            k: bytemuck::cast_slice(&l.k[..]),
+            v: bytemuck::cast_slice(&l.v[..]),
+            ring: l.ring,
+            window: l.window,
+        }
+    }
+
+    /// Whether layer `li`'s buffers address positions up to `end` (written by some pass).
+    pub fn holds(&self, li: usize, end: usize) -> bool {
+        let l = &self.layers[li];
+        let (kw, _) = l.cells.widths();
+        match l.window {
+            Some(_) => end <= l.ring && l.k.len() >= l.ring * kw,
+            None => l.k.len() >= end * kw,
         }
     }
 
@@ -250,7 +284,7 @@ impl KvCache {
     /// needs more room.
     fn room(&mut self, li: usize, pos0: usize, n: usize) -> &mut LayerKv {
         let (high, n_ctx) = (self.high, self.n_ctx);
-        if li + 1 == self.layers.len() {
+        if li == self.last_kept {
             self.high = self.high.max(pos0 + n);
         }
         let l = &mut self.layers[li];

@@ -22,6 +22,7 @@ mod moe;
 mod neurons;
 pub mod offload;
 mod packed;
+mod per_layer;
 pub mod perplexity;
 mod pipeline;
 mod residency;

@@ -33,6 +33,8 @@ pub(crate) struct Scratch {
     pub partials: Vec<f32>,
     /// A recurrent layer's state as its batch runs.
     pub state: Vec<f32>,
+    /// Each token's per-layer inputs (Gemma 4): `n_layer` slices per token.
+    pub per_layer: Vec<f32>,
 }
 
 /// `v[..n]`, growing `v` with zeros first if it is shorter.

@@ -9,7 +9,7 @@
 //! logits are within 0.05 is a tie either engine may break either way: the comparison stops
 //! there).
 
-use pi2_engine::{Engine, EngineConfig, Logits};
+use pi2_engine::{Engine, EngineConfig, EngineError, Logits};
 use pi2_kernels::Tier;
 use pi2_model::{GgufFile, Model};
 use serde_json::{json, Value};
@@ -187,6 +187,22 @@ fn every_family_runs_under_a_budget_as_llama_cpp_does() {
         // experts stream (the test below).
         if model(&r).config.dense_lead > 0 {
             assert!(converted_or_refusal(dir.path(), &r, &cfg).contains("first"));
+            continue;
+        }
+        // Layers of different FFN sizes (Gemma 4's wider shared-KV layers) are not profiled:
+        // refused by name.
+        if !model(&r).config.ffn_sizes.is_empty() {
+            let m = model(&r);
+            let mut e = Engine::new(&m, &cfg).unwrap();
+            let mut profiler = pi2_sparse::Profiler::new(
+                m.config.n_layer,
+                m.config.n_ff,
+                pi2_sparse::Activation::Gelu,
+            );
+            let err = e
+                .forward_observed(&[1, 2], Logits::Last, Some(&mut profiler))
+                .unwrap_err();
+            assert!(err.to_string().contains("different sizes"), "{name}: {err}");
             continue;
         }
         let path = converted(dir.path(), &r, &cfg);
@@ -495,7 +511,7 @@ fn a_failed_expert_read_is_an_error_and_never_a_different_answer() {
 /// never a panic: each row changes one key of a recipe.
 #[test]
 fn broken_layouts_of_the_new_families_are_refused_by_name() {
-    let cases: [(&str, &str, Value, &str); 7] = [
+    let cases: [(&str, &str, Value, &str); 11] = [
         (
             "lfm2-0",
             "lfm2.shortconv.l_cache",
@@ -512,7 +528,7 @@ fn broken_layouts_of_the_new_families_are_refused_by_name() {
             "lfm2-0",
             "lfm2.attention.head_count_kv",
             json!([0, 2, 0, 4]),
-            "one KV head count",
+            "one count for the layers of each kind",
         ),
         (
             "qwen3-0",
@@ -538,12 +554,40 @@ fn broken_layouts_of_the_new_families_are_refused_by_name() {
             json!(9),
             "leading dense layers",
         ),
+        (
+            "gemma4-0",
+            "gemma4.attention.shared_kv_layers",
+            json!(5),
+            "fewer than two layers",
+        ),
+        (
+            "gemma4-0",
+            "gemma4.attention.shared_kv_layers",
+            json!(4),
+            "not an attention layer of its kind",
+        ),
+        (
+            "gemma4-0",
+            "gemma4.attention.sliding_window_pattern",
+            json!([true, false, true, true, false, false]),
+            "last of every N layers global",
+        ),
+        (
+            "gemma4-2",
+            "gemma4.embedding_length_per_layer_input",
+            json!(9),
+            "inp_gate.weight` has shape",
+        ),
     ];
     let refs = references();
     for (name, key, value, says) in cases {
         let mut r = refs.iter().find(|r| r["name"] == name).unwrap().clone();
         let meta = r["meta"].as_array_mut().unwrap();
-        let ty = if value.is_array() { "arr_i32" } else { "u32" };
+        let ty = match &value {
+            Value::Array(a) if a.iter().all(Value::is_boolean) => "arr_bool",
+            Value::Array(_) => "arr_i32",
+            _ => "u32",
+        };
         match meta.iter_mut().find(|m| m[0] == key) {
             Some(m) => (m[1], m[2]) = (ty.into(), value),
             None => meta.push(json!([key, ty, value])),
@@ -578,4 +622,52 @@ fn an_unknown_gating_function_is_refused_by_name() {
     };
     let err = err.to_string();
     assert!(err.contains("expert_gating_func = 4"), "{err}");
+}
+
+/// The residual stream entering each layer, as a dense pass saw it.
+#[derive(Default)]
+struct Streams(Vec<Vec<f32>>);
+
+impl pi2_sparse::FfnObserver for Streams {
+    fn observe(&mut self, _layer: usize, _x: &[f32], _gate: &[f32]) {}
+
+    fn observe_stream(&mut self, layer: usize, x: &[f32]) {
+        self.0.resize_with(layer + 1, Vec::new);
+        self.0[layer] = x.to_vec();
+    }
+}
+
+/// A pass resumed at any layer of a model with per-layer token inputs (Gemma 4) takes them
+/// from its tokens: the same logits as the whole pass.
+#[test]
+fn a_resumed_pass_takes_per_layer_inputs_from_its_tokens() {
+    let refs = references();
+    let r = refs.iter().find(|r| r["name"] == "gemma4-2").unwrap();
+    let m = model(r);
+    assert!(m.weights.per_layer.is_some());
+    let mut e = engine(&m, Tier::Scalar);
+    let tokens = ids(&r["llama_cpp"]["prompt"]);
+    // Layers past the shared-KV boundary read keys and values no pass has written yet.
+    let stream = vec![0.0; tokens.len() * m.config.n_embd];
+    let last = m.config.n_layer - 1;
+    let err = e.resume_observed(last, &tokens, &stream, Logits::Last, None);
+    assert!(matches!(err, Err(EngineError::ResumeShared { .. })));
+    let mut seen = Streams::default();
+    let want = (e.forward_observed(&tokens, Logits::Last, Some(&mut seen)))
+        .unwrap()
+        .to_vec();
+    for layer in 1..m.config.n_layer {
+        e.truncate(0);
+        let got = (e.resume_observed(layer, &tokens, &seen.0[layer], Logits::Last, None))
+            .unwrap()
+            .to_vec();
+        assert_eq!(got, want, "resumed at layer {layer}");
+    }
+    // Other tokens give other per-layer inputs, so other logits.
+    e.truncate(0);
+    let other: Vec<u32> = tokens.iter().map(|t| t + 1).collect();
+    let got = (e.resume_observed(2, &other, &seen.0[2], Logits::Last, None))
+        .unwrap()
+        .to_vec();
+    assert_ne!(got, want);
 }

@@ -110,7 +110,7 @@ fn reference(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
             vs.push(bias(&l.bv, matvec(&wv, &xn)));
         }
         for (t, x) in xs.iter_mut().enumerate() {
-            let mut att = vec![0.0; c.q_dim()];
+            let mut att = vec![0.0; c.q_dim(0)];
             for h in 0..c.n_head {
                 let kh = h / group;
                 let first = window.map_or(0, |w| (t + 1).saturating_sub(w));

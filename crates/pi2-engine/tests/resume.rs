@@ -80,6 +80,7 @@ fn a_resumed_pass_is_the_whole_pass() {
             let got = e
                 .resume_observed(
                     layer,
+                    &tokens,
                     &dense.streams[layer],
                     Logits::From(10),
                     Some(&mut resumed),
@@ -113,7 +114,8 @@ fn a_resumed_pass_leaves_the_context_to_the_next() {
         e.forward(&tokens[..6], Logits::Last).unwrap();
         // A resumed pass at the next positions, then the real continuation.
         let stream = vec![0.5f32; 6 * m.config.n_embd];
-        e.resume_observed(2, &stream, Logits::Last, None).unwrap();
+        e.resume_observed(2, &tokens[6..], &stream, Logits::Last, None)
+            .unwrap();
         match e.n_past() {
             6 => {
                 let got = e.forward(&tokens[6..], Logits::Last).unwrap().to_vec();
@@ -133,17 +135,19 @@ fn streams_and_layers_that_do_not_fit_are_refused() {
     let mut e = engine(&m);
     let d = m.config.n_embd;
     let bad_len = e
-        .resume_observed(1, &vec![0.0; d + 1], Logits::Last, None)
+        .resume_observed(1, &[1], &vec![0.0; d + 1], Logits::Last, None)
         .map(|_| ());
     assert!(matches!(bad_len, Err(EngineError::Resume { .. })));
     let bad_layer = e
-        .resume_observed(4, &vec![0.0; d], Logits::Last, None)
+        .resume_observed(4, &[1], &vec![0.0; d], Logits::Last, None)
         .map(|_| ());
     assert!(matches!(bad_layer, Err(EngineError::Resume { .. })));
-    let empty = e.resume_observed(1, &[], Logits::Last, None).map(|_| ());
+    let empty = e
+        .resume_observed(1, &[], &[], Logits::Last, None)
+        .map(|_| ());
     assert!(matches!(empty, Err(EngineError::Empty)));
     let too_long = e
-        .resume_observed(1, &vec![0.0; 65 * d], Logits::Last, None)
+        .resume_observed(1, &[1; 65], &vec![0.0; 65 * d], Logits::Last, None)
         .map(|_| ());
     assert!(matches!(too_long, Err(EngineError::ContextFull { .. })));
     let msg = bad_len.err().unwrap().to_string();

@@ -3,10 +3,11 @@
 //! pi2 with llama.cpp on the same function without committing any weights.
 //!
 //! A recipe is JSON: `meta`, a list of `[key, type, value]` (`str`, `u32`, `f32`, `bool`,
-//! `arr_str`, `arr_f32`, `arr_i32`), and `tensors`, each `{name, shape, seed, scale, offset,
-//! crc32}` with `shape` rows first (numpy's order; GGML's dims are its reverse). A tensor's F32
-//! values are `offset + scale * u`, `u` in [-1, 1) from SplitMix64 seeded with `seed`, computed
-//! in f64 as numpy does; the CRC-32 of the values' bytes must match the recorded one.
+//! `arr_str`, `arr_f32`, `arr_i32`, `arr_bool`), and `tensors`, each `{name, shape, seed, scale,
+//! offset, crc32}` with `shape` rows first (numpy's order; GGML's dims are its reverse). A
+//! tensor's F32 values are `offset + scale * u`, `u` in [-1, 1) from SplitMix64 seeded with
+//! `seed`, computed in f64 as numpy does, or its `values` where the recipe lists them; the CRC-32
+//! of the values' bytes must match the recorded one.
 
 use crate::gguf::Value;
 use crate::writer::GgufWriter;
@@ -56,6 +57,12 @@ pub fn build(recipe: &serde_json::Value) -> Result<GgufWriter<'static>, String> 
                     .map(|x| Value::I32(x.as_i64().unwrap_or(0) as i32))
                     .collect(),
             ),
+            "arr_bool" => Value::Array(
+                list()?
+                    .iter()
+                    .map(|x| Value::Bool(x.as_bool().unwrap_or(false)))
+                    .collect(),
+            ),
             other => return Err(format!("`{key}` has unknown type `{other}`")),
         };
         w.meta(key, value);
@@ -76,9 +83,17 @@ pub fn build(recipe: &serde_json::Value) -> Result<GgufWriter<'static>, String> 
                 .ok_or(format!("`{name}` has no scale"))?,
             t["offset"].as_f64().unwrap_or(0.0),
         );
-        let values: Vec<f32> = splitmix_uniform(seed, n)
-            .map(|u| (offset + scale * u) as f32)
-            .collect();
+        // Values given as they are (RoPE divisors), else drawn.
+        let values: Vec<f32> = match t["values"].as_array() {
+            Some(given) if given.len() == n => given
+                .iter()
+                .map(|v| v.as_f64().unwrap_or(0.0) as f32)
+                .collect(),
+            Some(_) => return Err(format!("`{name}`: its values do not fill its shape")),
+            None => splitmix_uniform(seed, n)
+                .map(|u| (offset + scale * u) as f32)
+                .collect(),
+        };
         // F32, or a type pi2 quantizes as llama.cpp's `gguf` package does (MXFP4).
         let ty = match t["type"].as_str() {
             None | Some("f32") => pi2_kernels::QuantType::F32,

@@ -36,7 +36,10 @@ pub fn human_bytes(bytes: u64) -> String {
 /// For a plain dense model: the least `--mem-budget` its one-command conversion runs under (a
 /// lower bound known before converting) and the memory converting takes.
 fn conversion_figures(model: &Model, n_ctx: usize) -> Option<(u64, u64)> {
-    if model.config.n_expert > 0 || crate::convert_cache::is_converted(model) {
+    // Mixtures stream their experts from the file; layers of different FFN sizes are not
+    // converted yet.
+    let c = &model.config;
+    if c.n_expert > 0 || !c.ffn_sizes.is_empty() || crate::convert_cache::is_converted(model) {
         return None;
     }
     let engine = pi2_engine::EngineConfig {
@@ -62,9 +65,9 @@ impl<'m> ModelInfo<'m> {
             e.1 += t.size;
         }
         // Largest per-token activations: logits and FFN rows dominate; batch of 512 for prefill.
-        let scratch =
-            512 * (c.n_vocab.min(512) + 4 * c.n_embd + 2 * c.n_ff + c.q_dim() + 2 * c.kv_dim()) * 4
-                + c.n_vocab * 4;
+        let (qd, kvd) = c.widest_qkv();
+        let scratch = 512 * (c.n_vocab.min(512) + 4 * c.n_embd + 2 * c.n_ff + qd + 2 * kvd) * 4
+            + c.n_vocab * 4;
         let f = &model.file;
         let ffn = model.weights.layers.iter();
         let ffn = ffn.map(|l| l.gate.bytes(f) + l.up.bytes(f) + l.down.bytes(f));
@@ -140,12 +143,15 @@ impl<'m> ModelInfo<'m> {
         writeln!(f, "file size:     {} ({size} bytes)", human_bytes(size))?;
         writeln!(f, "parameters:    {:.1} M", m.n_params() as f64 / 1e6)?;
         let per = if c.n_expert > 0 { "expert" } else { "layer" };
+        let neurons = match c.ffn_sizes.iter().min() {
+            Some(least) => format!("{least}-{}", c.n_ff),
+            None => c.n_ff.to_string(),
+        };
         writeln!(
             f,
-            "layers:        {}   embedding: {}   FFN: {} neurons/{per}, {}",
+            "layers:        {}   embedding: {}   FFN: {neurons} neurons/{per}, {}",
             c.n_layer,
             c.n_embd,
-            c.n_ff,
             c.ffn_act.name()
         )?;
         if c.n_expert > 0 {
@@ -185,6 +191,25 @@ impl<'m> ModelInfo<'m> {
                 f,
                 "sliding window: {n} tokens, {global}, local RoPE base {b}"
             )?;
+            if let Some(h) = w.heads {
+                let (kv, d, r) = (h.n_head_kv, h.head_dim, h.n_rot);
+                writeln!(
+                    f,
+                    "sliding heads: {kv} KV heads, head size {d}, {r} rotated dims"
+                )?;
+            }
+        }
+        if c.kv_shared_from < c.n_layer {
+            let from = c.kv_shared_from;
+            writeln!(
+                f,
+                "shared KV:     layers {from}-{} attend to earlier layers' keys and values",
+                c.n_layer - 1
+            )?;
+        }
+        if c.n_embd_per_layer > 0 {
+            let w = c.n_embd_per_layer;
+            writeln!(f, "per-layer input: {w} per layer from a per-token table")?;
         }
         let scale = 1.0 / c.rope_freq_scale;
         let (kind, base, n_rot) = (c.rope_kind, c.rope_base, c.n_rot);

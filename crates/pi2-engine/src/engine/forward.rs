@@ -9,7 +9,7 @@ use crate::residency::Mapped;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
 use crate::states::Keep;
 use crate::weights::SparseCall;
-use crate::{ffn, mixer, moe};
+use crate::{ffn, mixer, moe, per_layer};
 use pi2_model::{LayerWeights, TokenId};
 use pi2_sparse::FfnObserver;
 
@@ -40,7 +40,11 @@ impl Engine<'_> {
                 self.embed(tokens)?;
                 (0, false)
             }
-            Input::Stream { layer, x } => {
+            Input::Stream { layer, x, tokens } => {
+                // Embedding gives the tokens' per-layer inputs where the model has them.
+                if m.weights.per_layer.is_some() {
+                    self.embed(tokens)?;
+                }
                 grow(&mut self.s.x, x.len()).copy_from_slice(x);
                 (layer, true)
             }
@@ -107,11 +111,14 @@ impl Engine<'_> {
 
     /// Embedding rows of `tokens` into `s.x`, scaled as the model says.
     pub(super) fn embed(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
-        let c = &self.model.config;
+        let (c, f) = (&self.model.config, &self.model.file);
         let x = grow(&mut self.s.x, tokens.len() * c.n_embd);
         self.store.embed(tokens, x)?;
         if c.embd_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.embd_scale);
+        }
+        if let Some(p) = &self.model.weights.per_layer {
+            per_layer::inputs(&self.ks, f, c, p, tokens, &mut self.s);
         }
         Ok(())
     }
@@ -165,9 +172,24 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// Layer `li`'s FFN and what ends the layer after it (a per-layer input, an output scale).
+    pub(super) fn ffn_layer<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        n: usize,
+        pass: Pass,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        self.ffn_block(li, l, n, pass, observer)?;
+        let (c, f) = (&self.model.config, &self.model.file);
+        per_layer::finish_layer(&self.ks, f, c, l, li, n, &mut self.s);
+        Ok(())
+    }
+
     /// Layer `li`'s FFN on the normalised stream, its output (normalised again where the
     /// layer says so) added to the residual stream.
-    pub(super) fn ffn_layer<'o>(
+    fn ffn_block<'o>(
         &mut self,
         li: usize,
         l: &LayerWeights,

@@ -28,7 +28,8 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
     let threads = cfg.threads.max(1);
     // A gated Q projection is twice as wide; a delta net's widest rows (Q, K and V, before
     // and after its convolution, its output and gate) and one recurrent state.
-    let q = c.q_dim() * (1 + c.attn_output_gate as usize);
+    let (q, kv) = c.widest_qkv();
+    let q = q * (1 + c.attn_output_gate as usize);
     let (delta_rows, state) = (0..c.n_layer)
         .filter_map(|li| match c.mixer(li) {
             pi2_model::Mixer::DeltaNet(dn) => {
@@ -38,7 +39,9 @@ pub fn scratch_bytes(model: &Model, cfg: &EngineConfig, n_batch: usize) -> usize
         })
         .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
     let ff = c.n_ff.max(c.n_ff_shared).max(c.n_ff_dense);
-    let per_token = 8 * c.n_embd + q + 2 * c.kv_dim() + (4 * ff).max(delta_rows);
+    // Per-layer inputs (Gemma 4): every layer's slice, and one layer's gate.
+    let per_layer = c.n_embd_per_layer * (c.n_layer + 1);
+    let per_token = 8 * c.n_embd + q + 2 * kv + (4 * ff).max(delta_rows) + per_layer;
     // A clustered head's logits in stored order and its centroid scores.
     let head = match model.file.get(pi2_model::bundle::KEY_HEAD_CLUSTER) {
         Some(_) => 2 * c.n_vocab,

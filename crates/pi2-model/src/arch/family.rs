@@ -69,7 +69,7 @@ pub fn plain(_: &GgufFile, _: &str, _: &mut ModelConfig) -> Result<()> {
 }
 
 /// Every family pi2 reads, in the order errors list them.
-pub const FAMILIES: [&Family; 17] = [
+pub const FAMILIES: [&Family; 18] = [
     &super::llama::FAMILY,
     &super::qwen2::FAMILY,
     &super::qwen3::FAMILY,
@@ -79,6 +79,7 @@ pub const FAMILIES: [&Family; 17] = [
     &super::granite::FAMILY,
     &super::gemma2::FAMILY,
     &super::gemma3::FAMILY,
+    &super::gemma4::FAMILY,
     &super::gpt_oss::FAMILY,
     &super::mistral3::FAMILY,
     &super::phi3::FAMILY,

@@ -64,5 +64,6 @@ pub(super) fn sliding_window(
         len,
         global: Some(EveryNth::last_of(period)),
         rope_base,
+        heads: None,
     })
 }

@@ -45,7 +45,7 @@ pub(super) fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
             "{len_key} = {len}: a short convolution spans 2 to {MAX_CONV} positions"
         )));
     }
-    let free = super::attention_free_layers(f, a, c.n_layer)?;
+    let free = super::mixer::attention_free_layers(f, a, c.n_layer)?;
     for (m, free) in c.mixers.iter_mut().zip(free) {
         if free {
             *m = Mixer::ShortConv { taps: len };
@@ -63,6 +63,7 @@ pub(super) fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
             len: window,
             global: None,
             rope_base: c.rope_base,
+            heads: None,
         });
     }
     Ok(())

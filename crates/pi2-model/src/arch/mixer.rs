@@ -48,24 +48,39 @@ impl DeltaNet {
     }
 }
 
-/// KV heads: one count, or one per layer (LFM2) where every layer that attends has the same
-/// count (0 marks a layer without attention, see [`attention_free_layers`]).
+/// KV heads: one count, or one per layer (LFM2, Gemma 4), then the first layer's that attends
+/// (0 marks a layer without attention, see [`attention_free_layers`]); each layer's count is
+/// checked against its shape once the family has said it (`check_head_counts`).
 pub(super) fn head_count_kv(f: &GgufFile, key: &str, n_head: usize) -> Result<usize> {
     let Some(items) = f.get(key).and_then(Value::as_array) else {
         return get_usize_or(f, key, n_head);
     };
-    let counts: Vec<u64> = per_layer_counts(items, key)?;
-    let mut nonzero = counts.iter().filter(|&&c| c > 0);
-    let first = nonzero.next().copied().unwrap_or(0);
-    if first == 0 || nonzero.any(|&c| c != first) {
-        return Err(ModelError::Unsupported(format!(
-            "{key} = {counts:?}: pi2 needs one KV head count for every layer that attends"
-        )));
-    }
+    let first = per_layer_counts(items, key)?
+        .into_iter()
+        .find(|&c| c > 0)
+        .unwrap_or(0);
     usize::try_from(first).map_err(|_| ModelError::Corrupt(format!("{key} is out of range")))
 }
 
-fn per_layer_counts(items: &[Value], key: &str) -> Result<Vec<u64>> {
+/// Each layer's KV head count where the file gives one per layer.
+pub(super) fn head_counts_kv(f: &GgufFile, a: &str, n_layer: usize) -> Result<Vec<Option<usize>>> {
+    let key = format!("{a}.attention.head_count_kv");
+    let Some(items) = f.get(&key).and_then(Value::as_array) else {
+        return Ok(vec![None; n_layer]);
+    };
+    if items.len() != n_layer {
+        return Err(ModelError::Corrupt(format!(
+            "{key} has {} entries for {n_layer} layers",
+            items.len()
+        )));
+    }
+    Ok(per_layer_counts(items, &key)?
+        .into_iter()
+        .map(|c| Some(usize::try_from(c).unwrap_or(usize::MAX)))
+        .collect())
+}
+
+pub(super) fn per_layer_counts(items: &[Value], key: &str) -> Result<Vec<u64>> {
     items
         .iter()
         .map(|v| {
@@ -80,7 +95,7 @@ fn per_layer_counts(items: &[Value], key: &str) -> Result<Vec<u64>> {
 
 /// Per layer, whether `{a}.attention.head_count_kv` gives it no KV heads (a per-layer array
 /// with zeros: LFM2's convolution layers); a single count: none.
-pub(crate) fn attention_free_layers(f: &GgufFile, a: &str, n_layer: usize) -> Result<Vec<bool>> {
+pub(super) fn attention_free_layers(f: &GgufFile, a: &str, n_layer: usize) -> Result<Vec<bool>> {
     let key = format!("{a}.attention.head_count_kv");
     let Some(items) = f.get(&key).and_then(Value::as_array) else {
         return Ok(vec![false; n_layer]);

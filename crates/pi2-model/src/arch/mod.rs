@@ -10,6 +10,7 @@ mod ffn_act;
 pub use ffn_act::{FfnAct, KEY_FFN_ACTIVATION};
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod rope;
 use rope::rope;
@@ -29,11 +30,10 @@ mod qwen35moe;
 mod qwen3moe;
 mod smallthinker;
 mod smollm3;
-pub(crate) use mixer::attention_free_layers;
 use mixer::head_count_kv;
 pub use mixer::{DeltaNet, Mixer};
 mod weights;
-pub use weights::{DeltaWeights, LayerWeights, SharedExpert, Weights};
+pub use weights::{DeltaWeights, LayerWeights, PerLayerGate, PerLayerInput, SharedExpert, Weights};
 
 pub use family::{Family, QkNorm, FAMILIES};
 
@@ -60,6 +60,7 @@ pub enum Arch {
     Qwen35,
     Qwen35Moe,
     Lfm2Moe,
+    Gemma4,
 }
 
 impl Arch {
@@ -163,6 +164,26 @@ pub struct ModelConfig {
     /// Routers read each layer's input before attention (un-normed) rather than the FFN's
     /// normed input (SmallThinker).
     pub route_before_attention: bool,
+    /// Layers from this one on compute no keys and values: each attends to those of the last
+    /// layer of its kind before it (Gemma 4's shared KV; `n_layer`: none).
+    pub kv_shared_from: usize,
+    /// Values RMS-normed per head without weights before they are cached (Gemma 4).
+    pub v_norm: bool,
+    /// Width of each layer's own slice of a token's per-layer input (Gemma 4's per-layer
+    /// embeddings, see [`PerLayerInput`]; 0: none).
+    pub n_embd_per_layer: usize,
+    /// Neurons of each layer's FFN where they differ between layers (Gemma 4's wider FFN in
+    /// the layers that share KV); empty: see [`ModelConfig::ffn_size`].
+    pub ffn_sizes: Vec<usize>,
+}
+
+/// The head shape of an attention layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Dimensions of each head that RoPE rotates.
+    pub n_rot: usize,
 }
 
 /// Llama 4's attention temperature: the query at position `p` is multiplied by
@@ -221,6 +242,9 @@ pub struct SlidingWindow {
     /// The layers that attend globally (`None`: every layer slides).
     pub global: Option<EveryNth>,
     pub rope_base: f32,
+    /// The sliding layers' head shape where it differs from the global layers' (Gemma 4's
+    /// `key_length_swa`, `rope.dimension_count_swa`).
+    pub heads: Option<Heads>,
 }
 
 /// Every `period`-th layer, from layer `first` on (`layer % period == first`).
@@ -330,7 +354,7 @@ impl ModelConfig {
         };
         let n_embd = get_usize(f, &k("embedding_length"))?;
         let n_layer = get_usize(f, &k("block_count"))?;
-        let (n_ff, n_ff_shared) = ffn_sizes(f, fam, n_expert, n_expert_used)?;
+        let (n_ff, n_ff_shared, per_layer_ff) = ffn_sizes(f, fam, n_expert, n_expert_used)?;
         let n_head = get_usize(f, &k("attention.head_count"))?;
         let n_head_kv = head_count_kv(f, &k("attention.head_count_kv"), n_head)?;
         let n_ctx_train = get_usize_or(f, &k("context_length"), 2048)?;
@@ -426,6 +450,10 @@ impl ModelConfig {
             attn_output_gate: false,
             rope_sections: None,
             route_before_attention: false,
+            kv_shared_from: n_layer,
+            v_norm: false,
+            n_embd_per_layer: 0,
+            ffn_sizes: per_layer_ff,
         };
         (fam.hyper)(f, a, &mut config)?;
         if config.dense_lead > 0
@@ -436,13 +464,8 @@ impl ModelConfig {
                 config.dense_lead, config.n_ff_dense
             )));
         }
-        let free = attention_free_layers(f, a, n_layer)?;
-        let attends = |li: usize| config.mixers[li] == Mixer::Attention;
-        if (0..n_layer).any(|li| free[li] && attends(li)) {
-            return Err(ModelError::Unsupported(format!(
-                "layers without attention heads ({a}.attention.head_count_kv has zeros) in a `{a}` model"
-            )));
-        }
+        check_head_counts(f, a, &config)?;
+        config.check_layer_shapes()?;
         Ok(config)
     }
 
@@ -458,6 +481,9 @@ impl ModelConfig {
 
     /// Neurons of layer `li`'s FFN (of each expert, in a mixture layer).
     pub fn ffn_size(&self, li: usize) -> usize {
+        if let Some(&n) = self.ffn_sizes.get(li) {
+            return n;
+        }
         match self.n_expert > 0 && !self.has_experts(li) {
             true => self.n_ff_dense,
             false => self.n_ff,
@@ -502,27 +528,146 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Width of the Q projection output.
-    pub fn q_dim(&self) -> usize {
-        self.n_head * self.head_dim
+    /// Layer `li`'s head shape: a sliding layer's own where the family gives one.
+    pub fn heads(&self, li: usize) -> Heads {
+        match self.sliding_window.and_then(|w| w.heads) {
+            Some(h) if self.window(li).is_some() => h,
+            _ => Heads {
+                n_head_kv: self.n_head_kv,
+                head_dim: self.head_dim,
+                n_rot: self.n_rot,
+            },
+        }
     }
 
-    /// Width of the K and V projection outputs.
-    pub fn kv_dim(&self) -> usize {
-        self.n_head_kv * self.head_dim
+    /// Width of layer `li`'s Q projection output.
+    pub fn q_dim(&self, li: usize) -> usize {
+        self.n_head * self.heads(li).head_dim
+    }
+
+    /// Width of layer `li`'s K and V projection outputs.
+    pub fn kv_dim(&self, li: usize) -> usize {
+        let h = self.heads(li);
+        h.n_head_kv * h.head_dim
+    }
+
+    /// The widest Q and K/V projection outputs of any layer.
+    pub fn widest_qkv(&self) -> (usize, usize) {
+        (0..self.n_layer).fold((0, 0), |(q, kv), li| {
+            (q.max(self.q_dim(li)), kv.max(self.kv_dim(li)))
+        })
+    }
+
+    /// The layer whose keys and values layer `li` attends to: its own, or for a layer that
+    /// shares KV, the last layer of its kind (sliding or global) that computes them (llama.cpp's
+    /// rule: the layer before the first sharing one if global, the one before that if sliding).
+    pub fn kv_source(&self, li: usize) -> usize {
+        match li < self.kv_shared_from {
+            true => li,
+            false => self.kv_shared_from - 1 - self.window(li).is_some() as usize,
+        }
+    }
+
+    /// Shapes that would make the engine index past a buffer: refused at load.
+    fn check_layer_shapes(&self) -> Result<()> {
+        for li in 0..self.n_layer {
+            let h = self.heads(li);
+            if h.n_head_kv == 0
+                || self.n_head % h.n_head_kv != 0
+                || h.head_dim == 0
+                || h.head_dim > MAX_DIM
+            {
+                return Err(ModelError::Corrupt(format!(
+                    "layer {li}: {} heads of size {} with {} KV heads is not a valid layout",
+                    self.n_head, h.head_dim, h.n_head_kv
+                )));
+            }
+            if h.n_rot > h.head_dim || h.n_rot % 2 != 0 {
+                return Err(ModelError::Corrupt(format!(
+                    "layer {li}: {} rotated dimensions in heads of {}",
+                    h.n_rot, h.head_dim
+                )));
+            }
+            let src = self.kv_source(li);
+            let same_kind = self.window(src) == self.window(li) && self.heads(src) == h;
+            if li >= self.kv_shared_from
+                && (src >= li || !same_kind || self.mixer(src) != Mixer::Attention)
+            {
+                return Err(ModelError::Corrupt(format!(
+                    "layer {li} shares the keys and values of layer {src}, which is not an attention layer of its kind"
+                )));
+            }
+        }
+        if !self.ffn_sizes.is_empty() && self.ffn_sizes.len() != self.n_layer {
+            return Err(ModelError::Corrupt(format!(
+                "{} FFN sizes for {} layers",
+                self.ffn_sizes.len(),
+                self.n_layer
+            )));
+        }
+        if self.ffn_sizes.iter().any(|&n| n == 0 || n > MAX_DIM) {
+            return Err(ModelError::Corrupt(format!(
+                "FFN sizes {:?} are out of range",
+                self.ffn_sizes
+            )));
+        }
+        Ok(())
     }
 }
 
-/// A model's FFN sizes: of its layers (of each expert, in a mixture) and of a mixture's shared
-/// expert (0: none).
+/// Each layer's KV head count in the file (one count, or one per layer) must be the one its
+/// shape says: 0 for a layer without attention (LFM2's convolutions), its heads' otherwise.
+fn check_head_counts(f: &GgufFile, a: &str, c: &ModelConfig) -> Result<()> {
+    let counts = mixer::head_counts_kv(f, a, c.n_layer)?;
+    for (li, count) in counts.into_iter().enumerate() {
+        let attends = c.mixer(li) == Mixer::Attention;
+        let want = attends.then(|| c.heads(li).n_head_kv);
+        match (count, want) {
+            (None, _) => {}
+            (Some(0), None) => {}
+            (Some(0), Some(_)) => {
+                return Err(ModelError::Unsupported(format!(
+                    "layers without attention heads ({a}.attention.head_count_kv has zeros) in a `{a}` model"
+                )))
+            }
+            (Some(n), Some(w)) if n == w => {}
+            (Some(n), _) => {
+                return Err(ModelError::Unsupported(format!(
+                    "{a}.attention.head_count_kv gives layer {li} {n} KV heads: pi2 needs one count for the layers of each kind"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A model's FFN sizes: of its layers (of each expert, in a mixture; the widest where
+/// `feed_forward_length` gives one per layer), of a mixture's shared expert (0: none), and of
+/// each layer where they differ.
 fn ffn_sizes(
     f: &GgufFile,
     fam: &Family,
     n_expert: usize,
     n_expert_used: usize,
-) -> Result<(usize, usize)> {
+) -> Result<(usize, usize, Vec<usize>)> {
     let a = fam.name;
     let k = |s: &str| format!("{a}.{s}");
+    if let Some(items) = f.get(&k("feed_forward_length")).and_then(Value::as_array) {
+        let sizes = mixer::per_layer_counts(items, &k("feed_forward_length"))?;
+        let sizes: Vec<usize> = sizes
+            .into_iter()
+            .map(|n| n.min(MAX_DIM as u64 + 1) as usize)
+            .collect();
+        if n_expert > 0 || sizes.is_empty() {
+            return Err(ModelError::Unsupported(format!(
+                "{} as an array in a mixture of experts",
+                k("feed_forward_length")
+            )));
+        }
+        let widest = sizes.iter().copied().max().unwrap_or(0);
+        let uniform = sizes.iter().all(|&n| n == widest);
+        return Ok((widest, 0, if uniform { Vec::new() } else { sizes }));
+    }
     // A mixture's experts have a size of their own where the family says so (llama.cpp:
     // the dense size over the experts used when the key is absent).
     let n_ff = match (n_expert > 0, f.get(&k("expert_feed_forward_length"))) {
@@ -543,7 +688,7 @@ fn ffn_sizes(
             "{a}.expert_shared_feed_forward_length = {n_ff_shared} is out of range"
         )));
     }
-    Ok((n_ff, n_ff_shared))
+    Ok((n_ff, n_ff_shared, Vec::new()))
 }
 
 /// A family's experts: how many, how many each token uses, and how they are weighted.

@@ -51,6 +51,7 @@ fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
         len: WINDOW,
         global: (period > 0).then(|| EveryNth::first_of(period)),
         rope_base: get_f32_or(f, &format!("{a}.rope.freq_base_swa"), c.rope_base)?,
+        heads: None,
     });
     // llama.cpp rotates every layer when the step equals the layer count.
     if c.n_layer != NO_ROPE_STEP {

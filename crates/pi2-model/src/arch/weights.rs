@@ -63,6 +63,30 @@ pub struct LayerWeights {
     /// A mixture layer's shared expert, which every token runs beside its chosen ones
     /// (Qwen2-MoE, Qwen3.5-MoE).
     pub shared: Option<SharedExpert>,
+    /// The layer's output (its residual stream) is multiplied by this one value (Gemma 4).
+    pub out_scale: Option<TensorView>,
+    /// How the layer adds its slice of the token's per-layer input (Gemma 4).
+    pub per_layer: Option<PerLayerGate>,
+}
+
+/// A layer's use of its per-layer input `p` (`n_embd_per_layer` wide): after the FFN, the
+/// stream `x` gets `post_norm(proj(gelu(inp_gate x) * p))` added.
+#[derive(Clone, Debug)]
+pub struct PerLayerGate {
+    pub inp_gate: TensorView,
+    pub proj: TensorView,
+    pub post_norm: TensorView,
+}
+
+/// Per-layer token embeddings (Gemma 4): for token `t`, layer `l`'s input is
+/// `(rms_norm(model_proj e / sqrt(n_embd))_l * proj_norm + token_embd[t]_l * sqrt(w)) / sqrt(2)`
+/// with `e` the scaled embedding, `w` the slice width and `_l` layer `l`'s slice.
+#[derive(Clone, Debug)]
+pub struct PerLayerInput {
+    /// A row of `n_layer` slices per token.
+    pub token_embd: TensorView,
+    pub model_proj: TensorView,
+    pub proj_norm: TensorView,
 }
 
 /// An expert every token runs (`ffn_{gate,up,down}_shexp`, `n_ff_shared` neurons), its output
@@ -105,24 +129,64 @@ pub struct Weights {
     /// (`rope_factors_short`/`_long.weight`), if present.
     pub rope_short: Option<TensorView>,
     pub rope_long: Option<TensorView>,
+    /// Per-layer token embeddings, where the model has them.
+    pub per_layer: Option<PerLayerInput>,
     pub layers: Vec<LayerWeights>,
 }
 
-/// Look up `name` and check its GGML dims (`[cols]` or `[cols, rows]`) and type.
-/// A layer's Q, K and V projections: three tensors, or the row ranges of a fused `attn_qkv`
-/// (Phi-3; llama.cpp takes either for every family).
-fn qkv(f: &GgufFile, c: &ModelConfig, n: &dyn Fn(&str) -> String) -> Result<[TensorView; 3]> {
-    // With an output gate, each head's Q rows are followed by as many gate rows.
-    let q = c.q_dim() * (1 + c.attn_output_gate as usize);
-    let kv = c.kv_dim();
-    match optional(view(f, &n("attn_qkv.weight"), &[c.n_embd, q + 2 * kv]))? {
-        Some(fused) => Ok(fused.split(&[q, kv, kv]).try_into().expect("three parts")),
-        None => Ok([
-            view(f, &n("attn_q.weight"), &[c.n_embd, q])?,
-            view(f, &n("attn_k.weight"), &[c.n_embd, kv])?,
-            view(f, &n("attn_v.weight"), &[c.n_embd, kv])?,
-        ]),
+fn per_layer_input(f: &GgufFile, c: &ModelConfig) -> Result<Option<PerLayerInput>> {
+    let w = c.n_embd_per_layer * c.n_layer;
+    if c.n_embd_per_layer == 0 {
+        return Ok(None);
     }
+    Ok(Some(PerLayerInput {
+        token_embd: view(f, "per_layer_token_embd.weight", &[w, c.n_vocab])?,
+        model_proj: view(f, "per_layer_model_proj.weight", &[c.n_embd, w])?,
+        proj_norm: f32_view(f, "per_layer_proj_norm.weight", c.n_embd_per_layer)?,
+    }))
+}
+
+fn per_layer_gate(
+    f: &GgufFile,
+    c: &ModelConfig,
+    n: &dyn Fn(&str) -> String,
+) -> Result<Option<PerLayerGate>> {
+    let (d, w) = (c.n_embd, c.n_embd_per_layer);
+    if w == 0 {
+        return Ok(None);
+    }
+    Ok(Some(PerLayerGate {
+        inp_gate: view(f, &n("inp_gate.weight"), &[d, w])?,
+        proj: view(f, &n("proj.weight"), &[w, d])?,
+        post_norm: f32_view(f, &n("post_norm.weight"), d)?,
+    }))
+}
+
+/// A layer's Q, K and V projections: three tensors, or the row ranges of a fused `attn_qkv`
+/// (Phi-3; llama.cpp takes either for every family). Without `attn_v`, the values are the keys'
+/// projection (Gemma 4's `attention_k_eq_v`); a layer that shares another's keys and values may
+/// lack both (its `wk` and `wv` are then its `wq`, never multiplied: see
+/// [`ModelConfig::kv_source`]).
+fn qkv(
+    f: &GgufFile,
+    c: &ModelConfig,
+    li: usize,
+    n: &dyn Fn(&str) -> String,
+) -> Result<[TensorView; 3]> {
+    // With an output gate, each head's Q rows are followed by as many gate rows.
+    let q = c.q_dim(li) * (1 + c.attn_output_gate as usize);
+    let kv = c.kv_dim(li);
+    if let Some(fused) = optional(view(f, &n("attn_qkv.weight"), &[c.n_embd, q + 2 * kv]))? {
+        return Ok(fused.split(&[q, kv, kv]).try_into().expect("three parts"));
+    }
+    let wq = view(f, &n("attn_q.weight"), &[c.n_embd, q])?;
+    let wk = view(f, &n("attn_k.weight"), &[c.n_embd, kv]);
+    let wk = match c.kv_source(li) != li {
+        true => optional(wk)?.unwrap_or_else(|| wq.clone()),
+        false => wk?,
+    };
+    let wv = optional(view(f, &n("attn_v.weight"), &[c.n_embd, kv]))?.unwrap_or_else(|| wk.clone());
+    Ok([wq, wk, wv])
 }
 
 /// A layer's token mixer: its four projections (see [`LayerWeights`]) and, for a convolution
@@ -143,8 +207,8 @@ fn mixer(
     let d = c.n_embd;
     match c.mixer(li) {
         Mixer::Attention => Ok(MixerTensors {
-            w: qkv(f, c, n)?,
-            wo: view(f, &n("attn_output.weight"), &[c.q_dim(), d])?,
+            w: qkv(f, c, li, n)?,
+            wo: view(f, &n("attn_output.weight"), &[c.q_dim(li), d])?,
             conv: None,
             delta: None,
         }),
@@ -185,6 +249,36 @@ fn delta_net(
             norm: f32_view(f, &n("ssm_norm.weight"), dn.head_dim)?,
         }),
     })
+}
+
+/// A layer's down projection: a mixture's stacked experts, a converted file's transposed rows
+/// (neuron i = row i), or the source's `ffn_down`; and whether it is transposed.
+fn ffn_down(
+    f: &GgufFile,
+    c: &ModelConfig,
+    moe: bool,
+    ff: usize,
+    n: &dyn Fn(&str) -> String,
+) -> Result<(TensorView, bool)> {
+    if moe {
+        let dims = [c.n_ff, c.n_embd, c.n_expert];
+        if let Some(d) = optional(view(f, &n("ffn_down_exps.weight"), &dims))? {
+            return Ok((d, false));
+        }
+        let dims = [c.n_embd, c.n_ff, c.n_expert];
+        return match optional(view(f, &n("ffn_down_t_exps.weight"), &dims))? {
+            Some(d) => Ok((d, true)),
+            None => Err(ModelError::MissingTensor(n("ffn_down_exps.weight"))),
+        };
+    }
+    // A converted file's transposed rows first (it may keep the source's too).
+    match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, ff]))? {
+        Some(d) => Ok((d, true)),
+        None => match optional(view(f, &n("ffn_down.weight"), &[ff, c.n_embd]))? {
+            Some(d) => Ok((d, false)),
+            None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
+        },
+    }
 }
 
 /// A mixture layer's shared expert, when the file has one; a fused `ffn_gate_up_exps` is refused
@@ -339,7 +433,7 @@ impl Weights {
             let qk_norm = |name: &str, whole: usize| match fam.qk_norm {
                 _ if !attends => Ok(None),
                 QkNorm::None => Ok(None),
-                QkNorm::PerHead => norm_if(true, name, c.head_dim),
+                QkNorm::PerHead => norm_if(true, name, c.heads(i).head_dim),
                 QkNorm::Whole => norm_if(true, name, whole),
             };
             let bias = |s: &str, len| -> Result<Option<TensorView>> {
@@ -348,30 +442,6 @@ impl Weights {
                     return Err(ModelError::MissingTensor(n(s)));
                 }
                 Ok(b)
-            };
-            // Looked up after the other tensors (struct fields evaluate in order), so a missing
-            // layer reports its first tensor.
-            let down = || -> Result<(TensorView, bool)> {
-                if moe {
-                    let dims = [c.n_ff, c.n_embd, c.n_expert];
-                    if let Some(d) = optional(view(f, &n("ffn_down_exps.weight"), &dims))? {
-                        return Ok((d, false));
-                    }
-                    // Converted files: each expert's down matrix transposed (neuron i = row i).
-                    let dims = [c.n_embd, c.n_ff, c.n_expert];
-                    return match optional(view(f, &n("ffn_down_t_exps.weight"), &dims))? {
-                        Some(d) => Ok((d, true)),
-                        None => Err(ModelError::MissingTensor(n("ffn_down_exps.weight"))),
-                    };
-                }
-                // A converted file's transposed rows first (it may keep the source's too).
-                match optional(view(f, &n("ffn_down_t.weight"), &[c.n_embd, ff]))? {
-                    Some(d) => Ok((d, true)),
-                    None => match optional(view(f, &n("ffn_down.weight"), &[ff, c.n_embd]))? {
-                        Some(d) => Ok((d, false)),
-                        None => Err(ModelError::MissingTensor(n("ffn_down.weight"))),
-                    },
-                }
             };
             let down_transposed: bool;
             // Stacked expert tensors (`*_exps`), as llama.cpp writes Mixtral since 2024.
@@ -393,11 +463,15 @@ impl Weights {
                 wq,
                 wk,
                 wv,
-                bq: bias("attn_q.bias", c.q_dim())?,
-                bk: bias("attn_k.bias", c.kv_dim())?,
-                bv: bias("attn_v.bias", c.kv_dim())?,
-                q_norm: qk_norm("attn_q_norm.weight", c.q_dim())?,
-                k_norm: qk_norm("attn_k_norm.weight", c.kv_dim())?,
+                bq: bias("attn_q.bias", c.q_dim(i))?,
+                bk: bias("attn_k.bias", c.kv_dim(i))?,
+                bv: bias("attn_v.bias", c.kv_dim(i))?,
+                q_norm: qk_norm("attn_q_norm.weight", c.q_dim(i))?,
+                // A layer that shares another's keys norms none.
+                k_norm: match c.kv_source(i) == i {
+                    true => qk_norm("attn_k_norm.weight", c.kv_dim(i))?,
+                    false => None,
+                },
                 wo,
                 conv,
                 delta,
@@ -412,8 +486,10 @@ impl Weights {
                     Some([_, u]) => u,
                     None => view(f, &n(&format!("ffn_up{ffn}.weight")), &ffn_dims)?,
                 },
+                // Looked up after the other tensors (struct fields evaluate in order), so a
+                // missing layer reports its first tensor.
                 down: {
-                    let (d, t) = down()?;
+                    let (d, t) = ffn_down(f, c, moe, ff, &n)?;
                     down_transposed = t;
                     d
                 },
@@ -435,6 +511,8 @@ impl Weights {
                     true => optional(f32_view(f, &n("exp_probs_b.bias"), c.n_expert))?,
                     false => None,
                 },
+                out_scale: optional(f32_view(f, &n("layer_output_scale.weight"), 1))?,
+                per_layer: per_layer_gate(f, c, &n)?,
                 expert_biases: match fam.biases && moe {
                     true => Some([
                         f32_rows(f, &n("ffn_gate_exps.bias"), [c.n_ff, c.n_expert])?,
@@ -446,6 +524,7 @@ impl Weights {
             });
         }
         Ok(Self {
+            per_layer: per_layer_input(f, c)?,
             token_embd,
             output_norm,
             output,
