@@ -5,37 +5,35 @@
 
 use crate::scratch::{grow, rms_norm_in_place, Scratch};
 use pi2_kernels::{matmul, KernelSet};
-use pi2_model::{FfnAct, GgufFile, LayerWeights, ModelConfig, PerLayerInput, TokenId};
+use pi2_model::{FfnAct, GgufFile, LayerWeights, ModelConfig, PerLayerInput};
 
-/// The per-layer inputs of `tokens` into `s.per_layer` (token-major: `n_layer` slices of
-/// `n_embd_per_layer` per token), from their scaled embeddings in `s.x`.
+/// The per-layer inputs of `n` tokens in `s.per_layer` (token-major: `n_layer` slices of
+/// `n_embd_per_layer` per token), which holds their rows of the per-layer table on entry, from
+/// their scaled embeddings in `s.x`.
 pub(crate) fn inputs(
     ks: &KernelSet,
     f: &GgufFile,
     c: &ModelConfig,
     p: &PerLayerInput,
-    tokens: &[TokenId],
+    n: usize,
     s: &mut Scratch,
 ) {
-    let (n, d, w) = (tokens.len(), c.n_embd, c.n_embd_per_layer);
+    let (d, w) = (c.n_embd, c.n_embd_per_layer);
     let row = w * c.n_layer;
     let proj = p.model_proj.mat(f);
     s.acts.quantize(proj.ty.act_kind(), &s.x[..n * d], d);
-    let out = grow(&mut s.per_layer, n * row);
-    matmul(ks, &proj, &s.acts, out);
+    let mixed = grow(&mut s.gate, n * row);
+    matmul(ks, &proj, &s.acts, mixed);
     let (proj_scale, table_scale) = ((d as f32).sqrt().recip(), (w as f32).sqrt());
     let norm = p.proj_norm.f32s(f);
-    let table = p.token_embd.mat(f);
-    let own = grow(&mut s.gate, row);
-    for (t, &tok) in tokens.iter().enumerate() {
-        table.dequantize_row(tok as usize, own);
-        let mixed = &mut out[t * row..(t + 1) * row];
-        for (slice, own) in mixed.chunks_exact_mut(w).zip(own.chunks_exact(w)) {
-            slice.iter_mut().for_each(|v| *v *= proj_scale);
-            rms_norm_in_place(slice, norm, c.rms_eps);
-            for (v, &e) in slice.iter_mut().zip(own) {
-                *v = (*v + e * table_scale) * std::f32::consts::FRAC_1_SQRT_2;
-            }
+    let slices = mixed
+        .chunks_exact_mut(w)
+        .zip(s.per_layer.chunks_exact_mut(w));
+    for (slice, own) in slices {
+        slice.iter_mut().for_each(|v| *v *= proj_scale);
+        rms_norm_in_place(slice, norm, c.rms_eps);
+        for (v, e) in own.iter_mut().zip(slice.iter()) {
+            *v = (e + *v * table_scale) * std::f32::consts::FRAC_1_SQRT_2;
         }
     }
 }

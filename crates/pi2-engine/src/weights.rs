@@ -53,6 +53,25 @@ pub(crate) struct SparseCall<'a, 'm> {
     pub sparse: &'m SparseFfn<'m>,
 }
 
+/// A table of rows looked up per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Table {
+    /// The token embedding.
+    Embedding,
+    /// Per-layer token embeddings (Gemma 4): under a budget, never resident.
+    PerLayer,
+}
+
+impl Table {
+    /// The table's tensor in `w`, where the model has it.
+    pub(crate) fn view(self, w: &pi2_model::Weights) -> Option<&pi2_model::TensorView> {
+        match self {
+            Table::Embedding => Some(&w.token_embd),
+            Table::PerLayer => w.per_layer.as_ref().map(|p| &p.token_embd),
+        }
+    }
+}
+
 /// Where the weights are. Every method may read from flash (an offloaded store), so all can
 /// fail with the read's error; a resident store never fails.
 pub(crate) trait Store: Send {
@@ -60,8 +79,10 @@ pub(crate) trait Store: Send {
     /// pool. Called before the first pass.
     fn prepare(&mut self, _ks: &KernelSet, _pool: &rayon::ThreadPool) {}
 
-    /// Embedding rows of `tokens` into `x` (rows of `n_embd`).
-    fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError>;
+    /// Rows of `table` for `tokens` into `x` (rows of the table's width; a model without the
+    /// table writes nothing).
+    fn embed(&mut self, table: Table, tokens: &[TokenId], x: &mut [f32])
+        -> Result<(), EngineError>;
 
     /// Layer `li`'s q, k, v and output projections.
     fn attention(&mut self, li: usize) -> Result<[MatRef<'_>; 4], EngineError>;
@@ -230,10 +251,17 @@ impl Store for Resident<'_> {
         })
     }
 
-    fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError> {
+    fn embed(
+        &mut self,
+        table: Table,
+        tokens: &[TokenId],
+        x: &mut [f32],
+    ) -> Result<(), EngineError> {
         let m = self.model;
-        let d = m.config.n_embd;
-        let embd = m.weights.token_embd.mat(&m.file);
+        let Some(embd) = table.view(&m.weights).map(|t| t.mat(&m.file)) else {
+            return Ok(());
+        };
+        let d = embd.cols;
         for (t, &tok) in tokens.iter().enumerate() {
             embd.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }

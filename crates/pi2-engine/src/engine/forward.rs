@@ -8,7 +8,7 @@ use crate::pipeline::Step;
 use crate::residency::Mapped;
 use crate::scratch::{grow, rms_norm_in_place, rms_norm_rows};
 use crate::states::Keep;
-use crate::weights::SparseCall;
+use crate::weights::{SparseCall, Table};
 use crate::{ffn, mixer, moe, per_layer};
 use pi2_model::{LayerWeights, TokenId};
 use pi2_sparse::FfnObserver;
@@ -113,12 +113,14 @@ impl Engine<'_> {
     pub(super) fn embed(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
         let (c, f) = (&self.model.config, &self.model.file);
         let x = grow(&mut self.s.x, tokens.len() * c.n_embd);
-        self.store.embed(tokens, x)?;
+        self.store.embed(Table::Embedding, tokens, x)?;
         if c.embd_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.embd_scale);
         }
         if let Some(p) = &self.model.weights.per_layer {
-            per_layer::inputs(&self.ks, f, c, p, tokens, &mut self.s);
+            let rows = grow(&mut self.s.per_layer, tokens.len() * p.token_embd.cols);
+            self.store.embed(Table::PerLayer, tokens, rows)?;
+            per_layer::inputs(&self.ks, f, c, p, tokens.len(), &mut self.s);
         }
         Ok(())
     }

@@ -13,7 +13,7 @@
 //! where an expert came from: the same bytes, the same order, the same sums as in memory.
 
 use super::{open_engine, OffloadConfig};
-use crate::weights::{FfnMats, Resident, SparseCall, Store};
+use crate::weights::{FfnMats, Resident, SparseCall, Store, Table};
 use crate::EngineError;
 use pi2_cache::{Budget, Lru, Region, Slot, SlotCache};
 use pi2_io::{Reader, Request};
@@ -493,8 +493,13 @@ impl Store for Streamed<'_> {
         self.resident.prepare(ks, pool)
     }
 
-    fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError> {
-        self.resident.embed(tokens, x)
+    fn embed(
+        &mut self,
+        table: Table,
+        tokens: &[TokenId],
+        x: &mut [f32],
+    ) -> Result<(), EngineError> {
+        self.resident.embed(table, tokens, x)
     }
 
     fn attention(&mut self, li: usize) -> Result<[MatRef<'_>; 4], EngineError> {

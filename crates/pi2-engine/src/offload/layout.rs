@@ -207,6 +207,8 @@ pub(crate) struct VocabMat {
 #[derive(Clone, Debug)]
 pub(crate) struct VocabLayout {
     pub embd: VocabMat,
+    /// Per-layer token embeddings (Gemma 4), read a row per token like a separate embedding.
+    pub per_layer: Option<VocabMat>,
     pub output: VocabMat,
     pub tied: bool,
     /// A clustered head's rows per cluster and each cluster's selection frequency (hottest
@@ -218,6 +220,11 @@ pub(crate) struct VocabLayout {
 const OUT_CHUNK_BYTES: usize = 1 << 20;
 
 impl VocabLayout {
+    /// The widest row a lookup reads.
+    pub fn lookup_row_bytes(&self) -> usize {
+        (self.per_layer.map_or(0, |p| p.row_bytes)).max(self.embd.row_bytes)
+    }
+
     /// Output rows per streamed chunk: a multiple of 8, at most 1 MiB and a sixteenth of the
     /// matrix (its two buffers stay small next to what streaming saves).
     pub fn chunk_rows(&self) -> usize {
@@ -307,6 +314,7 @@ pub(crate) fn layout(
         crate::ClusteredHead::load(model, false)?.map(|h| (h.cluster(), h.frequency().to_vec()));
     let vocab = VocabLayout {
         embd: vocab_mat(&w.token_embd),
+        per_layer: w.per_layer.as_ref().map(|p| vocab_mat(&p.token_embd)),
         output: vocab_mat(&w.output),
         tied: w.tied_output,
         head,
@@ -318,8 +326,8 @@ pub(crate) fn layout(
 
 /// Bytes of the fixed region with everything resident: every tensor but the neuron bundles
 /// (`tensors` as name and size; the checksum table's size stands for the reader's copy), less
-/// a separate token embedding (read a row per token, never resident), plus the KV cache,
-/// buffers and a round of embedding rows.
+/// a separate token embedding and per-layer embeddings (read a row per token, never resident),
+/// plus the KV cache, buffers and a round of lookup rows.
 fn fixed_bytes<'n>(
     tensors: impl Iterator<Item = (&'n str, u64)>,
     vocab: &VocabLayout,
@@ -329,7 +337,7 @@ fn fixed_bytes<'n>(
     let embd_bytes = match vocab.tied {
         true => 0,
         false => (vocab.embd.rows * vocab.embd.row_bytes) as u64,
-    };
+    } + vocab.per_layer.map_or(0, |p| (p.rows * p.row_bytes) as u64);
     tensors
         .filter(|(name, _)| !bundle::is_neuron_tensor(name))
         .map(|(_, size)| size)
@@ -337,7 +345,7 @@ fn fixed_bytes<'n>(
         - embd_bytes
         + kv_bytes
         + scratch
-        + pad(EMBD_BATCH * vocab.embd.row_bytes) as u64
+        + pad(EMBD_BATCH * vocab.lookup_row_bytes()) as u64
 }
 
 impl Layout {
@@ -453,6 +461,7 @@ pub fn planned_min_budget(
     }
     let vocab = VocabLayout {
         embd: vocab_mat(&w.token_embd),
+        per_layer: w.per_layer.as_ref().map(|p| vocab_mat(&p.token_embd)),
         output,
         tied,
         head,
@@ -797,6 +806,7 @@ mod tests {
             ],
             vocab: VocabLayout {
                 embd: out,
+                per_layer: None,
                 output: out,
                 tied: true,
                 head: None,

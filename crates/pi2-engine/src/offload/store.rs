@@ -5,7 +5,7 @@
 
 use super::Offload;
 use crate::error::EngineError;
-use crate::weights::{output_rows, DenseDown, DenseFfn, FfnMats, SparseCall, Store};
+use crate::weights::{output_rows, DenseDown, DenseFfn, FfnMats, SparseCall, Store, Table};
 use pi2_kernels::{ActBuf, KernelSet, MatRef};
 use pi2_model::{Model, TokenId};
 
@@ -31,12 +31,19 @@ impl<'m> Offloaded<'m> {
 }
 
 impl Store for Offloaded<'_> {
-    fn embed(&mut self, tokens: &[TokenId], x: &mut [f32]) -> Result<(), EngineError> {
+    fn embed(
+        &mut self,
+        table: Table,
+        tokens: &[TokenId],
+        x: &mut [f32],
+    ) -> Result<(), EngineError> {
         let m = self.model;
-        let d = m.config.n_embd;
-        let embd = m.weights.token_embd.mat(&m.file);
-        if self.offload.streams_embedding() {
-            return Ok(self.offload.embed(&embd, tokens, x)?);
+        let Some(embd) = table.view(&m.weights).map(|t| t.mat(&m.file)) else {
+            return Ok(());
+        };
+        let d = embd.cols;
+        if table == Table::PerLayer || self.offload.streams_embedding() {
+            return Ok(self.offload.embed(table, &embd, tokens, x)?);
         }
         for (t, &tok) in tokens.iter().enumerate() {
             embd.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);

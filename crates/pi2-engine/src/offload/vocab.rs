@@ -12,6 +12,7 @@
 use super::layout::{pad, VocabLayout, EMBD_BATCH, PAD};
 use super::Offload;
 use crate::residency::Tag;
+use crate::weights::Table;
 use pi2_io::{AlignedBuf, IoError, Request};
 use pi2_kernels::{matmul, ActBuf, KernelSet, MatRef};
 use std::sync::atomic::{
@@ -56,7 +57,7 @@ impl VocabStream {
         let out = layout.output;
         let chunk_rows = layout.chunk_rows();
         let buf = |on: bool| AlignedBuf::new(if on { chunk_rows * out.row_bytes } else { 0 }, PAD);
-        let embd_buf = AlignedBuf::new(EMBD_BATCH * pad(layout.embd.row_bytes), PAD);
+        let embd_buf = AlignedBuf::new(EMBD_BATCH * pad(layout.lookup_row_bytes()), PAD);
         Self {
             layout,
             resident: out.rows - streamed_rows,
@@ -102,19 +103,25 @@ impl VocabStream {
 }
 
 impl Offload {
-    /// Embedding rows of `tokens` into `x` (rows of `d`): from the mapping `embd` where
-    /// resident, else read from flash.
+    /// Rows of `table` for `tokens` into `x` (rows of the table's width): from the mapping
+    /// `embd` where resident, else read from flash.
     pub(crate) fn embed(
         &mut self,
+        table: Table,
         embd: &MatRef<'_>,
         tokens: &[u32],
         x: &mut [f32],
     ) -> Result<(), IoError> {
         let d = embd.cols;
-        let e = self.vocab.layout.embd;
-        let resident = match self.vocab.layout.tied {
-            true => self.vocab.resident,
-            false => 0,
+        let (e, resident) = match (table, self.vocab.layout.per_layer) {
+            (Table::PerLayer, Some(p)) => (p, 0),
+            _ => (
+                self.vocab.layout.embd,
+                match self.vocab.layout.tied {
+                    true => self.vocab.resident,
+                    false => 0,
+                },
+            ),
         };
         let slot = pad(e.row_bytes);
         for (g, group) in tokens.chunks(EMBD_BATCH).enumerate() {
