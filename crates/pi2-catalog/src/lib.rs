@@ -206,8 +206,8 @@ pub enum Check {
     Changed(String),
 }
 
-/// `m` as `pi2 fetch-model --list` shows it: its name, then its file in `dir` (and whether it
-/// is there, verified or changed), source, licence and SHA-256, one per line.
+/// `m` as `pi2 fetch-model --list` shows it: its name, then what it is for, its file in `dir`
+/// (and whether it is there, verified or changed), source, licence and SHA-256, one per line.
 pub fn describe(m: &CatalogModel, dir: &Path, stamps: &Path) -> Result<String> {
     let path = dir.join(m.file);
     let here = match path.exists() {
@@ -223,13 +223,22 @@ pub fn describe(m: &CatalogModel, dir: &Path, stamps: &Path) -> Result<String> {
     let default = if m.name == DEFAULT { " (default)" } else { "" };
     let mib = m.size as f64 / (1 << 20) as f64;
     Ok(format!(
-        "{}{default}\n  file     {} ({mib:.1} MiB, {here})\n  source   {}\n  licence  {}\n  sha256   {}",
+        "{}{default}\n  kind     {}\n  file     {} ({mib:.1} MiB, {here})\n  source   {}\n  licence  {}\n  sha256   {}",
         m.name,
+        kind(m),
         path.display(),
         m.source,
         m.licence,
         m.sha256
     ))
+}
+
+/// What `m` is for, one line.
+pub fn kind(m: &CatalogModel) -> &'static str {
+    match m.chat {
+        true => "chat (instruction-tuned)",
+        false => "base model: continues text, does not follow chat turns (pi2 run, /completion)",
+    }
 }
 
 /// Checks the file at `path` against `m`'s SHA-256 (remembered in `stamps` per file stamp);

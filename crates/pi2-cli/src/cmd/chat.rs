@@ -3,6 +3,7 @@
 //! On a terminal, lines are edited with rustyline (arrows, history); Ctrl-C stops a reply and
 //! keeps the conversation; commands start with `/` (`/help`).
 
+use super::chat_set::{Settings, SET_HELP};
 use super::sampler;
 use crate::args::{DraftArgs, ModelArgs, SampleArgs};
 use anyhow::{bail, Context, Result};
@@ -47,6 +48,7 @@ const HELP: &str = "commands:
   /save FILE       write the conversation as JSON (an existing file is never replaced)
   /load FILE       replace the conversation with one /save wrote
   /exit, /quit     leave (or Ctrl-D)
+{SET}
   //text           send a message that starts with /text
 Ctrl-C stops a reply and keeps the conversation; Up and Down recall earlier lines.";
 
@@ -104,10 +106,12 @@ enum Action {
     Send(String),
     Done,
     Nothing,
+    /// The sampling options changed.
+    Resample,
 }
 
-/// Runs a command line (starting with `/`) on the conversation.
-fn command(line: &str, conv: &mut Conversation) -> Action {
+/// Runs a command line (starting with `/`) on the conversation and the settings.
+fn command(line: &str, conv: &mut Conversation, settings: &mut Settings) -> Action {
     let (cmd, arg) = line
         .split_once(' ')
         .map_or((line, ""), |(c, a)| (c, a.trim()));
@@ -115,7 +119,18 @@ fn command(line: &str, conv: &mut Conversation) -> Action {
         match cmd {
             "/exit" | "/quit" => return Action::Done,
             "/help" => {
-                eprintln!("{HELP}");
+                eprintln!("{}", HELP.replace("{SET}", SET_HELP));
+                return Action::Nothing;
+            }
+            "/set" => match settings.set(arg) {
+                Ok(done) => {
+                    eprintln!("({done})");
+                    return Action::Resample;
+                }
+                Err(e) => Err(e),
+            },
+            "/show" => {
+                eprintln!("{}", settings.show());
                 return Action::Nothing;
             }
             "/reset" => {
@@ -152,6 +167,9 @@ fn command(line: &str, conv: &mut Conversation) -> Action {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
+    if let Some(note) = super::base_model_notice(&a.model) {
+        eprintln!("{note}");
+    }
     let (dm, path, opts) = super::drafted_session(&a.model, &a.session, &a.draft, "", -1, "chat")?;
     let mut model = pi2_runtime::load_model(&path)?;
     a.template.apply(&mut model)?;
@@ -163,6 +181,11 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let want = GenerateConfig::default().n_batch;
     let (mut engine, n_batch) = super::drafted_engine(&prepared, want, &mut drafter, dm.as_ref())?;
     let mut sampler = sampler(&a.sample, model.config.n_vocab)?;
+    let mut settings = Settings {
+        sample: a.sample.clone(),
+        verbose: false,
+        last: None,
+    };
     let tok = &model.tokenizer;
     let mut conv = Conversation::new(a.system.clone());
     let cfg = GenerateConfig {
@@ -187,10 +210,14 @@ pub fn run(a: ChatArgs) -> Result<()> {
         stop.store(false, Ordering::Relaxed);
         let text = match line.trim() {
             "" => continue,
-            t if t.starts_with('/') => match command(t, &mut conv) {
+            t if t.starts_with('/') => match command(t, &mut conv, &mut settings) {
                 Action::Send(s) => s,
                 Action::Done => return Ok(()),
                 Action::Nothing => continue,
+                Action::Resample => {
+                    sampler = super::sampler(&settings.sample, model.config.n_vocab)?;
+                    continue;
+                }
             },
             _ => line,
         };
@@ -213,6 +240,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             continue;
         }
         let mut stream = Utf8Stream::default();
+        let started = std::time::Instant::now();
         let g = generate_drafted(
             &mut engine,
             &mut sampler,
@@ -229,6 +257,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
             },
         )?;
         writeln!(out, "{}", stream.finish())?;
+        settings.last = Some((g.tokens.len(), started.elapsed().as_secs_f64()));
+        if settings.verbose {
+            eprintln!("{}", settings.show().lines().last().unwrap_or_default());
+        }
         if stop.swap(false, Ordering::Relaxed) {
             eprintln!("(stopped)");
         }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+mod chat_set;
 pub mod convert;
 pub mod embed;
 pub mod info;
@@ -69,6 +70,17 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
 }
 
 pub use pi2_runtime::files::check_outputs;
+
+/// A notice when `-m` is a catalogue model (by name or file name) that does not follow chat
+/// turns.
+pub fn base_model_notice(a: &ModelArgs) -> Option<String> {
+    let given = a.model.as_deref()?;
+    let file = given.file_name()?.to_str()?;
+    let m = pi2_catalog::MODELS
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(file) || m.file == file)?;
+    (!m.chat).then(|| format!("note: {} is a {}", m.name, pi2_catalog::kind(m)))
+}
 
 /// The model path from `-m` (a file, or a catalogue name fetched on first use), or the
 /// default model.
