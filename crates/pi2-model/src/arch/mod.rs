@@ -573,7 +573,7 @@ impl ModelConfig {
         for li in 0..self.n_layer {
             let h = self.heads(li);
             if h.n_head_kv == 0
-                || self.n_head % h.n_head_kv != 0
+                || !self.n_head.is_multiple_of(h.n_head_kv)
                 || h.head_dim == 0
                 || h.head_dim > MAX_DIM
             {
@@ -582,7 +582,7 @@ impl ModelConfig {
                     self.n_head, h.head_dim, h.n_head_kv
                 )));
             }
-            if h.n_rot > h.head_dim || h.n_rot % 2 != 0 {
+            if h.n_rot > h.head_dim || !h.n_rot.is_multiple_of(2) {
                 return Err(ModelError::Corrupt(format!(
                     "layer {li}: {} rotated dimensions in heads of {}",
                     h.n_rot, h.head_dim
