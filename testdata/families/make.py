@@ -408,6 +408,10 @@ def gemma4(r, s):
     r.kv("rope.dimension_count_swa", "u32", s["n_rot_swa"])
     r.kv("attention.shared_kv_layers", "u32", shared)
     r.kv("embedding_length_per_layer_input", "u32", w)
+    if s.get("n_expert"):
+        r.kv("expert_count", "u32", s["n_expert"])
+        r.kv("expert_used_count", "u32", s["n_expert_used"])
+        r.kv("expert_feed_forward_length", "u32", s["n_ff_exp"])
     if "final_cap" in s:
         r.kv("final_logit_softcapping", "f32", s["final_cap"])
     kv_heads = [s["n_head_kv"] if swa[i] else s.get("n_head_kv_full", s["n_head_kv"]) for i in range(L)]
@@ -444,6 +448,19 @@ def gemma4(r, s):
         mat(r, f"blk.{i}.ffn_up.weight", f, e)
         mat(r, f"blk.{i}.ffn_down.weight", e, f, 0.5)
         norm(r, f"blk.{i}.post_ffw_norm.weight", e)
+        if s.get("n_expert"):
+            # The mixture: experts beside the dense FFN, each with its own norms; the router
+            # on the scaled normed stream; a scale per expert.
+            n, fe = s["n_expert"], s["n_ff_exp"]
+            norm(r, f"blk.{i}.pre_ffw_norm_2.weight", e)
+            norm(r, f"blk.{i}.post_ffw_norm_1.weight", e)
+            norm(r, f"blk.{i}.post_ffw_norm_2.weight", e)
+            mat(r, f"blk.{i}.ffn_gate_inp.weight", n, e, 2.0 * e ** 0.5)
+            norm(r, f"blk.{i}.ffn_gate_inp.scale", e)
+            r.t(f"blk.{i}.ffn_gate_exps.weight", [n, fe, e], (3.0 / e) ** 0.5)
+            r.t(f"blk.{i}.ffn_up_exps.weight", [n, fe, e], (3.0 / e) ** 0.5)
+            r.t(f"blk.{i}.ffn_down_exps.weight", [n, e, fe], 0.5 * (3.0 / fe) ** 0.5)
+            r.t(f"blk.{i}.ffn_down_exps.scale", [n], 0.3, 1.0)
         if s.get("out_scale"):
             norm(r, f"blk.{i}.layer_output_scale.weight", 1)
         if w:
@@ -554,6 +571,13 @@ FAMILIES = {
              n_rot_swa=16, period=2, shared=0, per_layer=0, window=16, k_eq_v=True, rope_base=1e6, final_cap=0.0),
         dict(n_embd=64, n_layer=8, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16, n_rot_swa=16,
              period=4, shared=4, per_layer=8, window=12, tied=True, final_cap=15.0, out_scale=True, rope_base=1e6),
+        # The mixture (26B-A4B layout: no per-layer inputs, no shared KV, V = K in global layers).
+        dict(n_embd=64, n_layer=4, n_ff=96, n_head=4, n_head_kv=2, n_head_kv_full=1, head_dim=32, head_dim_swa=16,
+             n_rot_swa=16, period=2, shared=0, per_layer=0, window=8, k_eq_v=True, rope_base=1e6, tied=True,
+             n_expert=8, n_expert_used=2, n_ff_exp=32, out_scale=True),
+        dict(n_embd=96, n_layer=3, n_ff=128, n_head=3, n_head_kv=1, head_dim=32, head_dim_swa=32,
+             n_rot_swa=32, period=3, shared=0, per_layer=0, window=16, rope_base=1e6,
+             n_expert=16, n_expert_used=4, n_ff_exp=24),
     ]),
     "gemma3": (gemma3, [
         dict(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=1, head_dim=32, window=16, tied=True),

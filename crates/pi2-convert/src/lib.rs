@@ -579,6 +579,16 @@ fn requant_tolerance(ty: QuantType) -> f32 {
 /// A mixture whose leading layers are dense (LFM2-MoE) is not converted: it runs from the
 /// plain file, its experts streamed.
 fn check_mixture_layers(model: &Model) -> Result<(), ConvertError> {
+    if model
+        .weights
+        .layers
+        .iter()
+        .any(|l| l.expert_norms.is_some())
+    {
+        return Err(ConvertError::Refused(
+            "a mixture with a dense FFN beside its experts (Gemma 4) is not converted yet: run it from the plain file (under --mem-budget its experts stream from flash)".into(),
+        ));
+    }
     match model.config.dense_lead {
         0 => Ok(()),
         n => Err(ConvertError::Refused(format!(

@@ -25,6 +25,32 @@ pub(crate) struct Routes {
     pub guess: Vec<usize>,
 }
 
+impl Routes {
+    /// Each expert's weights times its own factor (`ffn_down_exps.scale`: Gemma 4's per-expert
+    /// scale of its output).
+    pub fn scale(&mut self, factors: &[f32]) {
+        for (e, toks) in self.per_expert.iter_mut().enumerate() {
+            toks.iter_mut().for_each(|(_, w)| *w *= factors[e]);
+        }
+        self.picked.iter_mut().for_each(|(e, w)| *w *= factors[*e]);
+    }
+}
+
+/// Gemma 4's router input into `s.xn`: the `n` rows of `stream` RMS-normed, times
+/// `router_scale`, over sqrt(n_embd).
+pub(crate) fn scaled_router_input(
+    c: &ModelConfig,
+    router_scale: &[f32],
+    stream: &[f32],
+    n: usize,
+    xn: &mut Vec<f32>,
+) {
+    let d = c.n_embd;
+    crate::scratch::rms_norm_rows(stream, router_scale, c.rms_eps, d, n, xn);
+    let inv = (d as f32).sqrt().recip();
+    xn[..n * d].iter_mut().for_each(|v| *v *= inv);
+}
+
 /// How tokens were routed since the last reset: what decides how well a cache of experts
 /// serves them (how uneven the experts' popularity is, how often a token reuses its
 /// predecessor's experts).

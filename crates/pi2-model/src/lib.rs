@@ -35,8 +35,9 @@ mod vocab;
 pub mod writer;
 
 pub use arch::{
-    Arch, DeltaNet, EveryNth, FfnAct, GateFunc, Gating, Heads, LayerWeights, Mixer, ModelConfig,
-    PerLayerGate, PerLayerInput, RopeKind, SlidingWindow, TensorView, Weights, KEY_FFN_ACTIVATION,
+    Arch, DeltaNet, EveryNth, ExpertNorms, FfnAct, GateFunc, Gating, Heads, LayerWeights, Mixer,
+    ModelConfig, PerLayerGate, PerLayerInput, RopeKind, SlidingWindow, TensorView, Weights,
+    KEY_FFN_ACTIVATION,
 };
 pub use chat::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use error::{ModelError, Result};

@@ -162,7 +162,12 @@ impl<'m> ModelInfo<'m> {
                 true => ", routed from the layer's input before attention",
                 false => "",
             };
+            let beside = m.weights.layers.iter().any(|l| l.expert_norms.is_some());
             let shared = match m.weights.layers.iter().any(|l| l.shared.is_some()) {
+                true if beside => format!(
+                    ", beside a dense FFN of {} neurons (each normed apart; router on the scaled, normed stream)",
+                    c.n_ff_shared
+                ),
                 true => format!(", and a shared expert of {} neurons", c.n_ff_shared),
                 false => String::new(),
             };

@@ -212,7 +212,11 @@ impl Engine<'_> {
                 && pass != Pass::Prompt
                 && self.store.experts().is_some_and(|x| x.prefetches())
             {
-                let norm = (!c.route_before_attention).then(|| next.ffn_norm.f32s(f));
+                // The next router's input, up to a positive factor (which picks the same).
+                let norm = match &next.expert_norms {
+                    Some(norms) => Some(norms.router_scale.f32s(f)),
+                    None => (!c.route_before_attention).then(|| next.ffn_norm.f32s(f)),
+                };
                 let (s, guess) = (&mut self.s, &mut self.routes.guess);
                 moe::guess_next(&self.ks, c, li, norm, &router, s, guess);
             }
@@ -379,9 +383,15 @@ impl Engine<'_> {
     ) -> Result<(), EngineError> {
         let m = self.model;
         let (c, f) = (&m.config, &m.file);
+        if let Some(norms) = &l.expert_norms {
+            return self.mixture_beside_dense(li, l, norms, router, n, observer);
+        }
         if !c.route_before_attention {
             let (s, routes) = (&mut self.s, &mut self.routes);
             moe::route_tokens(&self.ks, c, li, &router, RouterInput::Normed, s, routes, n);
+            if let Some(factors) = &l.expert_scale {
+                routes.scale(factors.f32s(f));
+            }
         }
         if n == 1 && self.sparse.is_some() && pass != Pass::Prompt {
             let units: Vec<(usize, f32)> = (self.routes.picked.iter())
@@ -398,6 +408,66 @@ impl Engine<'_> {
             let mats = [&sh.gate, &sh.up, &sh.down].map(|t| t.mat(f));
             let gate = sh.gate_inp.as_ref().map(|g| g.f32s(f));
             moe::shared(&self.ks, c, mats, gate, &mut self.s, n);
+        }
+        Ok(())
+    }
+
+    /// Gemma 4's mixture layer (see [`pi2_model::ExpertNorms`]): its experts and the dense FFN
+    /// beside them, each normed before and after, summed. The layer has a post-FFN norm, so
+    /// this runs with `s.x` zeroed and the stream set aside in `s.resid`.
+    fn mixture_beside_dense<'o>(
+        &mut self,
+        li: usize,
+        l: &LayerWeights,
+        norms: &pi2_model::ExpertNorms,
+        router: moe::Router<'_>,
+        n: usize,
+        observer: Option<&mut (dyn FfnObserver + Send + 'o)>,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (c, f) = (&m.config, &m.file);
+        let (d, eps) = (c.n_embd, c.rms_eps);
+        debug_assert!(l.post_ffn_norm.is_some(), "the FFN runs on zeros");
+        let stream = std::mem::take(&mut self.s.resid);
+        let s = &mut self.s;
+        moe::scaled_router_input(c, norms.router_scale.f32s(f), &stream, n, &mut s.xn);
+        let routes = &mut self.routes;
+        moe::route_tokens(&self.ks, c, li, &router, RouterInput::Normed, s, routes, n);
+        if let Some(factors) = &l.expert_scale {
+            routes.scale(factors.f32s(f));
+        }
+        rms_norm_rows(&stream, norms.pre_experts.f32s(f), eps, d, n, &mut s.xn);
+        let experts = moe::experts(
+            &self.ks,
+            c,
+            li,
+            routes,
+            None,
+            s,
+            self.store.as_mut(),
+            observer,
+        );
+        let s = &mut self.s;
+        s.resid = stream;
+        experts?;
+        // The experts' sum, normed, set aside; then the dense FFN on zeros.
+        let post = norms.post_experts.f32s(f);
+        s.x[..n * d]
+            .chunks_exact_mut(d)
+            .for_each(|r| rms_norm_in_place(r, post, eps));
+        grow(&mut s.att, n * d).copy_from_slice(&s.x[..n * d]);
+        s.x[..n * d].fill(0.0);
+        rms_norm_rows(&s.resid, l.ffn_norm.f32s(f), eps, d, n, &mut s.xn);
+        let dense = l
+            .shared
+            .as_ref()
+            .expect("a Gemma 4 mixture layer has its dense FFN");
+        let mats = [&dense.gate, &dense.up, &dense.down].map(|t| t.mat(f));
+        moe::shared(&self.ks, c, mats, None, s, n);
+        let post = norms.post_dense.f32s(f);
+        for (x, e) in s.x[..n * d].chunks_exact_mut(d).zip(s.att.chunks_exact(d)) {
+            rms_norm_in_place(x, post, eps);
+            x.iter_mut().zip(e).for_each(|(x, e)| *x += e);
         }
         Ok(())
     }

@@ -11,7 +11,10 @@
 //!   layer for every token, mixed with a projection of the embedding and gated into the
 //!   residual stream after each layer's FFN;
 //! - a learned scale of each layer's output, where the file has one, a wider FFN in some
-//!   layers (`feed_forward_length` per layer) and soft-capped logits (at 30 unless the file says).
+//!   layers (`feed_forward_length` per layer) and soft-capped logits (at 30 unless the file says);
+//! - in the mixture (26B-A4B), a dense FFN beside the experts in every layer, each with norms of
+//!   its own, the router on the scaled, normed stream and a scale per expert (see
+//!   [`super::ExpertNorms`]).
 
 use super::family::{Family, QkNorm};
 use super::{
@@ -45,11 +48,9 @@ pub const FAMILY: Family = Family {
 
 fn hyper(f: &GgufFile, a: &str, c: &mut ModelConfig) -> Result<()> {
     let k = |s: &str| format!("{a}.{s}");
-    if c.n_expert > 0 {
-        return Err(ModelError::Unsupported(
-            "Gemma 4's mixture of experts (26B-A4B) is not read yet: its dense models (E2B, E4B) are"
-                .into(),
-        ));
+    // The mixture (26B-A4B) runs a dense FFN of `feed_forward_length` beside its experts.
+    if c.n_expert > 0 && c.n_ff_shared == 0 {
+        return Err(ModelError::MissingKey(k("feed_forward_length")));
     }
     let head_dim = get_usize(f, &k("attention.key_length_swa"))?;
     let v_dim = get_usize(f, &k("attention.value_length_swa"))?;

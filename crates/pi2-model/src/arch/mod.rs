@@ -33,7 +33,9 @@ mod smollm3;
 use mixer::head_count_kv;
 pub use mixer::{DeltaNet, Mixer};
 mod weights;
-pub use weights::{DeltaWeights, LayerWeights, PerLayerGate, PerLayerInput, SharedExpert, Weights};
+pub use weights::{
+    DeltaWeights, ExpertNorms, LayerWeights, PerLayerGate, PerLayerInput, SharedExpert, Weights,
+};
 
 pub use family::{Family, QkNorm, FAMILIES};
 

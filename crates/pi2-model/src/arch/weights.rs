@@ -65,8 +65,44 @@ pub struct LayerWeights {
     pub shared: Option<SharedExpert>,
     /// The layer's output (its residual stream) is multiplied by this one value (Gemma 4).
     pub out_scale: Option<TensorView>,
+    /// A mixture layer whose experts and dense FFN (its `shared`) each have their own norms
+    /// (Gemma 4).
+    pub expert_norms: Option<ExpertNorms>,
+    /// Each expert's output is multiplied by its value (`ffn_down_exps.scale`, Gemma 4).
+    pub expert_scale: Option<TensorView>,
     /// How the layer adds its slice of the token's per-layer input (Gemma 4).
     pub per_layer: Option<PerLayerGate>,
+}
+
+/// Gemma 4's mixture layer: the experts' input is the stream normed by `pre_experts`, their
+/// weighted sum normed by `post_experts`; the dense FFN beside them (the layer's `shared`) reads
+/// the stream normed by `ffn_norm`, its output normed by `post_dense`; the two outputs are
+/// summed (then the layer's post-FFN norm). The router reads the stream RMS-normed, divided by
+/// sqrt(n_embd) and multiplied by `router_scale`.
+#[derive(Clone, Debug)]
+pub struct ExpertNorms {
+    pub pre_experts: TensorView,
+    pub post_experts: TensorView,
+    pub post_dense: TensorView,
+    pub router_scale: TensorView,
+}
+
+fn expert_norms(
+    f: &GgufFile,
+    c: &ModelConfig,
+    moe: bool,
+    n: &dyn Fn(&str) -> String,
+) -> Result<Option<ExpertNorms>> {
+    if !moe || f.tensor_position(&n("pre_ffw_norm_2.weight")).is_none() {
+        return Ok(None);
+    }
+    let d = c.n_embd;
+    Ok(Some(ExpertNorms {
+        pre_experts: f32_view(f, &n("pre_ffw_norm_2.weight"), d)?,
+        post_experts: f32_view(f, &n("post_ffw_norm_2.weight"), d)?,
+        post_dense: f32_view(f, &n("post_ffw_norm_1.weight"), d)?,
+        router_scale: f32_view(f, &n("ffn_gate_inp.scale"), d)?,
+    }))
 }
 
 /// A layer's use of its per-layer input `p` (`n_embd_per_layer` wide): after the FFN, the
@@ -298,7 +334,30 @@ fn shared_expert(
             n("ffn_gate_up_exps.weight")
         )));
     }
+    for scaled in [
+        "ffn_gate_shexp.scale",
+        "ffn_up_shexp.scale",
+        "ffn_down_shexp.scale",
+        "ffn_gate_exps.scale",
+        "ffn_up_exps.scale",
+    ] {
+        if f.tensor_position(&n(scaled)).is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "`{}`: per-tensor or per-expert weight scales other than the experts' down scale",
+                n(scaled)
+            )));
+        }
+    }
     let (d, ff) = (c.n_embd, c.n_ff_shared);
+    // Gemma 4: a dense FFN of its own beside the experts, under the plain names.
+    if f.tensor_position(&n("pre_ffw_norm_2.weight")).is_some() {
+        return Ok(Some(SharedExpert {
+            gate: view(f, &n("ffn_gate.weight"), &[d, ff])?,
+            up: view(f, &n("ffn_up.weight"), &[d, ff])?,
+            down: view(f, &n("ffn_down.weight"), &[ff, d])?,
+            gate_inp: None,
+        }));
+    }
     let Some(up) = optional(view(f, &n("ffn_up_shexp.weight"), &[d, ff]))? else {
         return Ok(None);
     };
@@ -512,6 +571,11 @@ impl Weights {
                     false => None,
                 },
                 out_scale: optional(f32_view(f, &n("layer_output_scale.weight"), 1))?,
+                expert_norms: expert_norms(f, c, moe, &n)?,
+                expert_scale: match moe {
+                    true => optional(f32_view(f, &n("ffn_down_exps.scale"), c.n_expert))?,
+                    false => None,
+                },
                 per_layer: per_layer_gate(f, c, &n)?,
                 expert_biases: match fam.biases && moe {
                     true => Some([
