@@ -60,6 +60,11 @@ def _pairs(messages: Sequence[Message]) -> List[tuple]:
         if not isinstance(m, dict):
             raise TypeError(f"messages[{i}] is {type(m).__name__}, not a dict")
         role, content = m.get("role"), m.get("content")
+        if m.get("tool_calls"):
+            # Dropping them would change what the model sees without a word.
+            raise ValueError(
+                f"messages[{i}] has tool_calls, which the Python package does not render yet: "
+                "send tool conversations to `pi2 serve` (/v1/chat/completions takes tools and tool_calls)")
         if not isinstance(role, str):
             raise ValueError(f"messages[{i}]['role'] is missing or not a string")
         if isinstance(content, list):

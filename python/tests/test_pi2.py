@@ -178,6 +178,11 @@ def test_bad_input_raises_clear_exceptions(model):
         model.chat([{"role": "wizard", "content": "x"}])
     with pytest.raises(ValueError, match="content"):
         model.chat([{"role": "user"}])
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(ValueError, match="tool_calls"):
+        model.chat([{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}])
+    with pytest.raises(TypeError, match="tools"):
+        model.create_chat_completion([{"role": "user", "content": "x"}], tools=[])
     with pytest.raises(ValueError, match="vocabulary"):
         model.detokenize([-1])
     with pytest.raises(OverflowError):
