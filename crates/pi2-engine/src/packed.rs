@@ -15,8 +15,10 @@ use rayon::prelude::*;
 
 /// The packed matrices of one model, by layer.
 pub(crate) struct PackedWeights {
-    /// Per layer: wq, wk, wv, wo.
-    attn: Vec<[Option<PackedMat>; 4]>,
+    /// The attention matrices' copies, each once.
+    attn_copies: Vec<Option<PackedMat>>,
+    /// Per layer: where wq, wk, wv and wo are in `attn_copies` (none: not copied).
+    attn: Vec<[Option<usize>; 4]>,
     /// Per layer: gate, up, down (empty when the FFN is not packed).
     ffn: Vec<[Option<PackedMat>; 3]>,
     output: Option<PackedMat>,
@@ -31,15 +33,28 @@ impl PackedWeights {
         let pack_all = |tvs: Vec<&TensorView>| -> Vec<Option<PackedMat>> {
             tvs.into_par_iter().map(|tv| pack(f, tv)).collect()
         };
-        let attn_tvs = w
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo])
-            .collect();
-        let mut attn = pack_all(attn_tvs).into_iter();
-        let attn = (0..w.layers.len())
-            .map(|_| std::array::from_fn(|_| attn.next().flatten()))
-            .collect();
+        // Each matrix once: not the keys' and values' of a layer that reads another's (Gemma 4's
+        // shared KV, never multiplied), and a view of a matrix already listed (values that are
+        // the keys' projection) takes that one's copy.
+        let c = &model.config;
+        let mut attn_tvs: Vec<&TensorView> = Vec::new();
+        let mut attn = Vec::with_capacity(w.layers.len());
+        for (li, l) in w.layers.iter().enumerate() {
+            let used = [true, c.kv_source(li) == li, c.kv_source(li) == li, true];
+            let mut at = [None; 4];
+            for (i, tv) in [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().enumerate() {
+                if !used[i] {
+                    continue;
+                }
+                let seen = (attn_tvs.iter()).rposition(|t| same(f, t, tv));
+                at[i] = Some(seen.unwrap_or_else(|| {
+                    attn_tvs.push(tv);
+                    attn_tvs.len() - 1
+                }));
+            }
+            attn.push(at);
+        }
+        let attn_copies = pack_all(attn_tvs);
         let ffn = if ffn {
             let tvs = w
                 .layers
@@ -54,6 +69,7 @@ impl PackedWeights {
             Vec::new()
         };
         Self {
+            attn_copies,
             attn,
             ffn,
             output: pack(f, &w.output),
@@ -67,7 +83,8 @@ impl PackedWeights {
         tvs: [&TensorView; 4],
         f: &'a GgufFile,
     ) -> [MatRef<'a>; 4] {
-        std::array::from_fn(|i| view(self.attn[li][i].as_ref(), tvs[i], f))
+        let copy = |i: usize| self.attn[li][i].and_then(|k| self.attn_copies[k].as_ref());
+        std::array::from_fn(|i| view(copy(i), tvs[i], f))
     }
 
     /// Layer `li`'s gate, up and down, packed where they could be.
@@ -87,13 +104,18 @@ impl PackedWeights {
 
     /// Bytes of the packed copies.
     pub(crate) fn bytes(&self) -> usize {
-        let layers = self.attn.iter().flatten().chain(self.ffn.iter().flatten());
+        let layers = self.attn_copies.iter().chain(self.ffn.iter().flatten());
         layers
             .chain(std::iter::once(&self.output))
             .flatten()
             .map(PackedMat::bytes)
             .sum()
     }
+}
+
+/// Whether two views are the same rows of the same tensor.
+fn same(f: &GgufFile, a: &TensorView, b: &TensorView) -> bool {
+    (a.file_offset(f), a.rows, a.cols) == (b.file_offset(f), b.rows, b.cols)
 }
 
 fn view<'a>(p: Option<&'a PackedMat>, tv: &TensorView, f: &'a GgufFile) -> MatRef<'a> {
