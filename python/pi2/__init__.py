@@ -87,7 +87,7 @@ class Model:
     ``pi2.catalogue()``), or None for the default model. ``mem_budget`` caps the memory the
     model uses: bytes with a unit ("300M") or a share of the file ("50%"), over the interpreter's
     own memory at ``import pi2``; a plain GGUF under
-    a budget is converted once (a few minutes) and the conversion cached. ``n_batch`` is the
+    a budget is converted once (minutes, up to half an hour on a small CPU) and the conversion cached. ``n_batch`` is the
     prompt batch (default 512 in memory, 64 under a budget, whose room the batch buffers share).
     """
 

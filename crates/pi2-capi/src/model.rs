@@ -19,7 +19,7 @@ pub struct pi2_model {
 pub struct pi2_model_options {
     /// Memory budget: bytes with a unit ("300M", "1G") or a share of the model file ("50%");
     /// NULL for none. A plain GGUF under a budget runs from its cached conversion, made on first
-    /// use (a few minutes).
+    /// use (minutes; up to half an hour on a small or busy CPU).
     pub mem_budget: *const c_char,
     /// A plan file from `pi2 plan`, or "auto" to plan now; NULL for none.
     pub plan: *const c_char,

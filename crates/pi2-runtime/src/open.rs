@@ -47,7 +47,7 @@ impl Notice<'_> {
                 human_bytes(*budget)
             )),
             Notice::Converting { from, to } => Some(format!(
-                "pi2: converting {} for the memory budget (once: profile and convert on the built-in calibration text, a few minutes) into {}",
+                "pi2: converting {} for the memory budget (once: profile and convert on the built-in calibration text; minutes for a small model, up to half an hour on a small or busy CPU; the bars show each phase) into {}",
                 from.display(),
                 to.display()
             )),

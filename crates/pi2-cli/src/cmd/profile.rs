@@ -150,10 +150,17 @@ impl Bars {
                 self.times.push((p, secs));
             }
             self.started = Some(std::time::Instant::now());
-            let b = ProgressBar::new(total as u64).with_style(
-                ProgressStyle::with_template("{msg:>15} {bar:30} {pos}/{len} {eta}")
-                    .expect("valid template"),
-            );
+            // A phase of one step (fitting, writing) shows a spinner and the time it has taken,
+            // so a long one never looks stuck at 0/1.
+            let template = match total <= 1 {
+                true => "{msg:>15} {spinner} {elapsed}",
+                false => "{msg:>15} {bar:30} {pos}/{len} {eta}",
+            };
+            let b = ProgressBar::new(total as u64)
+                .with_style(ProgressStyle::with_template(template).expect("valid template"));
+            if total <= 1 {
+                b.enable_steady_tick(std::time::Duration::from_millis(250));
+            }
             b.set_message(phase.to_string());
             self.bar = Some((phase.to_string(), b));
         }
