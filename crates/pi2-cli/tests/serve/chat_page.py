@@ -1,6 +1,7 @@
 """The built-in chat page in headless Chromium (Debian `chromium` and `chromium-driver`):
 type a message, press Enter, see the answer stream in, greedy, equal to `pi2 run`'s; Markdown
-rendered from DOM nodes only (a `<script>` in a reply is shown, never run); the Stop button; the
+rendered from DOM nodes only (a `<script>` in a reply is shown, never run), with lists, tables,
+headings and a copy button on code; the Stop button; the
 system prompt sent; the conversation kept across a reload. Run by crates/pi2-cli/tests/serve.rs
 against a running `pi2 serve` (PI2_URL)."""
 
@@ -75,6 +76,19 @@ try:
     )
     assert got[:6] == [0, "if (a < b) { go(); }", "bold", "x<y", True, True], got
     assert "mono" in got[6].lower() or "menlo" in got[6].lower() or "consolas" in got[6].lower(), got[6]
+
+    # Lists, tables, headings; a copy button on each code block.
+    got = driver.execute_script(
+        r"""const d = document.createElement('div');
+        render(d, "## Plan\n- one **a**\n- two\n\n1. first\n2. second\n\n| k | v |\n|---|---|\n| x | `1<2` |\n```\ncode\n```");
+        document.body.appendChild(d);
+        return [d.querySelector('h4') && d.querySelector('h4').textContent,
+                d.querySelectorAll('ul > li').length, d.querySelector('ul strong').textContent,
+                d.querySelectorAll('ol > li').length, d.querySelectorAll('th').length,
+                d.querySelector('td code').textContent, d.querySelectorAll('pre > button.copy').length,
+                d.querySelector('pre code').textContent];"""
+    )
+    assert got == ["Plan", 2, "a", 2, 2, "1<2", 1, "code"], got
 
     # The system prompt goes with the next request; Stop ends a long answer, keeping its text.
     driver.execute_script(
