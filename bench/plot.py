@@ -6,7 +6,8 @@ matplotlib. Run by bench/pi2bench.py's `write`; run it again to redraw.
 
 The JSON's `plot.kind` says what to draw:
 - `caps`: decode t/s against the memory cap (share of the model file), one line per engine with
-  the rounds' spread as error bars, and each engine's in-memory speed as a dashed line.
+  the rounds' spread as error bars, and each engine's in-memory speed as a dashed line; with a
+  single cap, a bar per engine with its value and the ratio, in-memory speeds as a note.
 - `curve`: named series of labelled (x, y) points (`series`), with axis names from `plot.x`
   and `plot.y` and an optional dashed `plot.hline`.
 """
@@ -21,7 +22,42 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLOURS = {"pi2": "#1f77b4", "llama.cpp": "#d62728", "pi2 dense": "#7f7f7f"}
 
 
+def one_cap(data, ax, share):
+    """A single cap: each engine's decode speed inside it as a bar (the rounds' spread as error
+    bars, the value written on it), the ratio in the legend, in-memory speeds as a note: lines at
+    in-memory speed would squash the point of the picture into dots near zero."""
+    bars = []
+    for engine in ("llama.cpp", "pi2", "pi2 dense"):
+        t = next((p["tps"] for p in data["points"] if p["engine"] == engine and p["cap_share"]
+                  and p["tps"]), None)
+        if t:
+            bars.append((engine, t))
+    xs = range(len(bars))
+    med = [t["median"] for _, t in bars]
+    err = [[t["median"] - t["min"] for _, t in bars], [t["max"] - t["median"] for _, t in bars]]
+    ax.bar(xs, med, yerr=err, capsize=4, color=[COLOURS[e] for e, _ in bars])
+    for x, (_, t) in zip(xs, bars):
+        ax.annotate(f"{t['median']:.2f} t/s", (x, t["max"]), textcoords="offset points",
+                    xytext=(0, 5), ha="center", fontsize=9)
+    ax.set_xticks(list(xs), [("plain dense (no budget)" if e == "pi2 dense" else e) for e, _ in bars])
+    speeds = dict((e, t["median"]) for e, t in bars)
+    ratio = (f"pi2 = {speeds['pi2'] / speeds['llama.cpp']:.2f}x llama.cpp"
+             if "pi2" in speeds and "llama.cpp" in speeds else "")
+    mem = [f"{e} {p['tps']['median']:.1f}" for e in ("llama.cpp", "pi2") for p in data["points"]
+           if p["engine"] == e and p["cap"] == "memory" and p["tps"]]
+    note = f"inside a cap of {100 * share:.0f}% of the file" + (f": {ratio}" if ratio else "")
+    if mem:
+        note += "\nin memory (no cap), t/s: " + ", ".join(mem)
+    ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=8)
+    ax.set_ylabel("decode tokens per second")
+    ax.set_ylim(0, max(med) * 1.35)
+    ax.grid(alpha=0.3, axis="y")
+
+
 def caps(data, ax):
+    shares = {p["cap_share"] for p in data["points"] if p["cap_share"] and p["tps"]}
+    if len(shares) == 1:
+        return one_cap(data, ax, shares.pop())
     for engine in ("llama.cpp", "pi2", "pi2 dense"):
         pts = sorted((p["cap_share"], p["tps"]) for p in data["points"]
                      if p["engine"] == engine and p["cap_share"] and p["tps"])
