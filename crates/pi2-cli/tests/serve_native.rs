@@ -198,10 +198,14 @@ fn infill_fills_the_middle_with_the_models_fim_tokens() {
 }
 
 /// llama-server's `GET /slots`: one entry per slot, idle between requests, with the tokens its
-/// KV cache kept from the last one; slot actions are refused by name.
+/// KV cache kept from the last one; and its slot actions: a slot's cache saved to a file of
+/// `--slot-save-path`, erased, restored into another slot (whose next request then reuses it and
+/// answers the same), bad names, files and slots refused by name.
 #[test]
-fn slots_list_each_slot_and_actions_are_refused_by_name() {
-    let s = Server::start(&["--parallel", "2"]);
+fn slots_list_each_slot_and_save_erase_and_restore_their_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let s = Server::start(&["--parallel", "2", "--slot-save-path", path]);
     let list = |s: &Server| -> Vec<Value> {
         let r = http(&s.addr, "GET", "/slots", &[], b"");
         assert_eq!(r.status, 200, "{}", r.body);
@@ -213,21 +217,83 @@ fn slots_list_each_slot_and_actions_are_refused_by_name() {
         .iter()
         .all(|v| v["is_processing"] == false && v["cached_tokens"] == 0));
     assert_eq!(before[1]["id"], 1);
-    let r = post(
-        &s.addr,
-        "/completion",
-        &json!({"prompt": PROMPT, "n_predict": 4}),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    let ask = json!({"prompt": PROMPT, "n_predict": 8, "temperature": 0});
+    let first = post(&s.addr, "/completion", &ask);
+    assert_eq!(first.status, 200, "{}", first.body);
     let after = list(&s);
-    let cached: u64 = after
-        .iter()
-        .map(|v| v["cached_tokens"].as_u64().unwrap())
-        .sum();
-    assert!(cached > 0, "{after:?}");
-    let r = post(&s.addr, "/slots/0?action=erase", &json!({}));
+    let used = after.iter().position(|v| v["cached_tokens"] != 0).unwrap();
+    let other = 1 - used;
+    let action = |id: usize, what: &str, body: Value| {
+        post(&s.addr, &format!("/slots/{id}?action={what}"), &body)
+    };
+    let saved = action(used, "save", json!({"filename": "conv.bin"}));
+    assert_eq!(saved.status, 200, "{}", saved.body);
+    let n_saved = saved.json()["n_saved"].as_u64().unwrap();
+    assert!(
+        n_saved > 0 && dir.path().join("conv.bin").exists(),
+        "{}",
+        saved.body
+    );
+    let erased = action(used, "erase", json!({}));
+    assert_eq!(
+        erased.json()["n_erased"].as_u64().unwrap(),
+        after[used]["cached_tokens"].as_u64().unwrap()
+    );
+    assert!(list(&s).iter().all(|v| v["cached_tokens"] == 0));
+    let restored = action(other, "restore", json!({"filename": "conv.bin"}));
+    assert_eq!(restored.status, 200, "{}", restored.body);
+    assert_eq!(restored.json()["n_restored"].as_u64().unwrap(), n_saved);
+    assert_eq!(list(&s)[other]["cached_tokens"].as_u64().unwrap(), n_saved);
+    // The same request again: the restored slot's cache serves its prompt, the same answer.
+    let again = post(&s.addr, "/completion", &ask);
+    assert_eq!(again.json()["content"], first.json()["content"]);
+    assert!(
+        again.json()["tokens_cached"].as_u64().unwrap() > 0,
+        "{}",
+        again.body
+    );
+    // Refusals, each naming what is wrong.
+    std::fs::write(dir.path().join("junk.bin"), b"not a cache").unwrap();
+    for (id, what, body, says) in [
+        (
+            0,
+            "save",
+            json!({"filename": "../escape"}),
+            "plain file name",
+        ),
+        (0, "save", json!({}), "`filename`"),
+        (
+            0,
+            "restore",
+            json!({"filename": "missing.bin"}),
+            "cannot read",
+        ),
+        (
+            0,
+            "restore",
+            json!({"filename": "junk.bin"}),
+            "not a slot file",
+        ),
+        (0, "rewind", json!({}), "save, restore or erase"),
+        (7, "erase", json!({}), "no slot"),
+    ] {
+        let r = action(id, what, body);
+        assert_eq!(r.status, 400, "{what}: {}", r.body);
+        assert!(r.body.contains(says), "{what}: {}", r.body);
+    }
+    let cut = std::fs::read(dir.path().join("conv.bin")).unwrap();
+    std::fs::write(dir.path().join("cut.bin"), &cut[..cut.len() / 2]).unwrap();
+    let r = action(0, "restore", json!({"filename": "cut.bin"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    // Without a folder, save and restore say which option they need.
+    let bare = Server::start(&[]);
+    let r = post(
+        &bare.addr,
+        "/slots/0?action=save",
+        &json!({"filename": "x"}),
+    );
     assert_eq!(r.status, 501, "{}", r.body);
-    assert!(r.body.contains("not supported by pi2 yet"), "{}", r.body);
+    assert!(r.body.contains("--slot-save-path"), "{}", r.body);
 }
 
 /// llama-server's `chat_template_kwargs` reach the chat template (as `/apply-template` shows); a

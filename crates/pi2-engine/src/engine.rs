@@ -402,6 +402,27 @@ impl<'m> Engine<'m> {
         self.kv.len
     }
 
+    /// Writes the KV cache (its `n_past` positions, every layer's cells and recurrent states) to
+    /// `w`: llama-server's slot save.
+    pub fn save_cache(&self, w: &mut dyn std::io::Write) -> Result<(), EngineError> {
+        self.kv
+            .write(w)
+            .map_err(|e| EngineError::CacheFile(format!("cannot write it: {e}")))
+    }
+
+    /// Replaces the KV cache with one [`Engine::save_cache`] wrote for this model and context
+    /// (under a budget, charged to it); returns the positions it holds. On an error the cache
+    /// is as it was.
+    pub fn load_cache(&mut self, r: &mut dyn std::io::Read) -> Result<usize, EngineError> {
+        let mut kv = KvCache::new(&self.model.config, self.n_ctx);
+        let n = kv.read(r).map_err(EngineError::CacheFile)?;
+        let (parked, parked_positions) = self.parked_kv;
+        let bytes = kv.bytes() + parked;
+        self.store.charge_kv(bytes as u64, n + parked_positions)?;
+        self.kv = kv;
+        Ok(n)
+    }
+
     /// Forget everything after the first `n` cached tokens (0 clears the sequence). Returns
     /// the tokens kept: `n` (at most those held), or 0 when sliding-window layers no longer
     /// hold the window position `n` needs (the caller evaluates those tokens again).

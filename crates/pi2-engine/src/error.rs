@@ -40,6 +40,8 @@ pub enum EngineError {
         layer: usize,
         from: usize,
     },
+    #[error("saved KV cache: {0}")]
+    CacheFile(String),
     #[error("empty input")]
     Empty,
     #[error("sparse weights do not fit the model: {0}")]

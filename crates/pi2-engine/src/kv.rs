@@ -6,6 +6,9 @@
 //! keeps, in the same ring, one f32 row per position of what it convolves: its state is the
 //! positions it holds, so truncating the cache rolls it back too.
 
+mod file;
+pub(crate) use file::{get, get_bytes, put};
+
 use crate::states::{slots_for, Keep, Snapshots};
 use half::f16;
 use pi2_model::{Mixer, ModelConfig};

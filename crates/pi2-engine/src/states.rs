@@ -24,6 +24,9 @@ pub(crate) struct Snapshots {
     held: Range<usize>,
 }
 
+/// Most states a saved cache may hold per layer (a checked draft's batch keeps one per token).
+const MAX_STATE_SLOTS: usize = 4096;
+
 /// Slots a batch of `n` tokens keeps.
 pub(crate) fn slots_for(n: usize, keep: Keep) -> usize {
     match keep {
@@ -104,6 +107,41 @@ impl Snapshots {
 
     pub fn bytes(&self) -> usize {
         self.states.capacity() * 4
+    }
+
+    /// f32 values of one state.
+    pub fn state_len(&self) -> usize {
+        self.len
+    }
+
+    /// Writes the states held and which positions they are.
+    pub fn write(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        use crate::kv::put;
+        for v in [self.ring, self.held.start, self.held.end] {
+            put(w, v)?;
+        }
+        w.write_all(bytemuck::cast_slice(&self.states[..self.ring * self.len]))
+    }
+
+    /// States of `len` values each, as [`Snapshots::write`] wrote them.
+    pub fn read(len: usize, r: &mut dyn std::io::Read) -> Result<Snapshots, String> {
+        use crate::kv::{get, get_bytes};
+        let (ring, start, end) = (get(r)?, get(r)?, get(r)?);
+        // A batch keeps at most one state per token of its largest batch.
+        if ring > MAX_STATE_SLOTS || start > end || end - start > ring {
+            return Err(format!("{ring} states holding positions {start}..{end}"));
+        }
+        let bytes = get_bytes(r, 4 * ring * len, 4 * MAX_STATE_SLOTS * len, "states")?;
+        let states = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(Snapshots {
+            len,
+            states,
+            ring,
+            held: start..end,
+        })
     }
 
     /// Bytes held once a batch of `n` ran.

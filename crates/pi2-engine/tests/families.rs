@@ -682,3 +682,39 @@ fn a_resumed_pass_takes_per_layer_inputs_from_its_tokens() {
         .to_vec();
     assert_ne!(got, want);
 }
+
+/// Every family's KV cache (attention keys and values, convolution rows, recurrent states)
+/// saved after a prompt and loaded into a fresh engine continues exactly as the original; a
+/// cache of another model or context is refused by name.
+#[test]
+fn every_family_saves_and_restores_its_cache() {
+    let refs = references();
+    for r in &refs {
+        let name = r["name"].as_str().unwrap();
+        let m = model(r);
+        let prompt = ids(&r["llama_cpp"]["prompt"]);
+        let mut e = engine(&m, Tier::Scalar);
+        e.forward(&prompt, Logits::Last).unwrap();
+        let mut saved = Vec::new();
+        e.save_cache(&mut saved).unwrap();
+        let want = e.forward(&[prompt[0]], Logits::Last).unwrap().to_vec();
+        let mut fresh = engine(&m, Tier::Scalar);
+        assert_eq!(
+            fresh.load_cache(&mut saved.as_slice()).unwrap(),
+            prompt.len()
+        );
+        let got = fresh.forward(&[prompt[0]], Logits::Last).unwrap().to_vec();
+        assert_eq!(got, want, "{name}");
+        // Truncated: refused, the cache kept.
+        let short = &saved[..saved.len() / 2];
+        assert!(fresh.load_cache(&mut &short[..]).is_err(), "{name}");
+        assert_eq!(fresh.n_past(), prompt.len() + 1, "{name}");
+    }
+    let (a, b) = (model(&refs[0]), model(&refs[refs.len() - 1]));
+    let mut saved = Vec::new();
+    let mut e = engine(&a, Tier::Scalar);
+    e.forward(&[1, 2, 3], Logits::Last).unwrap();
+    e.save_cache(&mut saved).unwrap();
+    let err = engine(&b, Tier::Scalar).load_cache(&mut saved.as_slice());
+    assert!(err.unwrap_err().to_string().contains("saved KV cache"));
+}

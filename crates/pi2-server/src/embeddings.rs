@@ -148,6 +148,7 @@ async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiEr
         grammar: None,
         logprobs: None,
         embed: Some(s.pooling),
+        slot_action: None,
         events: tx,
     };
     s.queue.submit(job)?;

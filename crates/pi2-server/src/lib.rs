@@ -23,6 +23,7 @@ pub mod native;
 pub mod reasoning;
 pub mod routes;
 pub mod sched;
+pub mod slot_file;
 pub mod slots;
 pub mod state;
 pub mod tokens;
@@ -73,6 +74,9 @@ pub struct ServerConfig {
     pub context_shift: bool,
     /// How `/v1/embeddings` pools token states.
     pub pooling: pi2_runtime::embed::Pooling,
+    /// Where `POST /slots/{id}?action=save|restore` keep slot files (none: those actions
+    /// are refused; erase works).
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// Serve the chat page at `/` (`--no-ui`: no page).
     pub ui: bool,
 }
@@ -97,6 +101,7 @@ impl Default for ServerConfig {
             draft_max: 16,
             context_shift: false,
             pooling: Default::default(),
+            slot_save_path: None,
             ui: true,
         }
     }
@@ -276,6 +281,7 @@ pub fn serve(
     state.context_shift = cfg.context_shift;
     state.pooling = cfg.pooling;
     state.body_timeout = cfg.body_timeout;
+    state.slot_save_path = cfg.slot_save_path.clone();
     let hosts = cfg.hosts();
     let rules = Arc::new(guard::Rules::new(&hosts, cfg.max_body));
     let mut app = routes::router(Arc::new(state), cfg.ui)

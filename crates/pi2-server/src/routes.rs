@@ -46,7 +46,7 @@ pub fn router(state: Arc<AppState>, ui: bool) -> Router {
         .route("/detokenize", post(crate::tokens::detokenize))
         .route("/props", get(crate::tokens::props))
         .route("/slots", get(crate::tokens::slots))
-        .route("/slots/{id}", post(crate::tokens::slot_action))
+        .route("/slots/{id}", post(crate::slot_file::slot_action))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -292,6 +292,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
             grammar: grammar.clone(),
             logprobs,
             embed: None,
+            slot_action: None,
             events: tx,
         })?;
         answers.push(rx);
@@ -563,7 +564,7 @@ async fn one_answer(
             }
             Event::Failed(m) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
             Event::Busy(m) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),
-            Event::Embedding(_) => {}
+            Event::Embedding(_) | Event::Slot(_) => {}
         }
     }
     Err(ApiError::new(
@@ -710,7 +711,7 @@ impl Streamed {
                     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m).body(),
                 )]
             }
-            Event::Embedding(_) => Vec::new(),
+            Event::Embedding(_) | Event::Slot(_) => Vec::new(),
         }
     }
 }

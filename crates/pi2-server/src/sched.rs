@@ -13,6 +13,9 @@ struct SlotState<J> {
     busy: bool,
     /// A job handed to this slot while it was idle.
     mailbox: Option<J>,
+    /// Jobs for this slot only (its KV cache saved, restored or erased), taken before the
+    /// shared queue.
+    own: VecDeque<J>,
     /// The tokens the slot's KV cache held after its last job.
     cached: Vec<TokenId>,
     /// Length of its last job's prompt.
@@ -27,6 +30,9 @@ struct State<J> {
     slots: Vec<SlotState<J>>,
     clock: u64,
 }
+
+/// Jobs that may wait for one slot.
+pub(crate) const OWN_JOBS: usize = 4;
 
 /// The hand-off between the HTTP side and the slots.
 pub struct Scheduler<J> {
@@ -51,6 +57,7 @@ impl<J> Scheduler<J> {
             .map(|_| SlotState {
                 busy: false,
                 mailbox: None,
+                own: VecDeque::new(),
                 cached: Vec::new(),
                 prompt_len: 0,
                 last_used: 0,
@@ -79,7 +86,7 @@ impl<J> Scheduler<J> {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| !s.busy && s.mailbox.is_none());
+            .filter(|(_, s)| !s.busy && s.mailbox.is_none() && s.own.is_empty());
         // Continues the slot's last prompt (all of it but perhaps its last token, which
         // generation may not have kept).
         let similar = idle
@@ -109,6 +116,22 @@ impl<J> Scheduler<J> {
         Ok(placed)
     }
 
+    /// Hands `job` to slot `id` itself (after what it is doing and what was handed to it
+    /// before), or gives it back when `OWN_JOBS` already wait for that slot.
+    pub fn submit_to(&self, id: usize, job: J) -> Result<(), J> {
+        let mut st = self.state.lock();
+        let Some(slot) = st.slots.get_mut(id) else {
+            return Err(job);
+        };
+        if slot.own.len() >= OWN_JOBS {
+            return Err(job);
+        }
+        slot.own.push_back(job);
+        drop(st);
+        self.wake.notify_all();
+        Ok(())
+    }
+
     /// Slot `id`'s next job (waiting for one); `cached` is what the slot's KV cache holds now.
     pub fn next(&self, id: usize, cached: &[TokenId]) -> J {
         let mut st = self.state.lock();
@@ -116,6 +139,10 @@ impl<J> Scheduler<J> {
         st.slots[id].cached.extend_from_slice(cached);
         loop {
             if let Some(job) = st.slots[id].mailbox.take() {
+                return job;
+            }
+            if let Some(job) = st.slots[id].own.pop_front() {
+                st.slots[id].busy = true;
                 return job;
             }
             if let Some((job, prompt_len)) = st.queue.pop_front() {
@@ -140,7 +167,7 @@ impl<J> Scheduler<J> {
         let st = self.state.lock();
         (st.slots.iter())
             .map(|s| SlotView {
-                busy: s.busy || s.mailbox.is_some(),
+                busy: s.busy || s.mailbox.is_some() || !s.own.is_empty(),
                 cached_tokens: s.cached.len(),
             })
             .collect()
@@ -189,6 +216,24 @@ mod tests {
             assert!(matches!(s.submit(j, &[5]), Ok(Placed::Queued(_))));
         }
         assert_eq!(s.submit(17, &[5]), Err(17));
+    }
+
+    #[test]
+    fn a_job_for_one_slot_waits_for_it_and_comes_before_the_queue() {
+        let s = Scheduler::new(2, 8);
+        assert_eq!(s.submit(1, &[1]), Ok(Placed::Slot(0)));
+        assert_eq!(s.submit(2, &[2]), Ok(Placed::Slot(1)));
+        assert_eq!(s.submit(3, &[3]), Ok(Placed::Queued(1)));
+        assert_eq!(s.submit_to(0, 9), Ok(()));
+        assert_eq!(s.submit_to(5, 9), Err(9), "no such slot");
+        assert_eq!((s.next(0, &[]), s.next(1, &[])), (1, 2));
+        // Slot 1 finishing takes the queue, never slot 0's own job.
+        assert_eq!(s.next(1, &[]), 3);
+        assert_eq!(s.next(0, &[]), 9);
+        for j in 0..OWN_JOBS as u32 {
+            assert_eq!(s.submit_to(1, j), Ok(()));
+        }
+        assert_eq!(s.submit_to(1, 99), Err(99), "at most OWN_JOBS wait");
     }
 
     #[test]

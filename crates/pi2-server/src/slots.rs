@@ -33,6 +33,8 @@ pub enum Event {
     Busy(String),
     /// An embedding job's vector.
     Embedding(Vec<f32>),
+    /// A slot action's answer.
+    Slot(serde_json::Value),
 }
 
 /// One generation request, ready for a slot.
@@ -54,7 +56,30 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Not a generation: the prompt's embedding, pooled so.
     pub embed: Option<pi2_runtime::embed::Pooling>,
+    /// Not a generation: the slot's KV cache saved, restored or erased.
+    pub slot_action: Option<crate::slot_file::SlotAction>,
     pub events: mpsc::Sender<Event>,
+}
+
+impl Job {
+    /// A slot action, answered on `events`.
+    pub fn slot(action: crate::slot_file::SlotAction, events: mpsc::Sender<Event>) -> Self {
+        Job {
+            prompt: Vec::new(),
+            sampler: SamplerConfig::default(),
+            max_tokens: None,
+            stops: Vec::new(),
+            ignore_eos: false,
+            stream: false,
+            drafts: crate::api::Drafts::None,
+            draft_max: 0,
+            grammar: None,
+            logprobs: None,
+            embed: None,
+            slot_action: Some(action),
+            events,
+        }
+    }
 }
 
 /// The queue in front of the slots.
@@ -87,6 +112,14 @@ impl Queue {
             Ok(_) => Ok(()),
             Err(_) => Err(QueueError::Full(self.sched.capacity())),
         }
+    }
+
+    /// Hands `job` to slot `id` itself, after what it is doing; refused when several jobs
+    /// already wait for that slot.
+    pub fn submit_to(&self, id: usize, job: Job) -> Result<(), QueueError> {
+        self.sched
+            .submit_to(id, job)
+            .map_err(|_| QueueError::Full(crate::sched::OWN_JOBS))
     }
 
     /// Requests waiting for a slot.
@@ -287,6 +320,16 @@ impl Slot<'_> {
     /// Generates for `job`, sending its text; returns the final event (none if the client
     /// left).
     fn run(&mut self, job: &Job) -> Option<Event> {
+        if let Some(action) = &job.slot_action {
+            let (id, cached) = (self.id, &mut self.cached);
+            let done = self
+                .engine
+                .with_engine(|e| crate::slot_file::run(action, id, e, cached));
+            return Some(match done {
+                Ok(v) => Event::Slot(v),
+                Err(m) => Event::Failed(m),
+            });
+        }
         if let Some(pooling) = job.embed {
             // The evaluation leaves the cache empty.
             self.cached.clear();

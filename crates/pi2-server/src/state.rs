@@ -39,6 +39,8 @@ pub struct AppState {
     pub context_shift: bool,
     /// How `/v1/embeddings` pools token states (`--pooling`).
     pub pooling: pi2_runtime::embed::Pooling,
+    /// Where slot actions save and restore KV caches (`--slot-save-path`).
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// The vocabulary grammars compile against, built by the first request with one.
     vocabulary: OnceLock<Arc<Vocabulary>>,
     pub(crate) next_id: AtomicU64,
@@ -71,6 +73,7 @@ impl AppState {
             slots: 1,
             context_shift: false,
             pooling: Default::default(),
+            slot_save_path: None,
             vocabulary: OnceLock::new(),
             next_id: AtomicU64::new(1),
         }

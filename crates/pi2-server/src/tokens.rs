@@ -118,13 +118,6 @@ pub async fn slots(State(s): State<Arc<AppState>>) -> Json<Value> {
 
 /// llama-server's slot actions (`POST /slots/ID?action=save|restore|erase`): not served yet,
 /// refused by name (llama-server itself refuses them without `--slot-save-path`).
-pub async fn slot_action() -> crate::error::ApiError {
-    crate::error::ApiError::new(
-        axum::http::StatusCode::NOT_IMPLEMENTED,
-        "slot actions (save, restore, erase) are not supported by pi2 yet; GET /slots lists the slots",
-    )
-}
-
 pub async fn props(State(s): State<Arc<AppState>>) -> Json<Value> {
     let d = pi2_engine::SamplerConfig::default();
     Json(json!({

@@ -1,7 +1,7 @@
 //! `pi2 serve`: the OpenAI-compatible server (pi2-server) over a session built by the runtime.
 
 use crate::args::{DraftArgs, DraftSource, ModelArgs};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 #[derive(Args)]
@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// No chat page at / (the API only)
     #[arg(long)]
     pub no_ui: bool,
+    /// Folder where `POST /slots/{id}?action=save|restore` keep slot KV caches (created if
+    /// missing); without it those actions are refused
+    #[arg(long, value_name = "DIR")]
+    pub slot_save_path: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
 }
@@ -112,6 +116,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         draft_max: a.draft.draft_max,
         context_shift: a.context_shift,
         pooling: a.pooling,
+        slot_save_path: match &a.slot_save_path {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("--slot-save-path: cannot create {}", dir.display())
+                })?;
+                Some(dir.clone())
+            }
+            None => None,
+        },
     };
     let id = cfg.model_names[0].clone();
     pi2_server::serve(prepared, &cfg, |addr| {
