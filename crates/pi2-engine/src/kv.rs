@@ -216,17 +216,11 @@ impl KvCache {
                 *dst = f16::from_f32(src);
             }
         }
-        let l = &self.layers[li];
-        KvView {
-            k: bytemuck::cast_slice(&l.k[..]),
-            v: bytemuck::cast_slice(&l.v[..]),
-            ring: l.ring,
-            window: l.window,
-        }
+        self.view(li)
     }
 
-    /// Layer `li`'s cache as it stands, for a layer that attends to it without writing (Gemma 4's
-    /// shared KV: the layer's own positions were written by it earlier in the same pass).
+    /// Layer `li`'s cache as it stands (a layer that attends to another's without writing:
+    /// Gemma 4's shared KV, whose positions that layer wrote earlier in the same pass).
     pub fn view(&self, li: usize) -> KvView<'_> {
         let l = &self.layers[li];
         KvView {
