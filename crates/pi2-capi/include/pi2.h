@@ -66,7 +66,7 @@ typedef struct pi2_session pi2_session;
 typedef struct {
   // Memory budget: bytes with a unit ("300M", "1G") or a share of the model file ("50%");
   // NULL for none. A plain GGUF under a budget runs from its cached conversion, made on first
-  // use (a few minutes).
+  // use (minutes; up to half an hour on a small or busy CPU).
   const char *mem_budget;
   // A plan file from `pi2 plan`, or "auto" to plan now; NULL for none.
   const char *plan;
