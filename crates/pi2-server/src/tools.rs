@@ -1,8 +1,11 @@
 //! Tool calls: OpenAI's `tools` and `tool_choice` into the chat template (its own `tools`
 //! variable, or a system message for templates without one) and, for `required` or a named
-//! function, a grammar the answer must follow; the model's `<tool_call>{"name": ..,
-//! "arguments": ..}</tool_call>` blocks (Qwen's and Hermes' format; a bare call object as a
-//! fallback) parsed back into `tool_calls`, whole or streamed.
+//! function, a grammar the answer must follow; the model's calls parsed back into
+//! `tool_calls`, whole or streamed, in the forms the families' templates teach:
+//! `<tool_call>{"name": .., "arguments": ..}</tool_call>` blocks (Qwen, Hermes), an answer that
+//! is a call object or a list of them (Llama 3.x's `{"name", "parameters"}`), fenced as
+//! ```` ```json ```` or not, and Mistral's `[TOOL_CALLS]` (a list of calls, or `NAME[ARGS]{..}`
+//! repeated).
 
 use crate::api::CompletionRequest;
 use crate::error::ApiError;
@@ -12,6 +15,7 @@ use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const MISTRAL: &str = "[TOOL_CALLS]";
 
 /// What a request's tools ask of the generation.
 #[derive(Debug)]
@@ -144,8 +148,8 @@ pub fn tools_prompt(tools: &Value) -> String {
 pub fn parse_calls(text: &str, names: &[String]) -> (String, Vec<(String, String)>) {
     let mut calls = Vec::new();
     let Some(first) = text.find(OPEN) else {
-        return match call_of(text.trim(), names) {
-            Some(c) => (String::new(), vec![c]),
+        return match whole_answer_calls(text, names) {
+            Some(c) => (String::new(), c),
             None => (text.to_string(), calls),
         };
     };
@@ -162,6 +166,47 @@ pub fn parse_calls(text: &str, names: &[String]) -> (String, Vec<(String, String
         return (text.to_string(), calls);
     }
     (text[..first].trim_end().to_string(), calls)
+}
+
+/// An answer that is nothing but calls: a call object or a list of them, fenced as
+/// ```` ```json ```` or not, or Mistral's `[TOOL_CALLS]` forms. Every call must name an offered
+/// function; anything else is content.
+fn whole_answer_calls(text: &str, names: &[String]) -> Option<Vec<(String, String)>> {
+    let t = text.trim();
+    if let Some(rest) = t.strip_prefix(MISTRAL) {
+        return mistral_calls(rest.trim_start(), names);
+    }
+    let t = match t.strip_prefix("```json").or_else(|| t.strip_prefix("```")) {
+        Some(fenced) => fenced.strip_suffix("```")?.trim(),
+        None => t,
+    };
+    match serde_json::from_str::<Value>(t).ok()? {
+        Value::Array(items) if !items.is_empty() => items
+            .iter()
+            .map(|v| call_of(&v.to_string(), names))
+            .collect(),
+        Value::Object(_) => Some(vec![call_of(t, names)?]),
+        _ => None,
+    }
+}
+
+/// Mistral's calls after `[TOOL_CALLS]`: a JSON list of call objects, or `NAME[ARGS]{..}`
+/// repeated (its newer templates).
+fn mistral_calls(rest: &str, names: &[String]) -> Option<Vec<(String, String)>> {
+    if rest.starts_with('[') {
+        return whole_answer_calls(rest, names);
+    }
+    let mut calls = Vec::new();
+    for part in rest.split(MISTRAL).map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, args) = part.split_once("[ARGS]")?;
+        let name = name.trim();
+        let args: Value = serde_json::from_str(args.trim()).ok()?;
+        if !names.iter().any(|n| n == name) {
+            return None;
+        }
+        calls.push((name.to_string(), args.to_string()));
+    }
+    (!calls.is_empty()).then_some(calls)
 }
 
 /// `{"name": ..., "arguments": {...}}` (or `parameters`) naming an offered function.
@@ -213,7 +258,12 @@ impl ToolStream {
     pub fn push(&mut self, text: &str) -> String {
         self.all.push_str(text);
         let pending = &self.all[self.sent..];
-        if self.all.trim_start().starts_with('{') || self.all[..self.sent].contains(OPEN) {
+        // An answer that opens as a call may be one: held whole (see `whole_answer_calls`).
+        let start = self.all.trim_start();
+        let may_be_call = ["{", "[", "```json", MISTRAL].iter().any(|p| {
+            start.starts_with(p) || (p.len() > 1 && p.starts_with(start) && self.sent == 0)
+        });
+        if may_be_call || self.all[..self.sent].contains(OPEN) {
             return String::new();
         }
         let held = match pending.find(OPEN) {
@@ -265,6 +315,48 @@ mod tests {
         let (c, calls) = parse_calls("<tool_call>{\"name\": \"rm\"}</tool_call>", &names());
         assert!(calls.is_empty() && c.contains("rm"));
         assert_eq!(parse_calls("Sunny.", &names()).0, "Sunny.");
+    }
+
+    #[test]
+    fn calls_are_parsed_in_each_family_form() {
+        let one = vec![(
+            "get_weather".to_string(),
+            "{\"city\":\"Paris\"}".to_string(),
+        )];
+        for t in [
+            // Llama 3.x: a bare object with `parameters`, fenced or not.
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+            // A list of calls.
+            "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+            // Mistral's two forms.
+            "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+            "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
+        ] {
+            assert_eq!(
+                parse_calls(t, &names()),
+                (String::new(), one.clone()),
+                "{t}"
+            );
+        }
+        let two =
+            "[TOOL_CALLS]get_weather[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}";
+        assert_eq!(parse_calls(two, &names()).1.len(), 2);
+        // A list with an unknown function, a fence around prose, plain arrays: content.
+        for t in [
+            "[{\"name\": \"get_weather\"}, {\"name\": \"rm\"}]",
+            "```json\n[1, 2]\n```",
+            "[TOOL_CALLS]rm[ARGS]{}",
+            "[1, 2, 3]",
+        ] {
+            let (content, calls) = parse_calls(t, &names());
+            assert!(calls.is_empty() && content == t, "{t}");
+        }
+        // Streamed: an answer opening as a call is held, then parsed.
+        let mut s = ToolStream::default();
+        assert_eq!(s.push("[TOOL"), "");
+        assert_eq!(s.push("_CALLS]get_weather[ARGS]{}"), "");
+        assert_eq!(s.finish(&names()).1.len(), 1);
     }
 
     #[test]
