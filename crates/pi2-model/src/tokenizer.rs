@@ -71,23 +71,54 @@ pub struct Tokenizer {
     pub fim: crate::fim::Fim,
 }
 
+/// Control tokens that end generation wherever a vocabulary has them (llama.cpp's list).
+const END_TOKENS: [&str; 25] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
+    // fill-in-the-middle repo/file separators end generation in llama.cpp too
+    "<|repo_name|>",
+    "<reponame>",
+    "<|file_sep|>",
+];
+
+/// Harmony's (gpt-oss) header tokens: the answer's channels are parsed from their text, so
+/// they are always shown, as llama.cpp makes them user-defined in any vocabulary.
+const SHOWN_HEADER_TOKENS: [&str; 4] = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
 /// The tokens that end generation: EOS, EOT and EOM, the control tokens llama.cpp treats as
-/// such when present, and the FIM padding and separators.
+/// such when present, and the FIM padding and separators. Adjusts `types` as llama.cpp does:
+/// in a harmony vocabulary (`<|return|>` and `<|call|>`, or `<|calls|>` and `<|flush|>`)
+/// `<|end|>` only ends a message, not the answer, and is shown with the header tokens; where
+/// `<|tool_response>` marks turns, `</s>` is an ordinary token.
 fn end_of_generation(
     given: [Option<TokenId>; 3],
     tokens: &[&str],
-    types: &[TokenType],
+    types: &mut [TokenType],
     fim: &crate::fim::Fim,
 ) -> Vec<TokenId> {
     let mut eog: Vec<TokenId> = given.into_iter().flatten().collect();
     for (i, t) in tokens.iter().enumerate() {
-        let named = matches!(
-            *t,
-            "<|eot_id|>" | "<|im_end|>" | "<|end|>" | "<end_of_turn>" | "<|endoftext|>" | "<EOT>" | "<|end_of_text|>" | "<end_of_utterance>" | "<|return|>" | "<|call|>"
-                // fill-in-the-middle repo/file separators end generation in llama.cpp too
-                | "<|repo_name|>" | "<reponame>" | "<|file_sep|>"
-        );
-        if named
+        if END_TOKENS.contains(t)
             && matches!(types[i], TokenType::Control | TokenType::UserDefined)
             && !eog.contains(&(i as TokenId))
         {
@@ -97,6 +128,23 @@ fn end_of_generation(
     for id in [fim.pad, fim.rep, fim.sep].into_iter().flatten() {
         if !eog.contains(&id) {
             eog.push(id);
+        }
+    }
+    let ends = |eog: &[TokenId], name: &str| eog.iter().any(|&i| tokens[i as usize] == name);
+    let harmony = (ends(&eog, "<|return|>") && ends(&eog, "<|call|>"))
+        || (ends(&eog, "<|calls|>") && ends(&eog, "<|flush|>"));
+    for (i, t) in tokens.iter().enumerate() {
+        if SHOWN_HEADER_TOKENS.contains(t) || (harmony && *t == "<|end|>") {
+            types[i] = TokenType::UserDefined;
+        }
+    }
+    if harmony {
+        eog.retain(|&i| tokens[i as usize] != "<|end|>");
+    }
+    if ends(&eog, "<|tool_response>") {
+        if let Some(at) = eog.iter().position(|&i| tokens[i as usize] == "</s>") {
+            types[eog[at] as usize] = TokenType::Normal;
+            eog.remove(at);
         }
     }
     eog
@@ -157,7 +205,7 @@ impl Tokenizer {
         if n == 0 {
             return Err(ModelError::Tokenizer("empty vocabulary".into()));
         }
-        let types: Vec<TokenType> =
+        let mut types: Vec<TokenType> =
             match f.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
                 Some(a) if a.len() == n => a
                     .iter()
@@ -207,7 +255,7 @@ impl Tokenizer {
         let eot = opt_id(f, "tokenizer.ggml.eot_token_id", n)?;
         let eom = opt_id(f, "tokenizer.ggml.eom_token_id", n)?;
         let fim = crate::fim::Fim::find(f, &tokens);
-        let eog = end_of_generation([eos, eot, eom], &tokens, &types, &fim);
+        let eog = end_of_generation([eos, eot, eom], &tokens, &mut types, &fim);
         let mut specials: Vec<TokenId> = (0..n as TokenId)
             .filter(|&i| {
                 matches!(
