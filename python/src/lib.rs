@@ -161,6 +161,7 @@ impl Request {
                 draft_max,
                 grammar: None,
                 logprobs: None,
+                shown_tokens: Vec::new(),
             },
             spec,
         ))

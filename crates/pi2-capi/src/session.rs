@@ -222,6 +222,7 @@ impl pi2_generate_options {
             draft_max: self.draft_max as usize,
             grammar: None,
             logprobs: None,
+            shown_tokens: Vec::new(),
         })
     }
 }

@@ -83,6 +83,8 @@ pub struct ChatTemplate {
     strip_bos: bool,
     /// The template reads a `tools` variable (it can show the model functions to call).
     reads_tools: bool,
+    /// How the answers it asks for are written.
+    dialect: crate::answer::Dialect,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -155,12 +157,18 @@ impl ChatTemplate {
             eos: eos.into(),
             strip_bos: false,
             reads_tools: source.contains("tools"),
+            dialect: crate::answer::Dialect::of_template(source),
         })
     }
 
     /// Whether the template shows the model the functions it may call (reads `tools`).
     pub fn reads_tools(&self) -> bool {
         self.reads_tools
+    }
+
+    /// The dialect of the answers this template asks for (their reasoning and calls).
+    pub fn dialect(&self) -> crate::answer::Dialect {
+        self.dialect
     }
 
     /// Render without the template's leading `bos_token`, for a tokenizer that adds BOS itself

@@ -9,6 +9,7 @@
 //!
 //! [`Model::load`] ties them together.
 
+pub mod answer;
 pub mod arch;
 pub mod bundle;
 pub mod chat;

@@ -238,6 +238,9 @@ pub struct TextRequest {
     pub grammar: Option<Arc<Grammar>>,
     /// Report each token's log probability with this many alternatives ([`Piece::logprobs`]).
     pub logprobs: Option<usize>,
+    /// Control tokens whose text the answer shows: a chat dialect's markers, which the answer
+    /// is read back by ([`pi2_model::answer::Dialect::shown_ids`]). Others show as nothing.
+    pub shown_tokens: Vec<TokenId>,
 }
 
 impl Default for TextRequest {
@@ -250,6 +253,7 @@ impl Default for TextRequest {
             draft_max: 0,
             grammar: None,
             logprobs: None,
+            shown_tokens: Vec::new(),
         }
     }
 }
@@ -396,7 +400,8 @@ pub fn generate_pieces(
         drafter,
         |id, lp| {
             scored.extend(lp.cloned());
-            let text = stops.push(&utf8.push(&tok.token_bytes(id, false)));
+            let shown = req.shown_tokens.contains(&id);
+            let text = stops.push(&utf8.push(&tok.token_bytes(id, shown)));
             if !text.is_empty() {
                 let go = on_piece(Piece {
                     text: &text,

@@ -115,6 +115,37 @@ fn stop_strings_end_the_text_before_them() {
     assert_eq!(out.finish, Finish::Stop);
 }
 
+/// A control token shows as nothing unless the request lists it among its shown tokens (a chat
+/// dialect's markers, which its answers are read back by).
+#[test]
+fn listed_control_tokens_are_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, _) = model_files(dir.path());
+    let lm = LoadedModel::open(Some(&src), &options(), &mut |_| {}).unwrap();
+    let open = Model::load(&src)
+        .unwrap()
+        .tokenizer
+        .token_id("<|im_start|>")
+        .unwrap();
+    let mut s = Session::new(lm).unwrap();
+    let mut text_of = |shown: Vec<u32>| {
+        let mut req = greedy(2);
+        req.sampler.logit_bias = vec![(open, 100.0)];
+        req.shown_tokens = shown;
+        let mut text = String::new();
+        let out = s
+            .generate(&TOKENS, &req, &mut |t| {
+                text.push_str(t);
+                true
+            })
+            .unwrap();
+        assert_eq!(out.generation.tokens, vec![open, open]);
+        text
+    };
+    assert_eq!(text_of(vec![]), "");
+    assert_eq!(text_of(vec![open]), "<|im_start|><|im_start|>");
+}
+
 #[test]
 fn a_budget_holds_one_session() {
     let dir = tempfile::tempdir().unwrap();

@@ -54,7 +54,7 @@ pub struct CompletionRequest {
     pub n_probs: Option<u64>,
     /// Variables for the chat template (llama-server's; e.g. Qwen3's `enable_thinking`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
-    /// How a thinking model's reasoning is given (llama-server's; see `reasoning.rs`).
+    /// How a thinking model's reasoning is given (llama-server's; see `pi2_model::answer`).
     pub reasoning_format: Option<String>,
     /// How much a thinking model thinks (OpenAI's; a template variable, as llama-server).
     pub reasoning_effort: Option<String>,

@@ -147,6 +147,7 @@ async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiEr
         draft_max: 0,
         grammar: None,
         logprobs: None,
+        shown_tokens: Vec::new(),
         embed: Some(s.pooling),
         slot_action: None,
         events: tx,

@@ -20,7 +20,6 @@ pub mod guard;
 pub mod guided;
 pub mod metrics;
 pub mod native;
-pub mod reasoning;
 pub mod routes;
 pub mod sched;
 pub mod slot_file;

@@ -14,6 +14,8 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
+use pi2_model::answer::calls::parse_calls;
+use pi2_model::answer::{calls_json, CallStream, Channels, Dialect, ReasoningFormat};
 use pi2_model::tokenizer::Tokenizer;
 use serde_json::json;
 use std::convert::Infallible;
@@ -220,7 +222,9 @@ struct Checked {
     /// Each prompt (several: a completion's list), with its text for `echo`.
     prompts: Vec<(Vec<pi2_model::TokenId>, Option<String>)>,
     /// A chat answer's reasoning, split from its content.
-    think: Option<crate::reasoning::Split>,
+    think: Option<Channels>,
+    /// How the answer is written (its reasoning and calls).
+    dialect: Dialect,
     logprobs: Option<usize>,
     grammar: Option<Arc<pi2_grammar::Grammar>>,
 }
@@ -234,6 +238,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
         plan,
         prompts,
         think,
+        dialect,
         logprobs,
         grammar,
     } = tokio::task::spawn_blocking(move || check(&state, &body, kind))
@@ -291,6 +296,10 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
             draft_max: s.draft_max,
             grammar: grammar.clone(),
             logprobs,
+            shown_tokens: match kind {
+                Kind::Chat => dialect.shown_ids(&s.model.tokenizer),
+                _ => Vec::new(),
+            },
             embed: None,
             slot_action: None,
             events: tx,
@@ -317,6 +326,7 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     let out = Output {
         env,
         think,
+        dialect,
         scores: logprobs.map(|_| &s.model.tokenizer),
         max_calls: plan.as_ref().map_or(0, |p| p.max_calls),
         tools: plan.map(|p| p.names),
@@ -386,14 +396,18 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
             Some(s.grammar(&spec, field)?)
         }
     };
+    let dialect = match (kind, &s.template) {
+        (Kind::Chat, Ok(t)) => t.dialect(),
+        _ => Dialect::ThinkTags,
+    };
     let think = match kind {
         Kind::Chat => {
-            let format = crate::reasoning::Format::parse(req.reasoning_format.as_deref())?;
-            // Whether the template left the answer inside an open think block.
+            let format = reasoning_format(req.reasoning_format.as_deref())?;
+            // Whether the template left the answer inside an open reasoning block.
             let p = &prompts[0].0;
             let tail = tok.decode(&p[p.len().saturating_sub(8)..], true);
-            let opened = crate::reasoning::opens_thinking(&String::from_utf8_lossy(&tail));
-            Some(crate::reasoning::Split::new(format, opened))
+            let opened = dialect.opens_reasoning(&String::from_utf8_lossy(&tail));
+            Some(Channels::new(dialect, format, opened))
         }
         _ if req.reasoning_format.is_some() => {
             return Err(ApiError::bad("`reasoning_format` is for chat").param("reasoning_format"))
@@ -405,9 +419,23 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
         plan,
         prompts,
         think,
+        dialect,
         logprobs,
         grammar,
     })
+}
+
+/// llama-server's `reasoning_format`.
+fn reasoning_format(v: Option<&str>) -> Result<ReasoningFormat, ApiError> {
+    match v {
+        None | Some("auto") | Some("deepseek") => Ok(ReasoningFormat::Apart),
+        Some("none") => Ok(ReasoningFormat::None),
+        Some("deepseek-legacy") => Ok(ReasoningFormat::ApartAndInContent),
+        Some(other) => Err(ApiError::bad(format!(
+            "`reasoning_format` is `auto`, `deepseek`, `deepseek-legacy` or `none`, not `{other}`"
+        ))
+        .param("reasoning_format")),
+    }
 }
 
 /// A prompt the model can take: not empty, shorter than the context.
@@ -482,7 +510,8 @@ fn chat_prompt(
 /// (when asked for), and the functions offered (their calls are parsed from the text).
 struct Output {
     env: Envelope,
-    think: Option<crate::reasoning::Split>,
+    think: Option<Channels>,
+    dialect: Dialect,
     scores: Option<&'static Tokenizer>,
     tools: Option<Vec<String>>,
     /// Calls one answer may make (`parallel_tool_calls: false`: one).
@@ -542,14 +571,14 @@ async fn one_answer(
                     None => (None, text),
                 };
                 let names = out.tools.as_deref().unwrap_or(&[]);
-                let (content, mut calls) = crate::tools::parse_calls(&text, names);
+                let (content, mut calls) = parse_calls(&text, names, out.dialect);
                 calls.truncate(out.max_calls);
                 let mut v = match out.tools.is_none() || calls.is_empty() {
                     true => env.answer(&text, &s, lp),
                     false => {
                         let mut v = env.answer(&content, &s, lp);
                         let choice = &mut v["choices"][0];
-                        choice["message"]["tool_calls"] = crate::tools::calls_json(&calls, &env.id);
+                        choice["message"]["tool_calls"] = calls_json(&calls, &env.id);
                         if content.is_empty() {
                             choice["message"]["content"] = serde_json::Value::Null;
                         }
@@ -585,7 +614,7 @@ fn events(
     };
     // llama-server ends a native stream with its last chunk, OpenAI's with `[DONE]`.
     let done = (!out.env.kind.native()).then(|| SseEvent::default().data("[DONE]"));
-    let calls = out.tools.is_some().then(crate::tools::ToolStream::default);
+    let calls = out.tools.is_some().then(|| CallStream::new(out.dialect));
     let state = Streamed {
         out,
         rx,
@@ -628,7 +657,7 @@ struct Streamed {
     /// Bytes of text sent, for completions' token offsets.
     sent: usize,
     /// With tools offered: the text held while it may be a call.
-    calls: Option<crate::tools::ToolStream>,
+    calls: Option<CallStream>,
 }
 
 impl Streamed {
@@ -684,8 +713,7 @@ impl Streamed {
                     }
                     if !calls.is_empty() {
                         let mut v = env.chunk(None, false, None, None);
-                        v["choices"][0]["delta"]["tool_calls"] =
-                            crate::tools::calls_json(&calls, &env.id);
+                        v["choices"][0]["delta"]["tool_calls"] = calls_json(&calls, &env.id);
                         evs.push(data(v));
                         s.finish = crate::api::Finish::ToolCalls;
                     }

@@ -54,6 +54,8 @@ pub struct Job {
     pub grammar: Option<Arc<Grammar>>,
     /// Report log probabilities with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Control tokens shown as text (the chat dialect's markers).
+    pub shown_tokens: Vec<TokenId>,
     /// Not a generation: the prompt's embedding, pooled so.
     pub embed: Option<pi2_runtime::embed::Pooling>,
     /// Not a generation: the slot's KV cache saved, restored or erased.
@@ -75,6 +77,7 @@ impl Job {
             draft_max: 0,
             grammar: None,
             logprobs: None,
+            shown_tokens: Vec::new(),
             embed: None,
             slot_action: Some(action),
             events,
@@ -356,6 +359,7 @@ impl Slot<'_> {
             },
             grammar: job.grammar.clone(),
             logprobs: job.logprobs,
+            shown_tokens: job.shown_tokens.clone(),
         };
         let mut self_draft = pi2_engine::SelfDraft;
         let result = generate_pieces(

@@ -1,0 +1,95 @@
+//! Each template dialect's answers read back into reasoning, content and calls, whole and
+//! streamed: gpt-oss's harmony channels and Gemma 4's thought channel and call notation. The
+//! test model speaks neither, so a grammar makes it write them (as plain text here: in those
+//! families' vocabularies the markers are control tokens, shown by the dialect).
+
+mod common;
+
+use common::server::{post, sse_data, Server};
+use serde_json::{json, Value};
+
+const HARMONY: &str = "{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant";
+const GEMMA4: &str = "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{% endfor %}<|turn>model\n{# thoughts come in <|channel>thought .. <channel|> #}";
+
+/// The chat answer to "Weather?" written as `answer` says (a GBNF string body), with the
+/// get_weather function offered: (reasoning, content, calls), whole and streamed alike.
+fn answer(s: &Server, answer: &str) -> (Value, Value, Value) {
+    let body = |stream: bool| {
+        json!({"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 400,
+               "temperature": 0, "grammar": format!("root ::= \"{answer}\""), "stream": stream,
+               "tools": [{"type": "function", "function": {"name": "get_weather",
+                          "parameters": {"type": "object"}}}]})
+    };
+    let r = post(&s.addr, "/v1/chat/completions", &body(false));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json()["choices"][0]["message"].clone();
+    let r = post(&s.addr, "/v1/chat/completions", &body(true));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let chunks: Vec<Value> = sse_data(&r.body)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let field = |name: &str| -> String {
+        (chunks.iter())
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    let streamed_calls: Vec<Value> = (chunks.iter())
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .map(|c| c["function"].clone())
+        .collect();
+    let whole_calls: Vec<Value> = (m["tool_calls"].as_array().into_iter().flatten())
+        .map(|c| c["function"].clone())
+        .collect();
+    assert_eq!(streamed_calls, whole_calls, "{}", r.body);
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    assert_eq!(field("reasoning_content"), text(&m["reasoning_content"]));
+    assert_eq!(field("content"), text(&m["content"]));
+    (
+        m["reasoning_content"].clone(),
+        m["content"].clone(),
+        json!(whole_calls),
+    )
+}
+
+#[test]
+fn harmony_channels_are_reasoning_content_and_calls() {
+    let s = Server::start(&["--chat-template", HARMONY]);
+    let (r, c, calls) = answer(
+        &s,
+        "<|channel|>analysis<|message|>Two and two.<|end|><|start|>assistant<|channel|>final<|message|>Four.",
+    );
+    assert_eq!(
+        (r.as_str(), c.as_str()),
+        (Some("Two and two."), Some("Four."))
+    );
+    assert_eq!(calls, json!([]));
+    let (r, c, calls) = answer(
+        &s,
+        r#"<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}"#,
+    );
+    assert_eq!(r.as_str(), Some("Need it."));
+    assert!(c.is_null(), "{c}");
+    assert_eq!(
+        calls,
+        json!([{"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}])
+    );
+}
+
+#[test]
+fn gemma4_thoughts_and_calls_are_read() {
+    let s = Server::start(&["--chat-template", GEMMA4]);
+    let (r, c, calls) = answer(
+        &s,
+        r#"<|channel>thought\nCold there.<channel|>Let me look.<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,days:2}<tool_call|>"#,
+    );
+    assert_eq!(
+        (r.as_str(), c.as_str()),
+        (Some("Cold there."), Some("Let me look."))
+    );
+    let args: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(calls[0]["name"], "get_weather");
+    assert_eq!(args, json!({"city": "Oslo", "days": 2}));
+}
