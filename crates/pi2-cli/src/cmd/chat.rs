@@ -9,6 +9,7 @@ use crate::args::{DraftArgs, ModelArgs, SampleArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pi2_engine::{generate_drafted, GenerateConfig, StopReason};
+use pi2_model::answer::{Channels, ReasoningFormat};
 use pi2_model::Message;
 use pi2_runtime::conversation::Conversation;
 use pi2_runtime::text::Utf8Stream;
@@ -174,6 +175,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let mut model = pi2_runtime::load_model(&path)?;
     a.template.apply(&mut model)?;
     let template = model.chat_template()?;
+    let dialect = template.dialect();
+    let shown = dialect.shown_ids(&model.tokenizer);
     let prepared = pi2_runtime::prepare(&model, &path, &opts)?;
     let mut drafter = a.draft.drafter()?;
     // Turns are evaluated in batches of `GenerateConfig::n_batch` tokens (fewer where a memory
@@ -240,6 +243,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
             continue;
         }
         let mut stream = Utf8Stream::default();
+        let tail = tok.decode(&prompt[prompt.len().saturating_sub(8)..], true);
+        let opened = dialect.opens_reasoning(&String::from_utf8_lossy(&tail));
+        let mut parts = Reply::new(Channels::new(dialect, ReasoningFormat::Apart, opened));
         let started = std::time::Instant::now();
         let g = generate_drafted(
             &mut engine,
@@ -251,12 +257,14 @@ pub fn run(a: ChatArgs) -> Result<()> {
                 .as_mut()
                 .map(|(d, _)| d.as_mut() as &mut dyn pi2_engine::Drafter),
             |id| {
-                let _ = write!(out, "{}", stream.push(&tok.token_bytes(id, false)));
-                let _ = out.flush();
+                let text = stream.push(&tok.token_bytes(id, shown.contains(&id)));
+                parts.push(&text, &mut out);
                 !stop.load(Ordering::Relaxed)
             },
         )?;
-        writeln!(out, "{}", stream.finish())?;
+        parts.push(&stream.finish(), &mut out);
+        parts.end(&mut out);
+        writeln!(out)?;
         settings.last = Some((g.tokens.len(), started.elapsed().as_secs_f64()));
         if settings.verbose {
             eprintln!("{}", settings.show().lines().last().unwrap_or_default());
@@ -267,8 +275,52 @@ pub fn run(a: ChatArgs) -> Result<()> {
         if g.stop == StopReason::ContextFull {
             eprintln!("(context full)");
         }
-        let reply = String::from_utf8_lossy(&tok.decode(&g.tokens, false)).into_owned();
-        conv.turns.push(Message::new("assistant", &reply));
+        // The answer without its reasoning, as the families' templates keep past turns.
+        conv.turns.push(Message::new("assistant", &parts.content));
     }
     Ok(())
+}
+
+/// A reply as it is shown: its reasoning dimmed on stderr, its content on stdout (and kept).
+struct Reply {
+    channels: Channels,
+    content: String,
+    dim: bool,
+}
+
+impl Reply {
+    fn new(channels: Channels) -> Self {
+        Reply {
+            channels,
+            content: String::new(),
+            dim: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn push(&mut self, text: &str, out: &mut impl Write) {
+        let parts = self.channels.feed(text);
+        self.show(parts, out);
+    }
+
+    fn end(&mut self, out: &mut impl Write) {
+        let parts = self.channels.finish();
+        self.show(parts, out);
+    }
+
+    fn show(&mut self, (reasoning, content): (String, String), out: &mut impl Write) {
+        if !reasoning.is_empty() {
+            let _ = match self.dim {
+                true => write!(std::io::stderr(), "\x1b[2m{reasoning}\x1b[0m"),
+                false => write!(std::io::stderr(), "{reasoning}"),
+            };
+            if reasoning.ends_with('\n') || content.is_empty() {
+                let _ = std::io::stderr().flush();
+            }
+        }
+        if !content.is_empty() {
+            self.content.push_str(&content);
+            let _ = write!(out, "{content}");
+            let _ = out.flush();
+        }
+    }
 }
