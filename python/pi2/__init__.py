@@ -18,8 +18,9 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from ._native import NativeModel, Pi2Error, Request, TextStream, __version__, catalogue
+from ._native import calls_grammar as _native_calls_grammar
 
-__all__ = ["Model", "Pi2Error", "Request", "TextStream", "catalogue", "__version__"]
+__all__ = ["ChatStream", "Model", "Pi2Error", "Request", "TextStream", "catalogue", "__version__"]
 
 Message = Dict[str, Any]
 
@@ -51,33 +52,147 @@ def _format_schema(fmt: Dict[str, Any]) -> Optional[str]:
     raise ValueError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
 
 
-def _pairs(messages: Sequence[Message]) -> List[tuple]:
-    """(role, content) pairs from OpenAI-style messages; content may be a list of text parts."""
+def _text(content: Any, where: str) -> str:
+    """A message's text: a string, or a list of text parts."""
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise ValueError(f"{where}[{j}] is not a text part")
+            parts.append(p["text"])
+        return "".join(parts)
+    if not isinstance(content, str):
+        raise ValueError(f"{where} is missing or not a string")
+    return content
+
+
+def _messages(messages: Sequence[Message]) -> List[tuple]:
+    """OpenAI-style messages as the native side takes them: (role, content, calls, tool_call_id,
+    name); an assistant turn's ``tool_calls`` (content may be None) and ``tool`` turns are kept."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
-    pairs = []
+    out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise TypeError(f"messages[{i}] is {type(m).__name__}, not a dict")
-        role, content = m.get("role"), m.get("content")
-        if m.get("tool_calls"):
-            # Dropping them would change what the model sees without a word.
-            raise ValueError(
-                f"messages[{i}] has tool_calls, which the Python package does not render yet: "
-                "send tool conversations to `pi2 serve` (/v1/chat/completions takes tools and tool_calls)")
+        role = m.get("role")
         if not isinstance(role, str):
             raise ValueError(f"messages[{i}]['role'] is missing or not a string")
-        if isinstance(content, list):
-            parts = []
-            for j, p in enumerate(content):
-                if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                    raise ValueError(f"messages[{i}]['content'][{j}] is not a text part")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise ValueError(f"messages[{i}]['content'] is missing or not a string")
-        pairs.append((role, content))
-    return pairs
+        calls = []
+        for k, c in enumerate(m.get("tool_calls") or []):
+            f = c.get("function") if isinstance(c, dict) else None
+            if not (isinstance(f, dict) and isinstance(f.get("name"), str)):
+                raise ValueError(f"messages[{i}]['tool_calls'][{k}] is not {{'function': {{'name': ..., 'arguments': ...}}}}")
+            args = f.get("arguments", {})
+            calls.append((str(c.get("id") or f"call_{i}_{k}"), f["name"], args if isinstance(args, str) else json.dumps(args)))
+        content = m.get("content")
+        content = "" if content is None and calls else _text(content, f"messages[{i}]['content']")
+        out.append((role, content, calls, m.get("tool_call_id"), m.get("name")))
+    return out
+
+
+def _tools(tools: Optional[Sequence[Dict[str, Any]]], tool_choice: Any, parallel_tool_calls: Optional[bool]):
+    """OpenAI's tools and tool_choice: (tools JSON text, names, grammar of a required call, calls
+    allowed), or Nones when no tools are offered (or ``tool_choice="none"``)."""
+    choice = "auto" if tool_choice is None else tool_choice
+    named = None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+        if choice.get("type") != "function" or not isinstance(named, str):
+            raise ValueError("tool_choice is auto, none, required or {'type': 'function', 'function': {'name': ...}}")
+        choice = "named"
+    elif choice not in ("auto", "none", "required"):
+        raise ValueError(f"tool_choice={choice!r} is not one of auto, none, required, or a function")
+    if not tools:
+        if choice in ("required", "named"):
+            raise ValueError("tool_choice asks for a call but tools is empty")
+        return None, None, None, 0
+    if choice == "none":
+        return None, None, None, 0
+    defs = []
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) else None
+        if not (t.get("type") == "function" and isinstance(f, dict) and isinstance(f.get("name"), str) and f["name"]):
+            raise ValueError(f"tools[{i}] is not {{'type': 'function', 'function': {{'name': ...}}}}")
+        defs.append(f)
+    names = [f["name"] for f in defs]
+    parallel = True if parallel_tool_calls is None else bool(parallel_tool_calls)
+    grammar = None
+    if choice != "auto":
+        allowed = [f for f in defs if choice != "named" or f["name"] == named]
+        if not allowed:
+            raise ValueError(f"tool_choice names {named!r}, which is not in tools")
+        params = [(f["name"], None if f.get("parameters") is None else json.dumps(f["parameters"])) for f in allowed]
+        grammar = _native_calls_grammar(params, parallel)
+    listed = json.dumps([{"type": "function", "function": f} for f in defs])
+    return listed, names, grammar, (1 << 30) if parallel else 1
+
+
+def _calls_json(calls: List[tuple], ident: str) -> List[Dict[str, Any]]:
+    return [{"index": i, "id": f"call_{ident}_{i}", "type": "function",
+             "function": {"name": name, "arguments": args}} for i, (name, args) in enumerate(calls)]
+
+
+def _completion_logprobs(entries: List[Dict[str, Any]], offset: int = 0) -> Dict[str, Any]:
+    """Legacy completions' logprobs from chat's entries (OpenAI's two shapes of the same scores)."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["bytes"])
+        tokens.append(e["token"])
+        lps.append(e["logprob"])
+        tops.append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _scores_wanted(logprobs: Any, top_logprobs: Optional[int]) -> Optional[int]:
+    """Chat's ``logprobs``/``top_logprobs`` as a count of alternatives (None: not asked)."""
+    if top_logprobs is not None and not logprobs:
+        raise ValueError("top_logprobs needs logprobs=True")
+    if not logprobs:
+        return None
+    n = 0 if top_logprobs is None else int(top_logprobs)
+    if not 0 <= n <= 20:
+        raise ValueError(f"top_logprobs={top_logprobs}: give 0 to 20")
+    return n
+
+
+class ChatStream:
+    """The content of a streamed chat reply, piece by piece (a thinking model's reasoning left
+    out); ``close()``, ``finish_reason`` and ``stats`` as ``TextStream``'s."""
+
+    def __init__(self, pieces: TextStream, reader: Any) -> None:
+        self._pieces, self._reader, self._done = pieces, reader, False
+
+    def __iter__(self) -> "ChatStream":
+        return self
+
+    def __next__(self) -> str:
+        while not self._done:
+            try:
+                piece = next(self._pieces)
+            except StopIteration:
+                self._done = True
+                content = self._reader.finish()[1]
+                if content:
+                    return content
+                break
+            content = self._reader.push(piece)[1]
+            if content:
+                return content
+        raise StopIteration
+
+    def close(self) -> None:
+        self._done = True
+        self._pieces.close()
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        return self._pieces.finish_reason
+
+    @property
+    def stats(self) -> Optional[Dict[str, Any]]:
+        return self._pieces.stats
 
 
 class Model:
@@ -120,8 +235,10 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._native.detokenize(list(tokens))
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        return self._native.apply_chat_template(_pairs(messages), add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                            tools: Optional[Sequence[Dict[str, Any]]] = None) -> str:
+        listed = json.dumps([dict(t) for t in tools]) if tools else None
+        return self._native.apply_chat_template(_messages(messages), add_generation_prompt, listed)
 
     @property
     def n_ctx(self) -> int:
@@ -160,6 +277,8 @@ class Model:
 
     # -- generation ---------------------------------------------------------------------
     def _run(self, tokens: List[int], stream: bool, **kw: Any):
+        """Generates from ``tokens``: the text, or with ``stream`` the native stream (pieces,
+        or (piece, scores) with ``logprobs``). Scores of a whole answer go to ``_last_scores``."""
         kw["stop"] = _stops(kw.get("stop"))
         bias = kw.pop("logit_bias", None) or {}
         kw["logit_bias"] = [(int(t), float(b)) for t, b in bias.items()]
@@ -172,8 +291,9 @@ class Model:
         request = Request(**kw)
         if stream:
             return self._native.stream_tokens(tokens, request)
-        text, finish, _stats = self._native.generate_tokens(tokens, request)
+        text, finish, _stats, scores = self._native.generate_tokens(tokens, request)
         self._last_finish = finish
+        self._last_scores = None if scores is None else json.loads(scores)
         return text
 
     def generate(
@@ -233,23 +353,61 @@ class Model:
                 "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
                 "usage": {"prompt_tokens": used, "total_tokens": used}}
 
-    def chat(self, messages: Sequence[Message], *, stream: bool = False, **kw: Any) -> Union[str, TextStream]:
-        """The assistant's reply to OpenAI-style ``messages`` through the model's chat
-        template (message text never becomes control tokens); options as ``generate``."""
-        tokens = self._native.chat_tokens(_pairs(messages))
-        return self._run(tokens, stream, **kw)
+    def chat(self, messages: Sequence[Message], *, stream: bool = False, **kw: Any) -> Union[str, "ChatStream"]:
+        """The content of the assistant's reply to OpenAI-style ``messages`` through the model's
+        chat template (message text never becomes control tokens); options as ``generate``. A
+        thinking model's reasoning is left out (``create_chat_completion`` gives it)."""
+        tokens = self._native.chat_tokens(_messages(messages))
+        reader = self._native.answer_reader(tokens)
+        if stream:
+            return ChatStream(self._run(tokens, True, chat=True, **kw), reader)
+        return self._read_all(reader, reader.push(self._run(tokens, False, chat=True, **kw)))[1]
+
+    @staticmethod
+    def _read_all(reader: Any, pushed: Optional[tuple] = None) -> tuple:
+        """The reader's (reasoning, content, calls), with what ``pushed`` already returned."""
+        r0, c0 = pushed or ("", "")
+        r, c, calls = reader.finish()
+        return r0 + r, c0 + c, calls
 
     def create_chat_completion(
-        self, messages: Sequence[Message], *, stream: bool = False, **kw: Any
+        self,
+        messages: Sequence[Message],
+        *,
+        stream: bool = False,
+        tools: Optional[Sequence[Dict[str, Any]]] = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: Optional[bool] = None,
+        logprobs: Optional[bool] = None,
+        top_logprobs: Optional[int] = None,
+        reasoning_format: str = "auto",
+        **kw: Any,
     ) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """An OpenAI-shaped chat completion (as llama-cpp-python's): a dict, or with
-        ``stream=True`` an iterator of ``chat.completion.chunk`` dicts."""
-        tokens = self._native.chat_tokens(_pairs(messages))
+        ``stream=True`` an iterator of ``chat.completion.chunk`` dicts. ``tools`` and
+        ``tool_choice`` offer functions (calls come back as ``message.tool_calls``; ``required``
+        or a named function holds the answer to calls by a grammar); ``logprobs`` with
+        ``top_logprobs`` scores each token; a thinking model's reasoning is
+        ``reasoning_content`` (``reasoning_format`` as llama-server's)."""
+        listed, names, grammar, max_calls = _tools(tools, tool_choice, parallel_tool_calls)
+        if grammar is not None:
+            kw["calls_grammar"] = grammar
+        scores = _scores_wanted(logprobs, top_logprobs)
+        tokens = self._native.chat_tokens(_messages(messages), listed)
+        reader = self._native.answer_reader(tokens, reasoning_format, names)
         ident = "chatcmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
         if stream:
-            return self._chunks(self._run(tokens, True, **kw), ident, created)
-        text = self._run(tokens, False, **kw)
+            pieces = self._run(tokens, True, chat=True, logprobs=scores, **kw)
+            return self._chunks(pieces, reader, ident, created, max_calls)
+        text = self._run(tokens, False, chat=True, logprobs=scores, **kw)
+        reasoning, content, calls = self._read_all(reader, reader.push(text))
+        calls = calls[:max_calls]
+        message: Dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = _calls_json(calls, ident)
         st = self._native.stats() or {}
         completion = st.get("generated_tokens", 0)
         return {
@@ -259,9 +417,9 @@ class Model:
             "model": self.name,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": self._last_finish,
-                "logprobs": None,
+                "message": message,
+                "finish_reason": "tool_calls" if calls else self._last_finish,
+                "logprobs": None if scores is None else {"content": self._last_scores},
             }],
             "usage": {
                 "prompt_tokens": len(tokens),
@@ -270,41 +428,66 @@ class Model:
             },
         }
 
-    def _chunks(self, pieces: TextStream, ident: str, created: int) -> Iterator[Dict[str, Any]]:
-        def chunk(delta: Dict[str, Any], finish: Optional[str]) -> Dict[str, Any]:
+    def _chunks(self, pieces: TextStream, reader: Any, ident: str, created: int,
+                max_calls: int) -> Iterator[Dict[str, Any]]:
+        def chunk(delta: Dict[str, Any], finish: Optional[str], scores: Any = None) -> Dict[str, Any]:
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": self.name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                 "logprobs": None if scores is None else {"content": scores}}]}
+
+        def parts(reasoning: str, content: str, scores: Any = None) -> Iterator[Dict[str, Any]]:
+            if reasoning:
+                yield chunk({"reasoning_content": reasoning}, None)
+            if content or scores is not None:
+                yield chunk({"content": content}, None, scores)
 
         try:
             yield chunk({"role": "assistant"}, None)
             for piece in pieces:
-                yield chunk({"content": piece}, None)
-            yield chunk({}, pieces.finish_reason)
+                text, scores = piece if isinstance(piece, tuple) else (piece, None)
+                yield from parts(*reader.push(text), None if scores is None else json.loads(scores))
+            reasoning, content, calls = reader.finish()
+            yield from parts(reasoning, content)
+            calls = calls[:max_calls]
+            if calls:
+                yield chunk({"tool_calls": _calls_json(calls, ident)}, None)
+            yield chunk({}, "tool_calls" if calls else pieces.finish_reason)
         finally:
             pieces.close()
 
-    def create_completion(self, prompt: str, *, stream: bool = False, **kw: Any):
-        """An OpenAI-shaped text completion: a dict, or an iterator of chunks."""
+    def create_completion(self, prompt: str, *, stream: bool = False, logprobs: Optional[int] = None, **kw: Any):
+        """An OpenAI-shaped text completion: a dict, or an iterator of chunks. ``logprobs=N``
+        scores each token with N alternatives (0 to 20), in the legacy completions' shape."""
+        if logprobs is not None and not 0 <= int(logprobs) <= 20:
+            raise ValueError(f"logprobs={logprobs}: give 0 to 20 alternatives")
         ident = "cmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
-        out = self.generate(prompt, stream=stream, **kw)
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt is {type(prompt).__name__}, not str")
+        tokens = self._native.tokenize(prompt, True, True)
+        out = self._run(tokens, stream, logprobs=logprobs, **kw)
 
-        def body(text: str, finish: Optional[str]) -> Dict[str, Any]:
+        def body(text: str, finish: Optional[str], scores: Any = None) -> Dict[str, Any]:
             return {"id": ident, "object": "text_completion", "created": created, "model": self.name,
-                    "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": scores}]}
 
         if stream:
             def chunks() -> Iterator[Dict[str, Any]]:
+                offset = 0
                 try:
                     for piece in out:
-                        yield body(piece, None)
+                        text, scores = piece if isinstance(piece, tuple) else (piece, None)
+                        if scores is not None:
+                            scores = _completion_logprobs(json.loads(scores), offset)
+                        offset += len(text.encode("utf-8"))
+                        yield body(text, None, scores)
                     yield body("", out.finish_reason)
                 finally:
                     out.close()
             return chunks()
         st = self._native.stats() or {}
-        result = body(out, self._last_finish)
-        n_prompt = len(self._native.tokenize(prompt, True, True))
+        scores = None if logprobs is None else _completion_logprobs(self._last_scores or [])
+        result = body(out, self._last_finish, scores)
         n_gen = st.get("generated_tokens", 0)
-        result["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+        result["usage"] = {"prompt_tokens": len(tokens), "completion_tokens": n_gen, "total_tokens": len(tokens) + n_gen}
         return result

@@ -5,7 +5,7 @@
 
 use pi2_engine::SamplerConfig;
 use pi2_grammar::GrammarSpec;
-use pi2_model::{Message, TokenId};
+use pi2_model::TokenId;
 use pi2_runtime::embed::Pooling;
 use pi2_runtime::handle::{Finish, LoadedModel, Session, Stats, TextRequest};
 use pi2_runtime::{EngineOptions, RuntimeError, SessionOptions};
@@ -37,6 +37,8 @@ fn py_err(e: RuntimeError) -> PyErr {
 
 /// How often a generation looks for Ctrl-C.
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+mod chat;
 
 #[pyclass(module = "pi2._native", name = "NativeModel")]
 struct NativeModel {
@@ -72,8 +74,15 @@ impl NativeModel {
 impl NativeModel {
     /// `request`'s settings with its grammar compiled for this model (a bad grammar is a
     /// `ValueError` naming what is wrong).
+    /// A chat answer (`request.2`) shows its template dialect's markers, so it can be read.
     fn request(&self, request: &Request) -> PyResult<TextRequest> {
         let mut req = request.0.clone();
+        if request.2 {
+            let m = self.loaded()?.model();
+            if let Ok(t) = m.chat_template() {
+                req.shown_tokens = t.dialect().shown_ids(&m.tokenizer);
+            }
+        }
         if let Some(spec) = &request.1 {
             let g = self
                 .loaded()?
@@ -82,6 +91,14 @@ impl NativeModel {
             req.grammar = Some(g);
         }
         Ok(req)
+    }
+}
+
+impl NativeModel {
+    /// Log probabilities as JSON of OpenAI chat's `logprobs.content` entries.
+    fn scores_json(&self, scores: &[pi2_engine::TokenLogprob]) -> PyResult<String> {
+        let tok = &self.loaded()?.model().tokenizer;
+        Ok(pi2_runtime::logprobs::chat(tok, scores)["content"].to_string())
     }
 }
 
@@ -95,12 +112,12 @@ fn lock(s: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
 /// A generation's settings, and the grammar its output follows (compiled against the model's
 /// vocabulary when it runs).
 #[pyclass(module = "pi2._native", frozen)]
-struct Request(TextRequest, Option<GrammarSpec>);
+struct Request(TextRequest, Option<GrammarSpec>, bool);
 
 #[pymethods]
 impl Request {
     #[new]
-    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=Vec::new(), grammar=None, json_schema=None))]
+    #[pyo3(signature = (max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, seed=None, stop=Vec::new(), ignore_eos=false, draft_max=0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=Vec::new(), grammar=None, json_schema=None, logprobs=None, calls_grammar=None, chat=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_tokens: i64,
@@ -118,20 +135,34 @@ impl Request {
         logit_bias: Vec<(TokenId, f32)>,
         grammar: Option<String>,
         json_schema: Option<String>,
+        logprobs: Option<usize>,
+        calls_grammar: Option<String>,
+        chat: bool,
     ) -> PyResult<Self> {
-        let spec = match (grammar, json_schema) {
-            (Some(_), Some(_)) => {
+        let spec = match (grammar, json_schema, calls_grammar) {
+            (None, None, Some(lark)) => Some(GrammarSpec::Lark(lark)),
+            (_, _, Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "tool_choice asks for a call, which has its own format: drop response_format/grammar/json_schema",
+                ))
+            }
+            (Some(_), Some(_), None) => {
                 return Err(PyValueError::new_err(
                     "grammar and json_schema both constrain the output: give one",
                 ))
             }
-            (Some(g), None) => Some(GrammarSpec::Gbnf(g)),
-            (None, Some(s)) => Some(
+            (Some(g), None, None) => Some(GrammarSpec::Gbnf(g)),
+            (None, Some(s), None) => Some(
                 GrammarSpec::json_schema_text(&s)
                     .map_err(|e| PyValueError::new_err(format!("json_schema: {e}")))?,
             ),
-            (None, None) => None,
+            (None, None, None) => None,
         };
+        if logprobs.is_some_and(|n| n > 20) {
+            return Err(PyValueError::new_err(
+                "top_logprobs is 0 to 20 alternatives per token",
+            ));
+        }
         if max_tokens < -1 {
             return Err(PyValueError::new_err(format!(
                 "max_tokens={max_tokens}: pass a number of tokens, or -1 for until end of generation"
@@ -160,10 +191,11 @@ impl Request {
                 ignore_eos,
                 draft_max,
                 grammar: None,
-                logprobs: None,
+                logprobs,
                 shown_tokens: Vec::new(),
             },
             spec,
+            chat,
         ))
     }
 }
@@ -303,52 +335,59 @@ impl NativeModel {
         Ok(String::from_utf8_lossy(&m.tokenizer.decode(&ids, false)).into_owned())
     }
 
-    /// The chat template applied to `(role, content)` pairs.
-    #[pyo3(signature = (messages, add_generation_prompt=true))]
+    /// The chat template applied to `messages` (and `tools`, JSON text of OpenAI's list).
+    #[pyo3(signature = (messages, add_generation_prompt=true, tools=None))]
     fn apply_chat_template(
         &self,
-        messages: Vec<(String, String)>,
+        messages: Vec<chat::PyMessage>,
         add_generation_prompt: bool,
+        tools: Option<&str>,
     ) -> PyResult<String> {
-        let msgs = checked_messages(&messages)?;
-        let t = self
-            .loaded()?
-            .model()
-            .chat_template()
-            .map_err(|e| Pi2Error::new_err(e.to_string()))?;
-        t.render(&msgs, add_generation_prompt)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        self.render_chat(messages, add_generation_prompt, tools)
     }
 
-    /// The tokens of a chat prompt: message text never becomes control tokens.
-    fn chat_tokens(&self, messages: Vec<(String, String)>) -> PyResult<Vec<TokenId>> {
-        let msgs = checked_messages(&messages)?;
-        let m = self.loaded()?.model();
-        let t = m
-            .chat_template()
-            .map_err(|e| Pi2Error::new_err(e.to_string()))?;
-        t.encode(&m.tokenizer, &msgs, true)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+    /// The tokens of a chat prompt (with `tools`): message text never becomes control tokens.
+    #[pyo3(signature = (messages, tools=None))]
+    fn chat_tokens(
+        &self,
+        messages: Vec<chat::PyMessage>,
+        tools: Option<&str>,
+    ) -> PyResult<Vec<TokenId>> {
+        self.chat_prompt(messages, tools)
     }
 
-    /// Generates from `tokens`; returns `(text, finish_reason, stats)`. The GIL is released;
+    /// A reader of the answer to chat prompt `prompt` (see `chat::AnswerReader`).
+    #[pyo3(signature = (prompt, reasoning_format="auto", tools=None))]
+    fn answer_reader(
+        &self,
+        prompt: Vec<TokenId>,
+        reasoning_format: &str,
+        tools: Option<Vec<String>>,
+    ) -> PyResult<chat::AnswerReader> {
+        self.reader(prompt, reasoning_format, tools)
+    }
+
+    /// Generates from `tokens`; returns `(text, finish_reason, stats, scores)` (`scores`: JSON
+    /// of OpenAI chat's `logprobs.content` entries, when the request asks for them). The GIL is released;
     /// Ctrl-C stops the generation and raises `KeyboardInterrupt`.
     fn generate_tokens<'py>(
         &self,
         py: Python<'py>,
         tokens: Vec<TokenId>,
         request: PyRef<'_, Request>,
-    ) -> PyResult<(String, &'static str, Bound<'py, PyDict>)> {
+    ) -> PyResult<(String, &'static str, Bound<'py, PyDict>, Option<String>)> {
         let req = self.request(&request)?;
         let session = self.session()?;
         self.supersede_stream();
         let mut text = String::new();
+        let mut scores = Vec::new();
         let mut interrupted: Option<PyErr> = None;
         let out = py.detach(|| {
             let mut last_check = Instant::now();
             let mut s = lock(&session);
-            let out = s.generate(&tokens, &req, &mut |t| {
-                text.push_str(t);
+            let out = s.generate_pieces(&tokens, &req, &mut |p| {
+                text.push_str(p.text);
+                scores.extend_from_slice(p.logprobs);
                 if last_check.elapsed() >= SIGNAL_CHECK {
                     last_check = Instant::now();
                     if let Err(e) = Python::attach(|py| py.check_signals()) {
@@ -364,7 +403,11 @@ impl NativeModel {
             return Err(e);
         }
         let (finish, st) = out.map_err(py_err)?;
-        Ok((text, finish_name(finish), stats_dict(py, &st)?))
+        let scores = req
+            .logprobs
+            .map(|_| self.scores_json(&scores))
+            .transpose()?;
+        Ok((text, finish_name(finish), stats_dict(py, &st)?, scores))
     }
 
     /// Starts a generation from `tokens` on a worker thread; returns an iterator of text
@@ -381,13 +424,22 @@ impl NativeModel {
         let cancel = Arc::new(AtomicBool::new(false));
         *self.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(cancel.clone());
         let stop_flag = cancel.clone();
+        let s_model = self.loaded()?.clone();
         std::thread::Builder::new()
             .name("pi2-stream".into())
             .spawn(move || {
                 let mut s = lock(&session);
-                let out = s.generate(&tokens, &req, &mut |t| {
+                let scored = req.logprobs.is_some();
+                let out = s.generate_pieces(&tokens, &req, &mut |p| {
+                    if p.text.is_empty() && p.logprobs.is_empty() {
+                        return !stop_flag.load(Ordering::Relaxed);
+                    }
+                    let scores = scored.then(|| {
+                        let tok = &s_model.model().tokenizer;
+                        pi2_runtime::logprobs::chat(tok, p.logprobs)["content"].to_string()
+                    });
                     !stop_flag.load(Ordering::Relaxed)
-                        && tx.send(Piece::Text(t.to_string())).is_ok()
+                        && tx.send(Piece::Text(p.text.to_string(), scores)).is_ok()
                 });
                 let done = out
                     .map(|o| (o.finish, s.stats().unwrap_or_default()))
@@ -436,26 +488,9 @@ impl NativeModel {
     }
 }
 
-fn checked_messages(messages: &[(String, String)]) -> PyResult<Vec<Message>> {
-    if messages.is_empty() {
-        return Err(PyValueError::new_err("there are no messages"));
-    }
-    messages
-        .iter()
-        .enumerate()
-        .map(|(i, (role, content))| {
-            if !["system", "user", "assistant", "tool"].contains(&role.as_str()) {
-                return Err(PyValueError::new_err(format!(
-                    "messages[{i}]['role'] is {role:?}: use system, user, assistant or tool"
-                )));
-            }
-            Ok(Message::new(role, content))
-        })
-        .collect()
-}
-
 enum Piece {
-    Text(String),
+    /// Text, with its tokens' log probabilities (JSON, OpenAI chat's `content` list) when asked.
+    Text(String, Option<String>),
     Done(Result<(Finish, Stats), String>),
 }
 
@@ -474,7 +509,9 @@ impl TextStream {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
+    /// The next piece of text, or with log probabilities asked for, `(text, scores)`
+    /// (`scores`: JSON of OpenAI chat's `logprobs.content` entries for the piece's tokens).
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         let mut guard = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let Some(rx) = guard.take() else {
@@ -483,7 +520,12 @@ impl TextStream {
             let (got, rx) = py.detach(move || (rx.recv_timeout(SIGNAL_CHECK), rx));
             *guard = Some(rx);
             match got {
-                Ok(Piece::Text(t)) => return Ok(Some(t)),
+                Ok(Piece::Text(t, None)) => {
+                    return Ok(Some(t.into_pyobject(py)?.into_any().unbind()))
+                }
+                Ok(Piece::Text(t, Some(scores))) => {
+                    return Ok(Some((t, scores).into_pyobject(py)?.into_any().unbind()))
+                }
                 Ok(Piece::Done(done)) => {
                     *guard = None;
                     let (finish, st) = done.map_err(Pi2Error::new_err)?;
@@ -554,6 +596,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeModel>()?;
     m.add_class::<TextStream>()?;
     m.add_class::<Request>()?;
+    m.add_class::<chat::AnswerReader>()?;
+    m.add_function(wrap_pyfunction!(chat::calls_grammar, m)?)?;
     m.add_function(wrap_pyfunction!(catalogue, m)?)?;
     m.add("Pi2Error", m.py().get_type::<Pi2Error>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

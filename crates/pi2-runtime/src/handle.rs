@@ -176,14 +176,26 @@ impl Session {
         req: &TextRequest,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<TextOutcome> {
+        self.generate_pieces(prompt, req, &mut |p| p.text.is_empty() || on_text(p.text))
+    }
+
+    /// [`Session::generate`] passing [`Piece`]s: the text with its tokens' log probabilities
+    /// (when [`TextRequest::logprobs`] asks for them).
+    pub fn generate_pieces(
+        &mut self,
+        prompt: &[TokenId],
+        req: &TextRequest,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
+    ) -> Result<TextOutcome> {
         self.cell.with_dependent_mut(|_, s| {
-            let out = generate_text(
+            let out = generate_pieces(
                 &mut s.engine,
                 &mut s.cached,
                 s.n_batch,
                 prompt,
                 req,
-                on_text,
+                None,
+                on_piece,
             )?;
             s.last = Some(Stats::of(&s.engine, &out.generation));
             Ok(out)

@@ -29,6 +29,7 @@ pub mod handle;
 pub mod hardware;
 pub mod info;
 pub mod io_choice;
+pub mod logprobs;
 pub mod memory;
 pub mod offload;
 pub mod open;

@@ -9,7 +9,7 @@ use crate::wire::{Logprobs, ResponseFormat};
 use pi2_engine::TokenLogprob;
 use pi2_grammar::GrammarSpec;
 use pi2_model::tokenizer::Tokenizer;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Most alternatives per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u64 = 20;
@@ -113,57 +113,11 @@ fn format_spec(f: &ResponseFormat) -> Result<Option<GrammarSpec>, ApiError> {
     }
 }
 
-/// A token's text for the wire (invalid UTF-8 pieces of a character as U+FFFD; `bytes` has
-/// the exact bytes).
-fn token_text(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let b = tok.token_bytes(id, true);
-    (String::from_utf8_lossy(&b).into_owned(), b)
-}
-
-/// Chat's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs: [...]}]}`.
-pub fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprob]) -> Value {
-    let entry = |id: u32, lp: f32| {
-        let (text, bytes) = token_text(tok, id);
-        json!({"token": text, "logprob": lp, "bytes": bytes})
-    };
-    let content: Vec<Value> = lps
-        .iter()
-        .map(|l| {
-            let mut e = entry(l.token, l.logprob);
-            e["top_logprobs"] = l.top.iter().map(|&(t, lp)| entry(t, lp)).collect();
-            e
-        })
-        .collect();
-    json!({ "content": content })
-}
-
-/// Legacy completions' `logprobs`: parallel lists of tokens, their log probabilities, each
-/// token's alternatives (text to log probability) and each token's offset in the answer's
-/// text (from `offset`).
-pub fn completion_logprobs(tok: &Tokenizer, lps: &[TokenLogprob], offset: usize) -> Value {
-    let mut at = offset;
-    let (mut tokens, mut lp, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
-    for l in lps {
-        let (text, bytes) = token_text(tok, l.token);
-        offsets.push(at);
-        at += bytes.len();
-        tokens.push(text);
-        lp.push(l.logprob);
-        let alts: serde_json::Map<String, Value> = l
-            .top
-            .iter()
-            .map(|&(t, p)| (token_text(tok, t).0, json!(p)))
-            .collect();
-        top.push(Value::Object(alts));
-    }
-    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
-}
-
 /// The `logprobs` object of an answer or chunk of `kind`.
 pub fn logprobs_value(kind: Kind, tok: &Tokenizer, lps: &[TokenLogprob], offset: usize) -> Value {
     match kind {
-        Kind::Chat => chat_logprobs(tok, lps),
-        Kind::Completion => completion_logprobs(tok, lps, offset),
+        Kind::Chat => pi2_runtime::logprobs::chat(tok, lps),
+        Kind::Completion => pi2_runtime::logprobs::completion(tok, lps, offset),
         Kind::Native | Kind::Infill => crate::native::probabilities(tok, lps),
     }
 }
@@ -171,6 +125,7 @@ pub fn logprobs_value(kind: Kind, tok: &Tokenizer, lps: &[TokenLogprob], offset:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn req(s: &str) -> CompletionRequest {
         CompletionRequest::parse(s.as_bytes()).unwrap()

@@ -477,7 +477,7 @@ fn chat_prompt(
     let tools = plan.map(|p| &p.tools);
     if let Some(t) = tools.filter(|_| !template.reads_tools()) {
         // A template that cannot show tools: they go in the system message.
-        let prompt = crate::tools::tools_prompt(t);
+        let prompt = pi2_model::answer::calls::tools_prompt(t);
         match msgs.first_mut().filter(|m| m.role == "system") {
             Some(m) => m.content = format!("{}\n\n{prompt}", m.content),
             None => msgs.insert(0, pi2_model::Message::new("system", &prompt)),

@@ -9,9 +9,6 @@ use crate::wire::{FunctionDef, ToolChoice};
 use pi2_grammar::GrammarSpec;
 use serde_json::{json, Value};
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
-
 /// What a request's tools ask of the generation.
 #[derive(Debug)]
 pub struct ToolPlan {
@@ -96,45 +93,13 @@ impl CompletionRequest {
     }
 }
 
-/// `<tool_call>` blocks (one, or with `parallel` one or more), each a call of one of `defs`
-/// with arguments valid against its parameters.
+/// The Lark grammar of calls of `defs` (see [`pi2_model::answer::calls::calls_lark`]).
 fn calls_grammar(defs: &[&FunctionDef], parallel: bool) -> GrammarSpec {
-    let one_of: Vec<Value> = defs
+    let functions: Vec<(&str, Option<&Value>)> = defs
         .iter()
-        .map(|f| {
-            json!({
-                "type": "object",
-                "properties": {
-                    "name": {"const": f.name},
-                    "arguments": f.parameters.clone().unwrap_or(json!({"type": "object"})),
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            })
-        })
+        .map(|f| (f.name.as_str(), f.parameters.as_ref()))
         .collect();
-    let schema = json!({
-        "anyOf": one_of,
-        "x-guidance": {"whitespace_pattern": r"[\x20\x0A]{0,4}"},
-    });
-    let more = if parallel { " (\"\\n\" call)*" } else { "" };
-    GrammarSpec::Lark(format!(
-        "start: call{more}\ncall: \"{OPEN}\\n\" %json {schema} \"\\n{CLOSE}\"\n"
-    ))
-}
-
-/// The system message for a template that cannot show tools: the functions and the format.
-pub fn tools_prompt(tools: &Value) -> String {
-    let list: Vec<String> = tools
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|t| t["function"].to_string())
-        .collect();
-    format!(
-        "You may call functions. They are, as JSON signatures:\n<tools>\n{}\n</tools>\nTo call one, answer with {OPEN}\n{{\"name\": <function-name>, \"arguments\": <arguments-json-object>}}\n{CLOSE}",
-        list.join("\n")
-    )
+    GrammarSpec::Lark(pi2_model::answer::calls::calls_lark(&functions, parallel))
 }
 
 #[cfg(test)]

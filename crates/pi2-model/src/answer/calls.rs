@@ -248,6 +248,52 @@ impl GemmaReader<'_> {
     }
 }
 
+/// The system message for a template that cannot show tools (`tools`: OpenAI's list of
+/// `{"type": "function", "function": {..}}`): the functions and the `<tool_call>` form.
+pub fn tools_prompt(tools: &Value) -> String {
+    let list: Vec<String> = tools
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["function"].to_string())
+        .collect();
+    format!(
+        "You may call functions. They are, as JSON signatures:\n<tools>\n{}\n</tools>\nTo call one, answer with {}\n{{\"name\": <function-name>, \"arguments\": <arguments-json-object>}}\n{}",
+        list.join("\n"),
+        JSON_BLOCK.open,
+        JSON_BLOCK.close,
+    )
+}
+
+/// A Lark grammar (llguidance's) of `<tool_call>` blocks (one, or with `parallel` one or
+/// more), each a call of one of `functions` (name, JSON-schema parameters) with arguments
+/// valid against its parameters: what a required call is held to.
+pub fn calls_lark(functions: &[(&str, Option<&Value>)], parallel: bool) -> String {
+    let one_of: Vec<Value> = functions
+        .iter()
+        .map(|(name, parameters)| {
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"const": name},
+                    "arguments": parameters.cloned().unwrap_or(json!({"type": "object"})),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let schema = json!({
+        "anyOf": one_of,
+        "x-guidance": {"whitespace_pattern": r"[\x20\x0A]{0,4}"},
+    });
+    let more = if parallel { " (\"\\n\" call)*" } else { "" };
+    format!(
+        "start: call{more}\ncall: \"{}\\n\" %json {schema} \"\\n{}\"\n",
+        JSON_BLOCK.open, JSON_BLOCK.close
+    )
+}
+
 /// The `tool_calls` list of an answer (OpenAI's shape).
 pub fn calls_json(calls: &[Call], id_base: &str) -> Value {
     calls
