@@ -69,9 +69,12 @@ fn main() {
     exit_cleanly_on_sigbus();
     // Before clap, which would read `-ngl 99` as `-n gl`. `args_os`: an argument that is not
     // UTF-8 (`-p $'\xff'`) is clap's to refuse in one line, not a panic here.
+    let serving = std::env::args_os().nth(1).is_some_and(|c| c == "serve");
     if let Some(why) = std::env::args_os()
         .skip(1)
-        .find_map(|a| a.to_str().and_then(llama_cpp_only))
+        .filter_map(|a| a.to_str().map(str::to_string))
+        .filter(|a| !(serving && SERVE_ACCEPTS.contains(&a.split('=').next().unwrap_or(a))))
+        .find_map(|a| llama_cpp_only(&a))
     {
         eprintln!("error: {why}");
         std::process::exit(2);
@@ -122,14 +125,44 @@ const LLAMA_CPP_ONLY: &[(&[&str], &str)] = &[
         "pi2 runs on the CPU: there are no GPUs to split the model over",
     ),
     (
+        &["-ctk", "--cache-type-k", "-ctv", "--cache-type-v"],
+        "pi2 keeps the KV cache in f16 (a quantized cache would change the answers)",
+    ),
+    (
+        &["--reranking", "--rerank"],
+        "pi2 serves no rerank route (/v1/embeddings is served)",
+    ),
+    (
+        &["--lora", "--lora-scaled", "--lora-init-without-apply"],
+        "pi2 applies no LoRA adapters: merge the adapter into the GGUF first",
+    ),
+    (
+        &["-mm", "--mmproj", "-mmu", "--mmproj-url"],
+        "pi2 reads text models: it has no image or audio projector",
+    ),
+    (
+        &["-gan", "--grp-attn-n", "-gaw", "--grp-attn-w"],
+        "pi2 has no self-extend: `pi2 serve --context-shift` drops the oldest messages of a chat too long",
+    ),
+    (
         &["-cnv", "--conversation"],
         "use `pi2 chat` for a conversation (or `pi2 run --chat` for one turn)",
     ),
 ];
 
+/// llama.cpp flags of the list above that `pi2 serve` accepts as they are (it runs
+/// llama-server's command lines; see its `LlamaServerSwitches`).
+const SERVE_ACCEPTS: &[&str] = &["-fa", "--flash-attn"];
+
 /// llama.cpp's multi-letter short flags that pi2 has under another name: clap would read `-np 2`
 /// as `-n p` and `-sys` as `-s ys`.
-const LLAMA_CPP_ALIASES: &[(&str, &str)] = &[("-np", "--parallel"), ("-sys", "--system")];
+const LLAMA_CPP_ALIASES: &[(&str, &str)] = &[
+    ("-np", "--parallel"),
+    ("-sys", "--system"),
+    ("-cb", "--cont-batching"),
+    ("-ub", "--ubatch-size"),
+    ("-fa", "--flash-attn"),
+];
 
 /// `arg` with a llama.cpp multi-letter short flag (alone or as `-flag=value`) renamed to pi2's.
 fn llama_cpp_alias(arg: std::ffi::OsString) -> std::ffi::OsString {

@@ -134,6 +134,10 @@ fn llama_cpp_only_flags_are_refused_in_one_line() {
         "--hf-repo=org/model",
         "-fa",
         "-cnv",
+        "-ctk",
+        "--reranking",
+        "--lora",
+        "-gan",
     ] {
         let out = pi2(&["run", "-m", &m(), "-p", "x", flag, "1"]);
         let err = String::from_utf8_lossy(&out.stderr);

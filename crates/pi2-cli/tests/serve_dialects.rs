@@ -93,3 +93,45 @@ fn gemma4_thoughts_and_calls_are_read() {
     assert_eq!(calls[0]["name"], "get_weather");
     assert_eq!(args, json!({"city": "Oslo", "days": 2}));
 }
+
+/// llama-server's command line runs unchanged: `-n` caps every answer and is the default,
+/// `--reasoning-format` is the default format, and switches for what pi2 always does
+/// (`--jinja`, `-cb`, `--embedding`, `--metrics`, `-ub`) are accepted.
+#[test]
+fn llama_server_flags_set_the_defaults() {
+    let s = Server::start(&[
+        "-n", "3", "--reasoning-format", "none", "--jinja", "-cb", "--embedding", "--metrics",
+        "-ub", "64",
+    ]);
+    let ask = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = post(&s.addr, "/v1/chat/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    for extra in [json!({}), json!({"max_tokens": 50}), json!({"ignore_eos": true})] {
+        let v = ask(extra);
+        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3, "{v}");
+    }
+    assert_eq!(ask(json!({"max_tokens": 2}))["usage"]["completion_tokens"], 2);
+    // The format's default, on a server without the cap (which would cut the answer).
+    let s2 = Server::start(&["--reasoning-format", "none"]);
+    let r = post(
+        &s2.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
+                "grammar": "root ::= \"<think>a</think>b\"", "max_tokens": 40}),
+    );
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "<think>a</think>b");
+    let r = post(
+        &s2.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
+                "grammar": "root ::= \"<think>a</think>b\"", "max_tokens": 40,
+                "reasoning_format": "auto"}),
+    );
+    assert_eq!(r.json()["choices"][0]["message"]["reasoning_content"], "a");
+}

@@ -78,6 +78,13 @@ pub struct ServerConfig {
     pub slot_save_path: Option<std::path::PathBuf>,
     /// Serve the chat page at `/` (`--no-ui`: no page).
     pub ui: bool,
+    /// Serve `/slots` and its actions (`--no-slots`: 501).
+    pub slots_route: bool,
+    /// Most tokens an answer gets, and the default (llama-server's `--n-predict`).
+    pub n_predict: Option<usize>,
+    /// How chat answers give their reasoning unless the request says (llama-server's
+    /// `--reasoning-format`: `auto`, `deepseek`, `deepseek-legacy`, `none`).
+    pub reasoning_format: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +109,9 @@ impl Default for ServerConfig {
             pooling: Default::default(),
             slot_save_path: None,
             ui: true,
+            slots_route: true,
+            n_predict: None,
+            reasoning_format: None,
         }
     }
 }
@@ -281,9 +291,21 @@ pub fn serve(
     state.pooling = cfg.pooling;
     state.body_timeout = cfg.body_timeout;
     state.slot_save_path = cfg.slot_save_path.clone();
+    state.n_predict = cfg.n_predict;
+    if let Some(f) = &cfg.reasoning_format {
+        routes::reasoning_format(Some(f)).map_err(|e| ServerError::Option {
+            option: "--reasoning-format",
+            msg: e.message,
+        })?;
+        state.reasoning_format = Some(f.clone());
+    }
     let hosts = cfg.hosts();
     let rules = Arc::new(guard::Rules::new(&hosts, cfg.max_body));
-    let mut app = routes::router(Arc::new(state), cfg.ui)
+    let offered = routes::Offered {
+        page: cfg.ui,
+        slots: cfg.slots_route,
+    };
+    let mut app = routes::router(Arc::new(state), offered)
         .layer(axum::middleware::from_fn_with_state(rules, guard::check));
     if let Some(cors) = guard::cors(cfg.cors_origin.as_deref()) {
         app = app.layer(cors);

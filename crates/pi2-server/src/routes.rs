@@ -23,11 +23,37 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// The routes, with the API key check; the chat page at `/` when `ui`.
-pub fn router(state: Arc<AppState>, ui: bool) -> Router {
+/// The routes that may be left out (llama-server's `--no-ui`, `--no-slots`).
+#[derive(Clone, Copy, Debug)]
+pub struct Offered {
+    /// The chat page at `/`.
+    pub page: bool,
+    /// `/slots` and its actions (else 501, as llama-server answers).
+    pub slots: bool,
+}
+
+/// The routes, with the API key check.
+pub fn router(state: Arc<AppState>, offered: Offered) -> Router {
     let page = Router::new().route("/", get(|| async { Html(include_str!("page.html")) }));
+    let slots = match offered.slots {
+        true => Router::new()
+            .route("/slots", get(crate::tokens::slots))
+            .route("/slots/{id}", post(crate::slot_file::slot_action)),
+        false => {
+            let off = || async {
+                ApiError::new(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "this server does not serve /slots: start it without --no-slots",
+                )
+            };
+            Router::new()
+                .route("/slots", get(off))
+                .route("/slots/{id}", post(off))
+        }
+    };
     Router::new()
-        .merge(if ui { page } else { Router::new() })
+        .merge(if offered.page { page } else { Router::new() })
+        .merge(slots)
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/apply-template", post(apply_template))
         .route("/metrics", get(metrics))
@@ -47,8 +73,6 @@ pub fn router(state: Arc<AppState>, ui: bool) -> Router {
         .route("/tokenize", post(crate::tokens::tokenize))
         .route("/detokenize", post(crate::tokens::detokenize))
         .route("/props", get(crate::tokens::props))
-        .route("/slots", get(crate::tokens::slots))
-        .route("/slots/{id}", post(crate::slot_file::slot_action))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -266,7 +290,11 @@ async fn start(s: &Arc<AppState>, body: Body, kind: Kind) -> Result<Response, Ap
     };
     let n = req.choices(kind)?;
     let sampler = req.sampler(s.model.tokenizer.vocab_size(), s.n_ctx)?;
-    let max_tokens = req.max_tokens(s.n_ctx)?;
+    // The server's `--n-predict` is each answer's default and its cap, as llama-server's.
+    let max_tokens = match (req.max_tokens(s.n_ctx)?, s.n_predict) {
+        (Some(m), Some(cap)) => Some(m.min(cap)),
+        (m, cap) => m.or(cap),
+    };
     let (native_prompt, settings) = match kind {
         Kind::Native | Kind::Infill => (
             String::from_utf8_lossy(&s.model.tokenizer.decode(&prompts[0].0, true)).into_owned(),
@@ -402,7 +430,8 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
     };
     let think = match kind {
         Kind::Chat => {
-            let format = reasoning_format(req.reasoning_format.as_deref())?;
+            let asked = req.reasoning_format.as_deref();
+            let format = reasoning_format(asked.or(s.reasoning_format.as_deref()))?;
             // Whether the template left the answer inside an open reasoning block.
             let p = &prompts[0].0;
             let tail = tok.decode(&p[p.len().saturating_sub(8)..], true);
@@ -426,7 +455,7 @@ fn check(s: &AppState, body: &[u8], kind: Kind) -> Result<Checked, ApiError> {
 }
 
 /// llama-server's `reasoning_format`.
-fn reasoning_format(v: Option<&str>) -> Result<ReasoningFormat, ApiError> {
+pub(crate) fn reasoning_format(v: Option<&str>) -> Result<ReasoningFormat, ApiError> {
     match v {
         None | Some("auto") | Some("deepseek") => Ok(ReasoningFormat::Apart),
         Some("none") => Ok(ReasoningFormat::None),

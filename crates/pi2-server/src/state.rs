@@ -41,6 +41,10 @@ pub struct AppState {
     pub pooling: pi2_runtime::embed::Pooling,
     /// Where slot actions save and restore KV caches (`--slot-save-path`).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Most tokens an answer gets, and the default (`--n-predict`).
+    pub n_predict: Option<usize>,
+    /// `reasoning_format` unless the request says (`--reasoning-format`).
+    pub reasoning_format: Option<String>,
     /// The vocabulary grammars compile against, built by the first request with one.
     vocabulary: OnceLock<Arc<Vocabulary>>,
     pub(crate) next_id: AtomicU64,
@@ -74,6 +78,8 @@ impl AppState {
             context_shift: false,
             pooling: Default::default(),
             slot_save_path: None,
+            n_predict: None,
+            reasoning_format: None,
             vocabulary: OnceLock::new(),
             next_id: AtomicU64::new(1),
         }

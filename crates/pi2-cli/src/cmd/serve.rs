@@ -65,12 +65,59 @@ pub struct ServeArgs {
     /// No chat page at / (the API only)
     #[arg(long)]
     pub no_ui: bool,
+    /// No /slots route (501), as llama-server's --no-slots
+    #[arg(long = "no-slots", conflicts_with = "slots")]
+    pub no_slots: bool,
     /// Folder where `POST /slots/{id}?action=save|restore` keep slot KV caches (created if
     /// missing); without it those actions are refused
     #[arg(long, value_name = "DIR")]
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Most tokens an answer gets, and the default when a request gives none (-1: until the
+    /// context is full), as llama-server's
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// How chat answers give a thinking model's reasoning unless the request says: auto
+    /// (apart, in `reasoning_content`), deepseek, deepseek-legacy (apart and in the content),
+    /// none (in the content)
+    #[arg(long = "reasoning-format")]
+    pub reasoning_format: Option<String>,
+    #[command(flatten)]
+    pub llama_server: LlamaServerSwitches,
     #[command(flatten)]
     pub session: super::sparse_args::SessionArgs,
+}
+
+/// llama-server switches for what pi2 always does: accepted so its command lines run unchanged.
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "llama-server switches accepted as they are (pi2 always does this)")]
+pub struct LlamaServerSwitches {
+    /// Chat templates are always Jinja
+    #[arg(long)]
+    jinja: bool,
+    /// Slots' decode steps are always batched together
+    #[arg(long = "cont-batching")]
+    cont_batching: bool,
+    /// /v1/embeddings is always served
+    #[arg(long = "embeddings", visible_alias = "embedding")]
+    embeddings: bool,
+    /// /metrics is always served
+    #[arg(long)]
+    metrics: bool,
+    /// /slots is served unless --no-slots
+    #[arg(long)]
+    slots: bool,
+    /// Each slot has its own KV cache of the full context
+    #[arg(long = "kv-unified")]
+    kv_unified: bool,
+    /// Sliding-window layers keep what their window needs
+    #[arg(long = "swa-full")]
+    swa_full: bool,
+    /// One batch size (-b) serves prompts
+    #[arg(long = "ubatch-size", value_name = "N")]
+    ubatch_size: Option<usize>,
+    /// Attention is one kernel whatever this says (on, off, auto)
+    #[arg(long = "flash-attn", value_name = "on|off|auto", value_parser = ["on", "off", "auto", "1", "0", "true", "false"])]
+    flash_attn: Option<String>,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -84,6 +131,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let shared = opts.mem_budget.is_some();
     pi2_server::place_slots(&mut opts.engine, a.parallel, shared);
     let max_body = pi2_runtime::options::parse_size("--max-body", &a.max_body, 0)?;
+    if a.n_predict == 0 || a.n_predict < -1 {
+        anyhow::bail!(
+            "--n-predict: {} is not a number of tokens (1 or more, or -1 for until the context is full)",
+            a.n_predict
+        );
+    }
     // The server runs until the process ends: the model and session live as long.
     let mut model = pi2_runtime::load_model(&path)?;
     a.template.apply(&mut model)?;
@@ -106,6 +159,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         body_timeout: seconds("--body-timeout", a.body_timeout)?,
         cors_origin: a.cors_origin.clone(),
         ui: !a.no_ui,
+        slots_route: !a.no_slots,
         draft: match (a.draft.draft, draft_model) {
             (DraftSource::Lookup, _) => pi2_server::Drafts::Lookup,
             (DraftSource::SelfDraft, _) => pi2_server::Drafts::SelfDraft,
@@ -116,6 +170,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         draft_max: a.draft.draft_max,
         context_shift: a.context_shift,
         pooling: a.pooling,
+        n_predict: usize::try_from(a.n_predict).ok(),
+        reasoning_format: a.reasoning_format.clone(),
         slot_save_path: match &a.slot_save_path {
             Some(dir) => {
                 std::fs::create_dir_all(dir).with_context(|| {
