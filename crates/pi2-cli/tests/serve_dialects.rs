@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::server::{post, sse_data, Server};
+use common::server::{http, post, sse_data, Server};
 use serde_json::{json, Value};
 
 const HARMONY: &str = "{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant";
@@ -95,14 +95,41 @@ fn gemma4_thoughts_and_calls_are_read() {
 }
 
 /// llama-server's command line runs unchanged: `-n` caps every answer and is the default,
-/// `--reasoning-format` is the default format, and switches for what pi2 always does
-/// (`--jinja`, `-cb`, `--embedding`, `--metrics`, `-ub`) are accepted.
+/// `--reasoning-format` is the default format, `--alias a,b` and `--tags` label the model, and
+/// switches for what pi2 always does (`--jinja`, `-cb`, `--embedding`, `--metrics`, `-ub`,
+/// `-fa`) are accepted.
 #[test]
 fn llama_server_flags_set_the_defaults() {
     let s = Server::start(&[
-        "-n", "3", "--reasoning-format", "none", "--jinja", "-cb", "--embedding", "--metrics",
-        "-ub", "64",
+        "-n",
+        "3",
+        "--reasoning-format",
+        "none",
+        "--jinja",
+        "-cb",
+        "--embedding",
+        "--metrics",
+        "-ub",
+        "64",
+        "-fa",
+        "on",
+        "--alias",
+        "tiny,chat-model",
+        "--tags",
+        "chat,small",
     ]);
+    let models = http(&s.addr, "GET", "/v1/models", &[], b"").json();
+    let m = &models["data"][0];
+    assert_eq!(m["id"], "tiny");
+    assert_eq!(
+        (m["aliases"].clone(), m["tags"].clone()),
+        (json!(["tiny", "chat-model"]), json!(["chat", "small"]))
+    );
+    let props = http(&s.addr, "GET", "/props", &[], b"").json();
+    assert!(
+        props["model_path"].as_str().unwrap().ends_with(".gguf"),
+        "{props}"
+    );
     let ask = |extra: Value| {
         let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0});
         for (k, v) in extra.as_object().unwrap() {
@@ -112,11 +139,21 @@ fn llama_server_flags_set_the_defaults() {
         assert_eq!(r.status, 200, "{}", r.body);
         r.json()
     };
-    for extra in [json!({}), json!({"max_tokens": 50}), json!({"ignore_eos": true})] {
+    for extra in [
+        json!({}),
+        json!({"max_tokens": 50}),
+        json!({"ignore_eos": true}),
+    ] {
         let v = ask(extra);
-        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3, "{v}");
+        assert!(
+            v["usage"]["completion_tokens"].as_u64().unwrap() <= 3,
+            "{v}"
+        );
     }
-    assert_eq!(ask(json!({"max_tokens": 2}))["usage"]["completion_tokens"], 2);
+    assert_eq!(
+        ask(json!({"max_tokens": 2}))["usage"]["completion_tokens"],
+        2
+    );
     // The format's default, on a server without the cap (which would cut the answer).
     let s2 = Server::start(&["--reasoning-format", "none"]);
     let r = post(
@@ -125,7 +162,10 @@ fn llama_server_flags_set_the_defaults() {
         &json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0,
                 "grammar": "root ::= \"<think>a</think>b\"", "max_tokens": 40}),
     );
-    assert_eq!(r.json()["choices"][0]["message"]["content"], "<think>a</think>b");
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "<think>a</think>b"
+    );
     let r = post(
         &s2.addr,
         "/v1/chat/completions",

@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub max_body: usize,
     /// Names clients may ask for in `model`; the first is the listed id.
     pub model_names: Vec<String>,
+    /// What `/v1/models` and `/props` say of the model besides its names.
+    pub labels: Labels,
     /// Prompt batch size (the engines' buffers are sized for it).
     pub n_batch: usize,
     /// Open connections served at once; one more gets 503 (fewer when file descriptors run
@@ -97,6 +99,7 @@ impl Default for ServerConfig {
             api_key: None,
             max_body: 2 << 20,
             model_names: vec!["pi2".into()],
+            labels: Labels::default(),
             n_batch: 512,
             max_connections: 4096,
             header_timeout: Duration::from_secs(15),
@@ -114,6 +117,17 @@ impl Default for ServerConfig {
             reasoning_format: None,
         }
     }
+}
+
+/// What the server says of its model (llama-server's `model_path`, `aliases`, `tags`).
+#[derive(Clone, Debug, Default)]
+pub struct Labels {
+    /// The file the user gave.
+    pub path: String,
+    /// `--alias` names.
+    pub aliases: Vec<String>,
+    /// `--tags`: labels for clients that sort models.
+    pub tags: Vec<String>,
 }
 
 /// Most slots and queued requests accepted.
@@ -292,6 +306,7 @@ pub fn serve(
     state.body_timeout = cfg.body_timeout;
     state.slot_save_path = cfg.slot_save_path.clone();
     state.n_predict = cfg.n_predict;
+    state.labels = cfg.labels.clone();
     if let Some(f) = &cfg.reasoning_format {
         routes::reasoning_format(Some(f)).map_err(|e| ServerError::Option {
             option: "--reasoning-format",

@@ -134,6 +134,8 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
             "object": "model",
             "created": s.created,
             "owned_by": "pi2",
+            "aliases": s.labels.aliases,
+            "tags": s.labels.tags,
             "meta": {
                 "n_ctx": s.n_ctx,
                 "n_params": s.model.n_params(),

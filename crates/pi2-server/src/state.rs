@@ -41,6 +41,8 @@ pub struct AppState {
     pub pooling: pi2_runtime::embed::Pooling,
     /// Where slot actions save and restore KV caches (`--slot-save-path`).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// The model's path, aliases and tags, as `/v1/models` and `/props` give them.
+    pub labels: crate::Labels,
     /// Most tokens an answer gets, and the default (`--n-predict`).
     pub n_predict: Option<usize>,
     /// `reasoning_format` unless the request says (`--reasoning-format`).
@@ -80,6 +82,7 @@ impl AppState {
             slot_save_path: None,
             n_predict: None,
             reasoning_format: None,
+            labels: Default::default(),
             vocabulary: OnceLock::new(),
             next_id: AtomicU64::new(1),
         }

@@ -123,6 +123,7 @@ pub async fn props(State(s): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({
         "model_alias": s.names[0],
         "model_name": s.model.name,
+        "model_path": s.labels.path,
         "total_slots": s.slots,
         "chat_template": s.model.chat_template,
         "build_info": concat!("pi2 ", env!("CARGO_PKG_VERSION")),

@@ -36,9 +36,12 @@ pub struct ServeArgs {
     /// Prompt tokens evaluated per batch (the engines' batch buffers are sized for it)
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// Another name clients may use for the model (the default is the file's name)
+    /// Other names clients may use for the model (comma-separated or repeated; the first is listed as its id; the default is the file's name)
     #[arg(long)]
     pub alias: Vec<String>,
+    /// Labels `/v1/models` lists for the model (comma-separated), as llama-server's
+    #[arg(long)]
+    pub tags: Vec<String>,
     /// Open connections served at once; one more is answered 503 (fewer if the process's
     /// file-descriptor limit is lower)
     #[arg(long = "max-connections", default_value_t = 4096)]
@@ -144,7 +147,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let prepared: &'static _ = Box::leak(Box::new(pi2_runtime::prepare(model, &path, &opts)?));
     // Named after the file the user gave, not its cached conversion.
     let file = super::model_path(&a.model)?;
-    let names = pi2_server::model_names(&file, a.model.model.as_deref(), &a.alias);
+    // llama-server takes several names in one `--alias a,b`.
+    let aliases: Vec<String> = (a.alias.iter())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let names = pi2_server::model_names(&file, a.model.model.as_deref(), &aliases);
+    let labels = pi2_server::Labels {
+        path: file.display().to_string(),
+        aliases,
+        tags: (a.tags.iter().flat_map(|s| s.split(',')))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+    };
     let cfg = pi2_server::ServerConfig {
         host: a.host.clone(),
         port: a.port,
@@ -153,6 +172,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_key: a.api_key.clone(),
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
         model_names: names,
+        labels,
         n_batch: a.batch_size,
         max_connections: a.max_connections,
         header_timeout: seconds("--header-timeout", a.header_timeout)?,
