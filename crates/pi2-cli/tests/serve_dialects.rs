@@ -125,6 +125,15 @@ fn llama_server_flags_set_the_defaults() {
         (m["aliases"].clone(), m["tags"].clone()),
         (json!(["tiny", "chat-model"]), json!(["chat", "small"]))
     );
+    let metrics = http(&s.addr, "GET", "/metrics", &[], b"");
+    assert!(
+        metrics
+            .head
+            .to_ascii_lowercase()
+            .contains("process-start-time-unix: "),
+        "{}",
+        metrics.head
+    );
     let props = http(&s.addr, "GET", "/props", &[], b"").json();
     assert!(
         props["model_path"].as_str().unwrap().ends_with(".gguf"),

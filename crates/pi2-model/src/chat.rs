@@ -85,6 +85,9 @@ pub struct ChatTemplate {
     reads_tools: bool,
     /// How the answers it asks for are written.
     dialect: crate::answer::Dialect,
+    /// Variables the caller set ([`ChatTemplate::with_variables`]): today's date variables
+    /// are not put over them.
+    given: Vec<String>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -118,6 +121,7 @@ impl ChatTemplate {
             }
             t.env
                 .add_global(name.clone(), minijinja::Value::from_serialize(v));
+            t.given.push(name.clone());
         }
         Ok(t)
     }
@@ -158,6 +162,7 @@ impl ChatTemplate {
             strip_bos: false,
             reads_tools: source.contains("tools"),
             dialect: crate::answer::Dialect::of_template(source),
+            given: Vec::new(),
         })
     }
 
@@ -341,6 +346,22 @@ impl ChatTemplate {
         }
     }
 
+    /// Today's date as llama.cpp gives every template (UTC here): `date_string` ("28 Nov
+    /// 2026", which Llama 3.x's templates print in the system prompt) and `datetime` ("Nov 28
+    /// 2026"), unless the caller set them.
+    fn today(&self) -> minijinja::Value {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let vars: std::collections::BTreeMap<&str, String> =
+            [("date_string", "%d %b %Y"), ("datetime", "%b %d %Y")]
+                .into_iter()
+                .filter(|(name, _)| !self.given.iter().any(|g| g == name))
+                .map(|(name, fmt)| (name, crate::strftime::strftime_utc(fmt, now)))
+                .collect();
+        minijinja::Value::from_serialize(vars)
+    }
+
     /// Render in this process (bounded in steps and output, not in memory).
     fn render_here(
         &self,
@@ -363,6 +384,7 @@ impl ChatTemplate {
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
             tools => tools.map_or(minijinja::Value::UNDEFINED, minijinja::Value::from_serialize),
+            ..self.today()
         };
         match tmpl.render_captured_to(ctx, &mut out) {
             Ok(_) => {
@@ -586,6 +608,20 @@ mod tests {
         let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
         let year: i32 = t.render(&msgs, false).unwrap().parse().unwrap();
         assert!((2024..2200).contains(&year));
+        // Today's date as llama.cpp gives every template (Llama 3.x prints `date_string`),
+        // unless the caller set it.
+        let t = ChatTemplate::new("{{ date_string }}|{{ datetime }}", "", "").unwrap();
+        let today = t.render(&msgs, false).unwrap();
+        let (date, datetime) = today.split_once('|').unwrap();
+        assert_eq!(date.split(' ').count(), 3, "{today}");
+        assert_eq!(date.split(' ').last(), datetime.split(' ').last());
+        let mut vars = serde_json::Map::new();
+        vars.insert("date_string".into(), "26 Jul 2024".into());
+        let fixed = t.with_variables(&vars).unwrap();
+        assert!(fixed
+            .render(&msgs, false)
+            .unwrap()
+            .starts_with("26 Jul 2024|"));
         // {% generation %} markers render nothing, with whitespace control too.
         let t = ChatTemplate::new(
             "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%}[{{ m.content }}]{% endgeneration %}{% endif %}{% endfor %}",

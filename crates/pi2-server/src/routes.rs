@@ -121,7 +121,17 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 
 async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4".to_string(),
+            ),
+            // llama-server's: when the counts started (the server's start).
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                s.created.to_string(),
+            ),
+        ],
         s.metrics.render(s.queue.waiting()),
     )
 }

@@ -55,6 +55,8 @@ impl Drop for Server {
 
 pub struct Reply {
     pub status: u16,
+    /// The status line and headers.
+    pub head: String,
     pub body: String,
 }
 
@@ -104,7 +106,11 @@ pub fn parse_reply(raw: &[u8]) -> Reply {
     } else {
         rest.to_string()
     };
-    Reply { status, body }
+    Reply {
+        status,
+        head: head.to_string(),
+        body,
+    }
 }
 
 pub fn dechunk(mut s: &str) -> String {
