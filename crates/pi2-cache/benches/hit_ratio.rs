@@ -5,7 +5,7 @@
 //! synthetic skewed trace (Zipf-like neuron popularity) of the SmolLM2-135M shape.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pi2_cache::{EvictionPolicy, Fifo, Lru, SlotCache};
+use pi2_cache::{EvictionPolicy, Fifo, Frequent, Lru, SlotCache};
 use pi2_sparse::Trace;
 
 fn synthetic() -> Trace {
@@ -63,6 +63,7 @@ fn bench(c: &mut Criterion) {
         for (name, ratio) in [
             ("lru", replay(&trace, slots, Lru::default())),
             ("fifo", replay(&trace, slots, Fifo::default())),
+            ("frequent", replay(&trace, slots, Frequent::default())),
         ] {
             println!(
                 "hit ratio {name} at {:.0}% of the neurons: {:.4}",
@@ -75,6 +76,9 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_function(format!("fifo-{:.0}%", frac * 100.0), |b| {
             b.iter(|| replay(&trace, slots, Fifo::default()))
+        });
+        g.bench_function(format!("frequent-{:.0}%", frac * 100.0), |b| {
+            b.iter(|| replay(&trace, slots, Frequent::default()))
         });
     }
     g.finish();

@@ -17,7 +17,7 @@ mod policy;
 mod slots;
 
 pub use budget::{Budget, Region};
-pub use policy::{EvictionPolicy, Fifo, Lru};
+pub use policy::{EvictionPolicy, Fifo, Frequent, Lru};
 pub use slots::{CacheStats, GroupStats, Slot, SlotCache};
 
 /// Cache errors.

@@ -4,12 +4,12 @@
 /// slot to reuse among those `evictable` allows (slots in use by the current step are not).
 pub trait EvictionPolicy: Send {
     fn name(&self) -> &'static str;
-    /// Prepare for `n_slots` slots (called once by the cache).
-    fn init(&mut self, n_slots: usize);
-    /// A slot received a new key.
-    fn inserted(&mut self, slot: u32);
-    /// A slot's key was looked up and hit.
-    fn touched(&mut self, slot: u32);
+    /// Prepare for `n_slots` slots holding keys `0..n_keys` (called once by the cache).
+    fn init(&mut self, n_slots: usize, n_keys: usize);
+    /// A slot received key `key`.
+    fn inserted(&mut self, slot: u32, key: u32);
+    /// A slot's key (`key`) was looked up and hit.
+    fn touched(&mut self, slot: u32, key: u32);
     /// The slot to evict, if any slot is evictable.
     fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32>;
     /// A slot left the cache for good ([`crate::SlotCache::set_limit`]): forget it. The cache
@@ -103,13 +103,13 @@ impl EvictionPolicy for Lru {
     fn name(&self) -> &'static str {
         "lru"
     }
-    fn init(&mut self, n_slots: usize) {
+    fn init(&mut self, n_slots: usize, _: usize) {
         self.0.init(n_slots)
     }
-    fn inserted(&mut self, slot: u32) {
+    fn inserted(&mut self, slot: u32, _: u32) {
         self.0.push_front(slot)
     }
-    fn touched(&mut self, slot: u32) {
+    fn touched(&mut self, slot: u32, _: u32) {
         self.0.push_front(slot)
     }
     fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
@@ -131,13 +131,13 @@ impl EvictionPolicy for Fifo {
     fn name(&self) -> &'static str {
         "fifo"
     }
-    fn init(&mut self, n_slots: usize) {
+    fn init(&mut self, n_slots: usize, _: usize) {
         self.0.init(n_slots)
     }
-    fn inserted(&mut self, slot: u32) {
+    fn inserted(&mut self, slot: u32, _: u32) {
         self.0.push_front(slot)
     }
-    fn touched(&mut self, _: u32) {}
+    fn touched(&mut self, _: u32, _: u32) {}
     fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
         self.0.oldest(evictable)
     }
@@ -146,5 +146,96 @@ impl EvictionPolicy for Fifo {
     }
     fn emptied(&mut self, slot: u32) {
         self.0.push_back(slot)
+    }
+}
+
+/// Most often used stays: each key counts how often it was asked for over the cache's whole
+/// life, cached or not, and the victim is the slot whose key has the lowest count (the least
+/// recent among equals). For keys whose popularity is steady and uneven, such as a mixture's
+/// experts (a few take most routings in every layer), this keeps the hot set resident where
+/// LRU lets a stream of one-off keys push it out. Counts halve every few passes over the keys,
+/// so a popularity that drifts is followed.
+#[derive(Clone, Debug, Default)]
+pub struct Frequent {
+    counts: Vec<u32>,
+    /// Each slot's key (`NIL`: empty or gone) and when it was last used.
+    key: Vec<u32>,
+    last: Vec<u64>,
+    tick: u64,
+    /// Uses since counts last halved.
+    since_aging: u64,
+}
+
+impl Frequent {
+    fn count(&mut self, key: u32) {
+        self.counts[key as usize] = self.counts[key as usize].saturating_add(1);
+        self.since_aging += 1;
+        if self.since_aging >= 8 * self.counts.len() as u64 {
+            self.since_aging = 0;
+            self.counts.iter_mut().for_each(|c| *c /= 2);
+        }
+    }
+}
+
+impl EvictionPolicy for Frequent {
+    fn name(&self) -> &'static str {
+        "frequent"
+    }
+    fn init(&mut self, n_slots: usize, n_keys: usize) {
+        self.counts = vec![0; n_keys];
+        self.key = vec![NIL; n_slots];
+        self.last = vec![0; n_slots];
+    }
+    fn inserted(&mut self, slot: u32, key: u32) {
+        self.tick += 1;
+        self.key[slot as usize] = key;
+        self.last[slot as usize] = self.tick;
+        self.count(key);
+    }
+    fn touched(&mut self, slot: u32, key: u32) {
+        self.tick += 1;
+        self.last[slot as usize] = self.tick;
+        self.count(key);
+    }
+    fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
+        // An emptied slot first, then the lowest count, then the least recent.
+        (0..self.key.len() as u32)
+            .filter(|&s| evictable(s))
+            .min_by_key(|&s| match self.key[s as usize] {
+                NIL => (0, 0, 0),
+                k => (1, self.counts[k as usize], self.last[s as usize]),
+            })
+    }
+    fn removed(&mut self, slot: u32) {
+        self.key[slot as usize] = NIL;
+        self.last[slot as usize] = u64::MAX;
+    }
+    fn emptied(&mut self, slot: u32) {
+        self.key[slot as usize] = NIL;
+    }
+}
+
+/// A policy chosen at run time.
+impl EvictionPolicy for Box<dyn EvictionPolicy> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn init(&mut self, n_slots: usize, n_keys: usize) {
+        (**self).init(n_slots, n_keys)
+    }
+    fn inserted(&mut self, slot: u32, key: u32) {
+        (**self).inserted(slot, key)
+    }
+    fn touched(&mut self, slot: u32, key: u32) {
+        (**self).touched(slot, key)
+    }
+    fn victim(&mut self, evictable: &dyn Fn(u32) -> bool) -> Option<u32> {
+        (**self).victim(evictable)
+    }
+    fn removed(&mut self, slot: u32) {
+        (**self).removed(slot)
+    }
+    fn emptied(&mut self, slot: u32) {
+        (**self).emptied(slot)
     }
 }

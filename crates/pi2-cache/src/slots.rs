@@ -87,7 +87,7 @@ impl<P: EvictionPolicy> SlotCache<P> {
         let ptr = unsafe { alloc_zeroed(layout) };
         let arena =
             std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        policy.init(n_slots);
+        policy.init(n_slots, n_keys);
         let group_size = group_size.max(1);
         Ok(Self {
             arena,
@@ -190,7 +190,7 @@ impl<P: EvictionPolicy> SlotCache<P> {
         }
         self.stats.groups[g].hits += 1;
         self.step_of[s as usize] = self.step;
-        self.policy.touched(s);
+        self.policy.touched(s, key);
         Some(Slot(s))
     }
 
@@ -224,7 +224,7 @@ impl<P: EvictionPolicy> SlotCache<P> {
         self.slot_of[key as usize] = s;
         self.step_of[s as usize] = self.step;
         self.parts[s as usize].store(0, Ordering::Relaxed);
-        self.policy.inserted(s);
+        self.policy.inserted(s, key);
         Some(Slot(s))
     }
 
@@ -424,5 +424,33 @@ mod tests {
     fn sizes_round_trip() {
         let b = SlotCache::<Lru>::bytes_for(1100, 37, 5000);
         assert_eq!(SlotCache::<Lru>::slots_in(b, 1100, 5000), 37);
+    }
+
+    /// A key asked for often stays where LRU lets a stream of one-off keys push it out.
+    #[test]
+    fn frequent_keeps_the_hot_key_through_a_scan() {
+        fn hits<P: EvictionPolicy>(policy: P) -> u64 {
+            let mut c = SlotCache::new(1000, 1000, 8, 4, policy).unwrap();
+            let ask = |c: &mut SlotCache<P>, k: u32| {
+                c.begin_step();
+                if c.lookup(k).is_none() {
+                    c.insert(k).unwrap();
+                }
+            };
+            for round in 0..100u32 {
+                ask(&mut c, 0); // the hot key
+                for k in 0..4 {
+                    ask(&mut c, 1 + round * 4 + k); // four one-off keys
+                }
+            }
+            c.stats().total().hits
+        }
+        assert_eq!(hits(Lru::default()), 0);
+        // Once its count leads (after its first return), it is never evicted.
+        assert_eq!(hits(crate::Frequent::default()), 98);
+        // Chosen at run time, through a box.
+        let boxed: Box<dyn EvictionPolicy> = Box::new(crate::Frequent::default());
+        assert_eq!(boxed.name(), "frequent");
+        assert_eq!(hits(boxed), 98);
     }
 }

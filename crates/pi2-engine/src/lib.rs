@@ -51,7 +51,7 @@ pub use kv::kv_bytes;
 pub use moe::RoutingStats;
 pub use neurons::fires;
 pub use offload::{
-    expert_budget, min_budget, planned_min_budget, regions, ExpertBudget, ExpertStats,
+    expert_budget, min_budget, planned_min_budget, regions, ExpertBudget, ExpertCache, ExpertStats,
     ExpertStream, Offload, OffloadConfig, OffloadStats, PlannedConversion, Regions,
 };
 pub use perplexity::{nll, perplexity, PerplexityConfig, PerplexityStep};

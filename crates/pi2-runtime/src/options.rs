@@ -189,6 +189,8 @@ pub struct OffloadOptions {
     pub process_bytes: Option<u64>,
     /// A plain mixture of experts under a budget: read the next layer's likely experts ahead.
     pub prefetch_experts: bool,
+    /// A plain mixture of experts under a budget: which experts a full cache keeps.
+    pub expert_cache: pi2_engine::ExpertCache,
 }
 
 impl Default for OffloadOptions {
@@ -203,6 +205,7 @@ impl Default for OffloadOptions {
             emulate_flash: None,
             process_bytes: None,
             prefetch_experts: true,
+            expert_cache: Default::default(),
         }
     }
 }
@@ -292,6 +295,7 @@ impl OffloadOptions {
             // budget (a plan runs wholly pinned layers dense where that is faster).
             dense_layers: None,
             prefetch_experts: self.prefetch_experts,
+            expert_cache: self.expert_cache,
         })
     }
 }

@@ -526,6 +526,7 @@ pub fn apply(
                 merge_gap: k.merge_gap,
             },
             prefetch_experts: true,
+            expert_cache: Default::default(),
             faults: None,
             emulate: plan
                 .device

@@ -112,6 +112,7 @@ pub fn experts_json(x: &pi2_engine::ExpertStream, tokens: usize, decode_secs: f6
         "regions_bytes": regions,
         "expert_bytes": x.expert_bytes(),
         "cache_slots": x.slots(),
+        "cache_policy": x.cache_policy(),
         "engine": x.engine().0,
         "io_depth": x.engine().1,
         "direct": x.direct().0,

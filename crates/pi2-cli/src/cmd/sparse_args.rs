@@ -107,6 +107,11 @@ pub struct OffloadArgs {
     /// guess costs reads, never a different answer)
     #[arg(long)]
     pub no_prefetch: bool,
+    /// A mixture of experts streamed from its file: which experts a full cache keeps —
+    /// `frequent` (the most often chosen so far; a layer's popular experts stay) or `recent`
+    /// (the most recently chosen)
+    #[arg(long, default_value = "frequent")]
+    pub expert_cache: pi2_engine::ExpertCache,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -129,6 +134,7 @@ impl OffloadArgs {
             emulate_flash: self.emulate_flash.clone(),
             process_bytes: None,
             prefetch_experts: !self.no_prefetch,
+            expert_cache: self.expert_cache,
         }
     }
 

@@ -15,7 +15,7 @@
 use super::{open_engine, OffloadConfig};
 use crate::weights::{FfnMats, Resident, SparseCall, Store, Table};
 use crate::EngineError;
-use pi2_cache::{Budget, Lru, Region, Slot, SlotCache};
+use pi2_cache::{Budget, EvictionPolicy, Lru, Region, Slot, SlotCache};
 use pi2_io::{Reader, Request};
 use pi2_kernels::{ActBuf, KernelSet, MatRef};
 use pi2_model::{Model, TensorView, TokenId};
@@ -132,7 +132,7 @@ pub struct ExpertStream {
     reader: Reader,
     layers: Vec<ExpertLayer>,
     n_expert: usize,
-    cache: SlotCache<Lru>,
+    cache: SlotCache<Box<dyn EvictionPolicy>>,
     /// Per slot: reads of the slot's expert still in flight.
     landing: Vec<u8>,
     /// Units put in flight by the current wave, and read ahead for the next one.
@@ -189,9 +189,12 @@ impl ExpertStream {
             c.n_expert,
             need.expert as usize,
             slots,
-            Lru::default(),
+            cfg.expert_cache.policy(),
         )?;
-        let cold = SlotCache::<Lru>::bytes_for(need.expert as usize, slots, keys);
+        // The policy's tables: a count per key, a key and a time per slot.
+        let cold = SlotCache::<Lru>::bytes_for(need.expert as usize, slots, keys)
+            + 4 * keys as u64
+            + 12 * slots as u64;
         budget
             .reserve(Region::Cold, cold, "expert cache")
             .map_err(over)?;
@@ -248,6 +251,11 @@ impl ExpertStream {
     /// Experts the cache holds at once.
     pub fn slots(&self) -> usize {
         self.cache.n_slots()
+    }
+
+    /// Which experts the full cache keeps ([`crate::ExpertCache::name`]).
+    pub fn cache_policy(&self) -> &'static str {
+        self.cache.policy_name()
     }
 
     /// Bytes of one expert (a slot).

@@ -83,6 +83,49 @@ pub struct OffloadConfig {
     /// A plain mixture's streamed experts: read the next layer's likely experts ahead, on the
     /// next layer's router applied to this layer's input ([`ExpertStream`]).
     pub prefetch_experts: bool,
+    /// Which streamed experts the cache keeps when it is full.
+    pub expert_cache: ExpertCache,
+}
+
+/// Which experts a full expert cache keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertCache {
+    /// The most recently chosen.
+    Recent,
+    /// The most often chosen over the run (the least recent among equals): a layer's popular
+    /// experts stay pinned by their counts while one-off choices pass through.
+    #[default]
+    Frequent,
+}
+
+impl ExpertCache {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertCache::Recent => "recent",
+            ExpertCache::Frequent => "frequent",
+        }
+    }
+
+    /// The cache's eviction policy.
+    pub fn policy(self) -> Box<dyn pi2_cache::EvictionPolicy> {
+        match self {
+            ExpertCache::Recent => Box::new(pi2_cache::Lru::default()),
+            ExpertCache::Frequent => Box::new(pi2_cache::Frequent::default()),
+        }
+    }
+}
+
+impl std::str::FromStr for ExpertCache {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "recent" | "lru" => Ok(ExpertCache::Recent),
+            "frequent" => Ok(ExpertCache::Frequent),
+            other => Err(format!(
+                "`{other}` is not an expert cache: recent or frequent"
+            )),
+        }
+    }
 }
 
 impl Default for OffloadConfig {
@@ -99,6 +142,7 @@ impl Default for OffloadConfig {
             emulate: None,
             dense_layers: None,
             prefetch_experts: true,
+            expert_cache: ExpertCache::default(),
         }
     }
 }
