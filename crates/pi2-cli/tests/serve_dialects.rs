@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::server::{http, post, sse_data, Server};
+use common::server::{chat_stream, http, post, Server};
 use serde_json::{json, Value};
 
 const HARMONY: &str = "{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant";
@@ -25,16 +25,7 @@ fn answer(s: &Server, answer: &str) -> (Value, Value, Value) {
     let m = r.json()["choices"][0]["message"].clone();
     let r = post(&s.addr, "/v1/chat/completions", &body(true));
     assert_eq!(r.status, 200, "{}", r.body);
-    let chunks: Vec<Value> = sse_data(&r.body)
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    let field = |name: &str| -> String {
-        (chunks.iter())
-            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
-            .collect()
-    };
+    let (chunks, field) = chat_stream(&r.body);
     let streamed_calls: Vec<Value> = (chunks.iter())
         .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
         .flatten()

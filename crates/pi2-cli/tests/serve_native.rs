@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::server::{http, post, sse_data, Server};
+use common::server::{chat_stream, http, post, sse_data, Server};
 use serde_json::{json, Value};
 
 const PROMPT: &str = "The capital of France is";
@@ -567,16 +567,7 @@ fn reasoning_comes_apart_from_the_answer() {
         &body(json!({"stream": true})),
     );
     assert_eq!(r.status, 200);
-    let chunks: Vec<Value> = sse_data(&r.body)
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    let field = |name: &str| -> String {
-        (chunks.iter())
-            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
-            .collect()
-    };
+    let (_, field) = chat_stream(&r.body);
     assert_eq!(field("reasoning_content"), "Two and two.");
     assert_eq!(field("content"), "Four.");
     let r = post(

@@ -138,6 +138,23 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
+/// A chat stream's chunks (JSON, `[DONE]` left out) and the text of one `delta` field over
+/// all of them (`content`, `reasoning_content`).
+pub fn chat_stream(body: &str) -> (Vec<Value>, impl Fn(&str) -> String) {
+    let chunks: Vec<Value> = sse_data(body)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let all = chunks.clone();
+    let field = move |name: &str| -> String {
+        (all.iter())
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    (chunks, field)
+}
+
 pub fn metric(addr: &str, name: &str) -> f64 {
     let r = http(addr, "GET", "/metrics", &[], b"");
     r.body
