@@ -162,6 +162,7 @@ const LLAMA_CPP_ALIASES: &[(&str, &str)] = &[
     ("-cb", "--cont-batching"),
     ("-ub", "--ubatch-size"),
     ("-fa", "--flash-attn"),
+    ("-rea", "--reasoning"),
 ];
 
 /// `arg` with a llama.cpp multi-letter short flag (alone or as `-flag=value`) renamed to pi2's.

@@ -86,7 +86,7 @@ fn gemma4_thoughts_and_calls_are_read() {
 }
 
 /// llama-server's command line runs unchanged: `-n` caps every answer and is the default,
-/// `--reasoning-format` is the default format, `--alias a,b` and `--tags` label the model, and
+/// `--reasoning-format` is the default format, `--reasoning off` turns thinking off, `--alias a,b` and `--tags` label the model, and
 /// switches for what pi2 always does (`--jinja`, `-cb`, `--embedding`, `--metrics`, `-ub`,
 /// `-fa`) are accepted.
 #[test]
@@ -174,4 +174,14 @@ fn llama_server_flags_set_the_defaults() {
                 "reasoning_format": "auto"}),
     );
     assert_eq!(r.json()["choices"][0]["message"]["reasoning_content"], "a");
+    // `--reasoning off`: thinking templates' `enable_thinking` is false unless a request says.
+    let template =
+        "{{ enable_thinking | default('-') }}|{% for m in messages %}{{ m.content }}{% endfor %}";
+    let s3 = Server::start(&["--chat-template", template, "-rea", "off"]);
+    let prompt = |kwargs: Value| {
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": kwargs});
+        post(&s3.addr, "/apply-template", &body).json()["prompt"].clone()
+    };
+    assert_eq!(prompt(json!({})), "False|Hi");
+    assert_eq!(prompt(json!({"enable_thinking": true})), "True|Hi");
 }

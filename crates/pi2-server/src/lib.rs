@@ -87,6 +87,9 @@ pub struct ServerConfig {
     /// How chat answers give their reasoning unless the request says (llama-server's
     /// `--reasoning-format`: `auto`, `deepseek`, `deepseek-legacy`, `none`).
     pub reasoning_format: Option<String>,
+    /// Whether thinking templates think unless the request says (llama-server's `--reasoning
+    /// on|off`: their `enable_thinking` variable; `None`: the template's default).
+    pub thinking: Option<bool>,
 }
 
 impl Default for ServerConfig {
@@ -115,6 +118,7 @@ impl Default for ServerConfig {
             slots_route: true,
             n_predict: None,
             reasoning_format: None,
+            thinking: None,
         }
     }
 }
@@ -307,6 +311,10 @@ pub fn serve(
     state.slot_save_path = cfg.slot_save_path.clone();
     state.n_predict = cfg.n_predict;
     state.labels = cfg.labels.clone();
+    if let (Some(on), Ok(t)) = (cfg.thinking, &state.template) {
+        let vars = serde_json::Map::from_iter([("enable_thinking".to_string(), on.into())]);
+        state.template = t.with_variables(&vars).map_err(|e| e.to_string());
+    }
     if let Some(f) = &cfg.reasoning_format {
         routes::reasoning_format(Some(f)).map_err(|e| ServerError::Option {
             option: "--reasoning-format",

@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// none (in the content)
     #[arg(long = "reasoning-format")]
     pub reasoning_format: Option<String>,
+    /// Whether thinking models think unless a request says (the template's `enable_thinking`,
+    /// as llama-server's): on, off, or auto (the template's own default)
+    #[arg(long = "reasoning", value_name = "on|off|auto", value_parser = ["on", "off", "auto"], default_value = "auto")]
+    pub reasoning: String,
     #[command(flatten)]
     pub llama_server: LlamaServerSwitches,
     #[command(flatten)]
@@ -192,6 +196,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         pooling: a.pooling,
         n_predict: usize::try_from(a.n_predict).ok(),
         reasoning_format: a.reasoning_format.clone(),
+        thinking: match a.reasoning.as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
         slot_save_path: match &a.slot_save_path {
             Some(dir) => {
                 std::fs::create_dir_all(dir).with_context(|| {
