@@ -1,7 +1,7 @@
 //! Whole experts of a plain mixture-of-experts GGUF streamed from flash through an owned cache,
 //! with no conversion: an expert's slice of each stacked tensor (`ffn_gate_exps`, `ffn_up_exps`,
 //! `ffn_down_exps`) is already one contiguous run of the file, so an expert is read as three
-//! large reads into one slot of a [`SlotCache`] (key `layer * n_expert + expert`, LRU). Every
+//! large reads into one slot of a [`SlotCache`] (key `layer * n_expert + expert`). Every
 //! other tensor stays resident: attention and the output matrix as the engine's own copies
 //! (outside the page cache), norms, routers and the embedding rows from the mapping.
 //!
