@@ -614,7 +614,7 @@ mod tests {
         let today = t.render(&msgs, false).unwrap();
         let (date, datetime) = today.split_once('|').unwrap();
         assert_eq!(date.split(' ').count(), 3, "{today}");
-        assert_eq!(date.split(' ').last(), datetime.split(' ').last());
+        assert_eq!(date.rsplit(' ').next(), datetime.rsplit(' ').next());
         let mut vars = serde_json::Map::new();
         vars.insert("date_string".into(), "26 Jul 2024".into());
         let fixed = t.with_variables(&vars).unwrap();
