@@ -132,11 +132,19 @@ impl<J> Scheduler<J> {
         Ok(())
     }
 
-    /// Slot `id`'s next job (waiting for one); `cached` is what the slot's KV cache holds now.
-    pub fn next(&self, id: usize, cached: &[TokenId]) -> J {
+    /// Slot `id` is done with its job and its KV cache holds `cached` (for routing prompts and
+    /// `/slots`).
+    pub fn job_done(&self, id: usize, cached: &[TokenId]) {
         let mut st = self.state.lock();
+        st.slots[id].busy = false;
         st.slots[id].cached.clear();
         st.slots[id].cached.extend_from_slice(cached);
+    }
+
+    /// Slot `id`'s next job (waiting for one); `cached` is what the slot's KV cache holds now.
+    pub fn next(&self, id: usize, cached: &[TokenId]) -> J {
+        self.job_done(id, cached);
+        let mut st = self.state.lock();
         loop {
             if let Some(job) = st.slots[id].mailbox.take() {
                 return job;

@@ -313,6 +313,8 @@ impl Slot<'_> {
             self.engine.idle();
             self.metrics.processing(-1);
             self.engine.report(self.id, &self.metrics);
+            // Before the answer, so that a client listing `/slots` after it sees this cache.
+            sched.job_done(self.id, &self.cached);
             // Last, so that a client reading `/metrics` after its answer sees it counted.
             if let Some(ev) = last {
                 let _ = job.events.blocking_send(ev);

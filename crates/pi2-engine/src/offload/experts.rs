@@ -99,14 +99,23 @@ pub fn expert_budget(model: &Model, fixed: u64) -> ExpertBudget {
         })
         .sum();
     let resident = model.file.file_size() - stacked;
-    let slot = SlotCache::<Lru>::bytes_for(expert as usize, 1, 0);
-    let keys = 4 * (model.config.n_layer * model.config.n_expert) as u64;
+    let slot = slot_cost(expert as usize);
+    let keys = KEY_COST * (model.config.n_layer * model.config.n_expert) as u64;
     ExpertBudget {
         resident,
         expert,
         slot,
         minimum: resident + fixed + keys + slot * model.config.n_expert_used.max(1) as u64,
     }
+}
+
+/// Bytes of the expert cache per key: the cache's slot table and the policy's count.
+const KEY_COST: u64 = 4 + 4;
+
+/// Bytes of the expert cache per slot: the expert, the cache's tables, and the policy's key
+/// and time of the slot.
+fn slot_cost(expert: usize) -> u64 {
+    SlotCache::<Lru>::bytes_for(expert, 1, 0) + 4 + 8
 }
 
 fn expert_layers(model: &Model) -> Vec<ExpertLayer> {
@@ -180,7 +189,9 @@ impl ExpertStream {
             .and_then(|()| budget.reserve(Region::Scratch, scratch, "buffers"))
             .map_err(over)?;
         let keys = c.n_layer * c.n_expert;
-        let slots = SlotCache::<Lru>::slots_in(budget.left(), need.expert as usize, keys).min(keys);
+        let per_slot = slot_cost(need.expert as usize);
+        let slots = (budget.left().saturating_sub(KEY_COST * keys as u64) / per_slot) as usize;
+        let slots = slots.min(keys);
         if slots < c.n_expert_used.max(1) {
             return Err(over(pi2_cache::CacheError::Empty).into());
         }
@@ -191,10 +202,7 @@ impl ExpertStream {
             slots,
             cfg.expert_cache.policy(),
         )?;
-        // The policy's tables: a count per key, a key and a time per slot.
-        let cold = SlotCache::<Lru>::bytes_for(need.expert as usize, slots, keys)
-            + 4 * keys as u64
-            + 12 * slots as u64;
+        let cold = per_slot * slots as u64 + KEY_COST * keys as u64;
         budget
             .reserve(Region::Cold, cold, "expert cache")
             .map_err(over)?;
@@ -450,7 +458,7 @@ impl ExpertStream {
         self.budget.reserve(Region::Fixed, slack, "KV cache")?;
         need -= slack;
         self.kv_charged += slack;
-        let per_slot = SlotCache::<Lru>::bytes_for(self.cache.slot_bytes(), 1, 0);
+        let per_slot = slot_cost(self.cache.slot_bytes());
         while need > 0 && self.cache.n_slots() > self.least_slots {
             let spare = (self.cache.n_slots() - self.least_slots) as u64;
             let give = need.div_ceil(per_slot).clamp(1, spare) as usize;
