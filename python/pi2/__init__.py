@@ -87,7 +87,10 @@ def _messages(messages: Sequence[Message]) -> List[tuple]:
             calls.append((str(c.get("id") or f"call_{i}_{k}"), f["name"], args if isinstance(args, str) else json.dumps(args)))
         content = m.get("content")
         content = "" if content is None and calls else _text(content, f"messages[{i}]['content']")
-        out.append((role, content, calls, m.get("tool_call_id"), m.get("name")))
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise ValueError(f"messages[{i}]['reasoning_content'] is not a string")
+        out.append((role, content, calls, m.get("tool_call_id"), m.get("name"), reasoning))
     return out
 
 

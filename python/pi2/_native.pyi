@@ -2,8 +2,8 @@
 
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-# (role, content, calls as (id, name, arguments JSON), tool_call_id, name)
-PyMessage = Tuple[str, str, Sequence[Tuple[str, str, str]], Optional[str], Optional[str]]
+# (role, content, calls as (id, name, arguments JSON), tool_call_id, name, reasoning_content)
+PyMessage = Tuple[str, str, Sequence[Tuple[str, str, str]], Optional[str], Optional[str], Optional[str]]
 
 __version__: str
 

@@ -11,11 +11,13 @@ use pyo3::prelude::*;
 use serde_json::Value;
 
 /// A message as `pi2/__init__.py` passes it: role, content, the calls an assistant turn made
-/// (`(id, name, arguments JSON text)`), the call a `tool` turn answers and its function's name.
+/// (`(id, name, arguments JSON text)`), the call a `tool` turn answers, its function's name,
+/// and an assistant turn's reasoning given back.
 pub type PyMessage = (
     String,
     String,
     Vec<(String, String, String)>,
+    Option<String>,
     Option<String>,
     Option<String>,
 );
@@ -29,7 +31,7 @@ fn messages(messages: Vec<PyMessage>) -> PyResult<Vec<Message>> {
     messages
         .into_iter()
         .enumerate()
-        .map(|(i, (role, content, calls, call_id, name))| {
+        .map(|(i, (role, content, calls, call_id, name, reasoning))| {
             if !ROLES.contains(&role.as_str()) {
                 return Err(PyValueError::new_err(format!(
                     "messages[{i}]['role'] is {role:?}: use one of {}",
@@ -41,6 +43,7 @@ fn messages(messages: Vec<PyMessage>) -> PyResult<Vec<Message>> {
             let mut m = Message::new(role, &content);
             m.tool_call_id = call_id;
             m.name = name;
+            m.reasoning_content = reasoning;
             m.tool_calls = calls
                 .into_iter()
                 .map(|(id, name, args)| ToolCall {

@@ -22,6 +22,13 @@ pub struct Message {
     /// The function a `tool` turn answers for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning, given back (Qwen3's template shows it for the turns after
+    /// the last user message; gpt-oss's reads it as `thinking`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// gpt-oss's name for the reasoning: set by the render for harmony templates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) thinking: Option<String>,
 }
 
 /// A function call an assistant turn made.
@@ -48,6 +55,8 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
+            thinking: None,
         }
     }
 }
@@ -234,6 +243,17 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<Vec<TokenId>> {
+        // Reasoning given back is rendered as it is: control-token text in it would become
+        // control tokens (only the content is kept as text below).
+        if (messages
+            .iter()
+            .filter_map(|m| m.reasoning_content.as_deref()))
+        .any(|r| tok.has_control_text(r))
+        {
+            return Err(ModelError::Template(
+                "a message's reasoning_content holds control-token text; remove it from the reasoning".into(),
+            ));
+        }
         let text = self.render_with_tools(messages, tools, add_generation_prompt)?;
         if !messages.iter().any(|m| tok.has_control_text(&m.content)) {
             return Ok(tok.encode(&text, true, true));
@@ -298,6 +318,21 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        // gpt-oss's template reads an assistant turn's reasoning as `thinking` (llama.cpp's
+        // adjustment for it).
+        let harmony: Vec<Message>;
+        let messages = match self.dialect {
+            crate::answer::Dialect::Harmony => {
+                harmony = (messages.iter())
+                    .map(|m| Message {
+                        thinking: m.reasoning_content.clone(),
+                        ..m.clone()
+                    })
+                    .collect();
+                &harmony[..]
+            }
+            _ => messages,
+        };
         #[cfg(any(target_os = "linux", target_os = "android"))]
         {
             self.render_isolated(messages, tools, add_generation_prompt)
@@ -445,7 +480,10 @@ fn input_bytes(messages: &[Message], tools: Option<&serde_json::Value>) -> usize
     let tools = tools.map_or(0, |t| t.to_string().len());
     messages
         .iter()
-        .map(|m| m.role.len() + m.content.len() + calls(m))
+        .map(|m| {
+            let reasoning = m.reasoning_content.as_ref().map_or(0, String::len);
+            m.role.len() + m.content.len() + reasoning + calls(m)
+        })
         .sum::<usize>()
         + tools
 }
@@ -622,6 +660,16 @@ mod tests {
             .render(&msgs, false)
             .unwrap()
             .starts_with("26 Jul 2024|"));
+        // An assistant turn's reasoning given back: as `reasoning_content`, and for a harmony
+        // template (gpt-oss) as `thinking` too.
+        let mut turn = Message::new("assistant", "4");
+        turn.reasoning_content = Some("2 + 2".into());
+        let show = "{% for m in messages %}{{ m.reasoning_content | default('-') }}/{{ m.thinking | default('-') }};{% endfor %}";
+        let t = ChatTemplate::new(show, "", "").unwrap();
+        assert_eq!(t.render(&[turn.clone()], false).unwrap(), "2 + 2/-;");
+        let harmony = format!("{show}{{# <|channel|>final<|message|> #}}");
+        let t = ChatTemplate::new(&harmony, "", "").unwrap();
+        assert_eq!(t.render(&[turn], false).unwrap(), "2 + 2/2 + 2;");
         // {% generation %} markers render nothing, with whitespace control too.
         let t = ChatTemplate::new(
             "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%}[{{ m.content }}]{% endgeneration %}{% endif %}{% endfor %}",

@@ -98,6 +98,8 @@ pub struct ChatMessage {
     /// A `tool` turn: the call it answers, and the function's name.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// An assistant turn's reasoning, given back to templates that show it.
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,6 +226,7 @@ impl CompletionRequest {
                 };
                 let mut msg = pi2_model::Message::new(role, &content);
                 msg.tool_call_id = m.tool_call_id.clone();
+                msg.reasoning_content = m.reasoning_content.clone();
                 msg.name = m.name.clone();
                 msg.tool_calls = calls
                     .iter()
