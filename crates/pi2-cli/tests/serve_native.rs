@@ -609,3 +609,40 @@ fn reasoning_effort_reaches_the_template() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("reasoning_effort"), "{body}");
 }
+
+/// `/v1/embeddings` takes llama-server's input forms too: text and token ids mixed in one
+/// input, `{"prompt_string"}` and `{"content": [text parts]}` objects, lists of any of them;
+/// the same text gives the same vector in every form.
+#[test]
+fn embeddings_take_llama_servers_input_forms() {
+    let s = Server::start(&[]);
+    let embed = |input: Value| post(&s.addr, "/v1/embeddings", &json!({ "input": input }));
+    let vectors = |input: Value| -> Vec<Value> {
+        let r = embed(input.clone());
+        assert_eq!(r.status, 200, "{input}: {}", r.body);
+        let data = r.json()["data"].as_array().unwrap().clone();
+        data.iter().map(|d| d["embedding"].clone()).collect()
+    };
+    assert_eq!(vectors(json!("hello world")).len(), 1);
+    assert_eq!(vectors(json!([12, 34, "hello", 56])).len(), 1);
+    assert_eq!(vectors(json!(["a", [12, 34, 56]])).len(), 2);
+    let same = vectors(json!([
+        "hello world",
+        {"prompt_string": "hello world"},
+        {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]},
+    ]));
+    assert_eq!(same.len(), 3);
+    assert!(same[1] == same[0] && same[2] == same[0]);
+    for bad in [
+        json!({"content": "text"}),
+        json!({"content": [{"type": "image_url", "image_url": {"url": "x"}}]}),
+        json!([[]]),
+        json!([[[1]]]),
+        json!(null),
+        json!([1, 1e30]),
+    ] {
+        let r = embed(bad.clone());
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert!(r.body.contains("input"), "{bad}: {}", r.body);
+    }
+}

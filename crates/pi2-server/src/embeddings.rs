@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine as _;
-use pi2_model::TokenId;
+use pi2_model::{TokenId, Tokenizer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -22,20 +22,11 @@ const MAX_INPUTS: usize = 256;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EmbeddingRequest {
-    input: Input,
+    input: Value,
     model: Option<String>,
     encoding_format: Option<String>,
     dimensions: Option<u64>,
     user: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Input {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<i64>),
-    TokenLists(Vec<Vec<i64>>),
 }
 
 pub async fn embeddings(
@@ -79,7 +70,7 @@ async fn embed(s: &Arc<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
         ))
         .param("dimensions"));
     }
-    let inputs = token_inputs(s, req.input)?;
+    let inputs = token_inputs(s, &req.input)?;
     let (mut data, mut used) = (Vec::new(), 0);
     for (i, tokens) in inputs.into_iter().enumerate() {
         used += tokens.len();
@@ -101,30 +92,72 @@ async fn embed(s: &Arc<AppState>, body: Body) -> Result<Json<Value>, ApiError> {
     })))
 }
 
+/// The inputs, as OpenAI and llama-server take them: a text, token ids, text and token ids
+/// mixed (llama-server's), an object (`{"prompt_string": ..}` or `{"content": [text parts]}`),
+/// or a list of any of these but bare ids (a list holding ids is one mixed input).
+fn input_items(input: &Value) -> Vec<&Value> {
+    match input.as_array() {
+        Some(items) if !items.iter().any(Value::is_number) => items.iter().collect(),
+        _ => vec![input],
+    }
+}
+
+/// One input's token ids (BOS as the model adds it before its first text), checked.
+fn input_tokens(tok: &Tokenizer, item: &Value) -> Result<Vec<TokenId>, String> {
+    // `content` is a list of text parts, as llama-server takes it.
+    let text_of = |v: &Value| -> Result<String, String> {
+        match v {
+            Value::Array(parts) => (parts.iter())
+                .map(|p| match (p["type"].as_str(), p["text"].as_str()) {
+                    (Some("text"), Some(t)) => Ok(t),
+                    _ => Err("a content part that is not text (only text is embedded)".to_string()),
+                })
+                .collect(),
+            _ => Err("`content` is a list of text parts".into()),
+        }
+    };
+    let pieces: Vec<&Value> = match item {
+        Value::Array(pieces) => pieces.iter().collect(),
+        other => vec![other],
+    };
+    let mut ids = Vec::new();
+    for piece in pieces {
+        match piece {
+            Value::String(t) => ids.extend(tok.encode(t, ids.is_empty(), false)),
+            Value::Number(n) => {
+                let id = n.as_i64().and_then(|t| tok.checked_ids([t]).ok());
+                ids.extend(id.ok_or(format!("token {n} is outside the vocabulary"))?);
+            }
+            Value::Object(o) => {
+                let text = match (o.get("prompt_string"), o.get("content")) {
+                    (Some(Value::String(t)), None) => t.clone(),
+                    (None, Some(c)) => text_of(c)?,
+                    _ => return Err("an object input is {\"prompt_string\": text} or {\"content\": [text parts]}".into()),
+                };
+                ids.extend(tok.encode(&text, ids.is_empty(), false));
+            }
+            _ => return Err("an input is text, token ids, or an object".into()),
+        }
+    }
+    Ok(ids)
+}
+
 /// Each input as token ids, checked.
-fn token_inputs(s: &AppState, input: Input) -> Result<Vec<Vec<TokenId>>, ApiError> {
+fn token_inputs(s: &AppState, input: &Value) -> Result<Vec<Vec<TokenId>>, ApiError> {
     let tok = &s.model.tokenizer;
-    let ids = |v: Vec<i64>| {
-        tok.checked_ids(v).map_err(|(i, t)| {
-            ApiError::bad(format!(
-                "`input`: token {t} at {i} is outside the vocabulary"
-            ))
-            .param("input")
+    let list = (input_items(input).into_iter().enumerate())
+        .map(|(i, item)| {
+            input_tokens(tok, item)
+                .map_err(|m| ApiError::bad(format!("`input` {i}: {m}")).param("input"))
         })
-    };
-    let list = match input {
-        Input::Text(t) => vec![tok.encode(&t, true, false)],
-        Input::Texts(v) => v.iter().map(|t| tok.encode(t, true, false)).collect(),
-        Input::Tokens(v) => vec![ids(v)?],
-        Input::TokenLists(v) => v.into_iter().map(ids).collect::<Result<_, _>>()?,
-    };
+        .collect::<Result<Vec<_>, _>>()?;
     if list.is_empty() || list.len() > MAX_INPUTS {
         return Err(ApiError::bad(format!("`input`: give 1..{MAX_INPUTS} inputs")).param("input"));
     }
     for (i, t) in list.iter().enumerate() {
         if t.is_empty() || t.len() > s.n_ctx {
             return Err(ApiError::bad(format!(
-                "`input` {i} is {} tokens; it must be 1..{} (the context size)",
+                "`input` {i} is {} tokens: empty or too large; it must be 1..{} (the context size)",
                 t.len(),
                 s.n_ctx
             ))
