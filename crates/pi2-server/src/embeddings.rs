@@ -169,23 +169,7 @@ fn token_inputs(s: &AppState, input: &Value) -> Result<Vec<Vec<TokenId>>, ApiErr
 
 async fn embed_one(s: &AppState, prompt: Vec<TokenId>) -> Result<Vec<f32>, ApiError> {
     let (tx, mut rx) = mpsc::channel(2);
-    let job = Job {
-        prompt,
-        sampler: Default::default(),
-        max_tokens: None,
-        stops: Vec::new(),
-        ignore_eos: false,
-        stream: false,
-        drafts: crate::api::Drafts::None,
-        draft_max: 0,
-        grammar: None,
-        logprobs: None,
-        shown_tokens: Vec::new(),
-        embed: Some(s.pooling),
-        slot_action: None,
-        events: tx,
-    };
-    s.queue.submit(job)?;
+    s.queue.submit(Job::embedding(prompt, s.pooling, tx))?;
     match rx.recv().await {
         Some(Event::Embedding(v)) => Ok(v),
         Some(Event::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),

@@ -67,7 +67,27 @@ impl Job {
     /// A slot action, answered on `events`.
     pub fn slot(action: crate::slot_file::SlotAction, events: mpsc::Sender<Event>) -> Self {
         Job {
-            prompt: Vec::new(),
+            slot_action: Some(action),
+            ..Job::not_generating(Vec::new(), events)
+        }
+    }
+
+    /// The embedding of `prompt`, pooled so, answered on `events`.
+    pub fn embedding(
+        prompt: Vec<TokenId>,
+        pooling: pi2_runtime::embed::Pooling,
+        events: mpsc::Sender<Event>,
+    ) -> Self {
+        Job {
+            embed: Some(pooling),
+            ..Job::not_generating(prompt, events)
+        }
+    }
+
+    /// A job that generates nothing (the base of the two above).
+    fn not_generating(prompt: Vec<TokenId>, events: mpsc::Sender<Event>) -> Self {
+        Job {
+            prompt,
             sampler: SamplerConfig::default(),
             max_tokens: None,
             stops: Vec::new(),
@@ -79,7 +99,7 @@ impl Job {
             logprobs: None,
             shown_tokens: Vec::new(),
             embed: None,
-            slot_action: Some(action),
+            slot_action: None,
             events,
         }
     }

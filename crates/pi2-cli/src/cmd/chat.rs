@@ -309,13 +309,11 @@ impl Reply {
 
     fn show(&mut self, (reasoning, content): (String, String), out: &mut impl Write) {
         if !reasoning.is_empty() {
+            // stderr is unbuffered: each piece shows as it comes.
             let _ = match self.dim {
                 true => write!(std::io::stderr(), "\x1b[2m{reasoning}\x1b[0m"),
                 false => write!(std::io::stderr(), "{reasoning}"),
             };
-            if reasoning.ends_with('\n') || content.is_empty() {
-                let _ = std::io::stderr().flush();
-            }
         }
         if !content.is_empty() {
             self.content.push_str(&content);

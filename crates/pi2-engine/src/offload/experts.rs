@@ -261,7 +261,7 @@ impl ExpertStream {
         self.cache.n_slots()
     }
 
-    /// Which experts the full cache keeps ([`crate::ExpertCache::name`]).
+    /// Which experts the full cache keeps (its eviction policy's name).
     pub fn cache_policy(&self) -> &'static str {
         self.cache.policy_name()
     }

@@ -99,13 +99,6 @@ pub enum ExpertCache {
 }
 
 impl ExpertCache {
-    pub fn name(self) -> &'static str {
-        match self {
-            ExpertCache::Recent => "recent",
-            ExpertCache::Frequent => "frequent",
-        }
-    }
-
     /// The cache's eviction policy.
     pub fn policy(self) -> Box<dyn pi2_cache::EvictionPolicy> {
         match self {
