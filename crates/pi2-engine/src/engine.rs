@@ -594,11 +594,7 @@ impl<'m> Engine<'m> {
         };
         self.prepare();
         let pool = self.pool.clone();
-        // A decode batch multiplies row by row, as its one-token steps do.
-        self.ks.rows_alike = pass == Pass::Decode;
-        let done = pool.install(|| self.forward_inner(input, first_logit, pass, observer));
-        self.ks.rows_alike = false;
-        done?;
+        pool.install(|| self.forward_inner(input, first_logit, pass, observer))?;
         let rows = n - first_logit;
         Ok(&self.s.logits[..rows * c.n_vocab])
     }

@@ -332,3 +332,57 @@ fn short_greedy_matches_llama_cpp() {
     }
     assert!(checked >= 3, "only {checked} steps checked");
 }
+
+/// A quantized file gives the same answer on every kernel tier this CPU runs, bit for bit: a
+/// batched prompt (the multi-token tiles), then single-token steps, with and without the
+/// row-interleaved copies. The kernels' own tests check the aarch64 tiers against the same
+/// scalar reference under qemu, so a phone computes these logits too.
+#[test]
+fn every_tier_gives_the_same_logits_bit_for_bit() {
+    use pi2_kernels::{KernelSet, Tier};
+    let tiers: Vec<Tier> = Tier::ALL
+        .into_iter()
+        .filter(|&t| KernelSet::for_tier(t).is_some())
+        .collect();
+    eprintln!("tiers compared: {tiers:?}");
+    for r in REFERENCES {
+        let m = r.model();
+        let g = r.golden("logits.json");
+        let prompt = ids(&g["cases"][0]["prompt_ids"]);
+        let run = |tier: Tier, repack: bool| -> Vec<u32> {
+            let cfg = EngineConfig {
+                threads: 2,
+                n_ctx: 256,
+                tier: Some(tier),
+                repack,
+                ..Default::default()
+            };
+            let mut e = Engine::new(&m, &cfg).unwrap();
+            let mut bits: Vec<u32> = Vec::new();
+            let mut logits = e.forward(&prompt, Logits::Last).unwrap().to_vec();
+            for _ in 0..3 {
+                bits.extend(logits.iter().map(|v| v.to_bits()));
+                logits = e
+                    .forward(&[argmax(&logits)], Logits::Last)
+                    .unwrap()
+                    .to_vec();
+            }
+            bits
+        };
+        let want = run(Tier::Scalar, false);
+        for &tier in &tiers {
+            for repack in [false, true] {
+                let got = run(tier, repack);
+                let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{}: {tier:?} (repack {repack}) differs from the scalar reference in {differ} \
+                     of {} logits",
+                    r.model,
+                    want.len()
+                );
+            }
+        }
+    }
+}

@@ -387,8 +387,7 @@ pub(crate) fn compute_rows(
     if w.packed {
         return rows_packed(ks, w, acts, r0, r1, write);
     }
-    let pairs = !ks.rows_alike;
-    by_block_type!(ks, w.ty, k => rows_blocks(k, w, acts.blocks(), n, pairs, r0, r1, write), float => {
+    by_block_type!(ks, w.ty, k => rows_blocks(k, w, acts.blocks(), n, r0, r1, write), float => {
         for r in r0..r1 {
             for t in 0..n {
                 write(t, r, dot_row(ks, w.ty, w.row(r), acts.row(t)));
@@ -457,14 +456,14 @@ fn rows_packed(
 }
 
 /// Block-format rows: groups of four rows share each activation load, and pairs of tokens share
-/// each unpacked weight block; the group's weights stay in L1 while every token passes.
-#[allow(clippy::too_many_arguments)]
+/// each unpacked weight block; the group's weights stay in L1 while every token passes. Every
+/// kernel computes each (row, token) as the one-row kernel does, so how tokens are grouped never
+/// changes a value.
 fn rows_blocks<B: QuantBlock>(
     k: &RowKernels<B>,
     w: &MatRef<'_>,
     x: &[B::Act],
     n: usize,
-    pairs: bool,
     r0: usize,
     r1: usize,
     write: &mut dyn FnMut(usize, usize, f32),
@@ -477,7 +476,7 @@ fn rows_blocks<B: QuantBlock>(
     while r + 4 <= r1 {
         let rs = [row(r), row(r + 1), row(r + 2), row(r + 3)];
         let mut t = 0;
-        while pairs && t + 2 <= n {
+        while t + 2 <= n {
             let v = (k.dot4x2)(rs, [xt(t), xt(t + 1)]);
             for (i, pair) in v.into_iter().enumerate() {
                 write(t, r + i, pair[0]);

@@ -96,12 +96,8 @@ impl Engine<'_> {
             });
         }
         self.prepare();
-        // Each token computed as its one-token step computes it, products row by row.
-        self.ks.rows_alike = true;
         let pool = self.pool.clone();
-        let done = pool.install(|| self.sequences_inner(seqs, tokens));
-        self.ks.rows_alike = false;
-        done?;
+        pool.install(|| self.sequences_inner(seqs, tokens))?;
         Ok(&self.s.logits[..tokens.len() * c.n_vocab])
     }
 

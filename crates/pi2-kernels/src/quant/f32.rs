@@ -1,8 +1,9 @@
-//! F32 weights: plain dot product (reference order, left to right).
+//! F32 weights: plain dot product, summed in the canonical order of [`super::float_order`].
 
 /// Scalar reference: `sum(w[i] * x[i])`.
 pub fn vec_dot_ref(w: &[f32], x: &[f32]) -> f32 {
-    w.iter().zip(x).map(|(a, b)| a * b).sum()
+    let n = w.len().min(x.len());
+    super::float_order::dot(n, |i| w[i], x)
 }
 
 #[cfg(test)]

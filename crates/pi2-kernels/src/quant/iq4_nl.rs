@@ -80,7 +80,7 @@ impl QuantBlock for BlockIQ4NL {
                 isum += IQ4NL_TABLE[(wb.qs[j] & 0x0F) as usize] as i32 * xb.qs[j] as i32;
                 isum += IQ4NL_TABLE[(wb.qs[j] >> 4) as usize] as i32 * xb.qs[j + QK / 2] as i32;
             }
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, isum);
         }
         sum
     }

@@ -98,7 +98,7 @@ impl QuantBlock for BlockIQ4XS {
                 }
                 isum += wb.scale(ib) * s;
             }
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, isum);
         }
         sum
     }

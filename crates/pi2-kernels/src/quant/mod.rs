@@ -68,11 +68,68 @@ pub trait QuantBlock: bytemuck::Pod + Sync {
     fn vec_dot_ref(w: &[Self], x: &[Self::Act]) -> f32;
 }
 
+/// The one order every tier sums a float dot product in, so that a file's answer does not
+/// depend on the CPU: lane `j` of [`LANES`] accumulates the products `i = j (mod LANES)` of the
+/// whole chunks (a multiply, then an add: no fused multiply-add, which not every tier has), the
+/// lanes fold in halves ([`fold_lanes`]), and the tail adds on in order.
+pub mod float_order {
+    /// Lanes of the canonical sum: AVX2 holds them in two registers, AVX-512 in one, NEON in four.
+    pub const LANES: usize = 16;
+
+    /// `((l0 + l8) + (l4 + l12)) ...`: lane `j` and lane `j + half` added, halving to one value.
+    #[inline]
+    pub fn fold_lanes(a: [f32; LANES]) -> f32 {
+        let t: [f32; 8] = std::array::from_fn(|j| a[j] + a[j + 8]);
+        let u: [f32; 4] = std::array::from_fn(|j| t[j] + t[j + 4]);
+        (u[0] + u[2]) + (u[1] + u[3])
+    }
+
+    /// `sum(w(i) * x[i])` over `n` elements in the canonical order.
+    #[inline]
+    pub fn dot(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> f32 {
+        let whole = n / LANES * LANES;
+        let mut lanes = [0.0f32; LANES];
+        for chunk in (0..whole).step_by(LANES) {
+            for (j, lane) in lanes.iter_mut().enumerate() {
+                *lane += w(chunk + j) * x[chunk + j];
+            }
+        }
+        let tail = x[whole..n].iter().enumerate();
+        tail.fold(fold_lanes(lanes), |s, (k, &v)| s + w(whole + k) * v)
+    }
+}
+
+/// How one block's exact integer sums become its share of a row's dot product: every tier's
+/// kernels call these with the same integers, and a row adds its blocks' shares in block order,
+/// so the result is the same on every CPU (the integer sums are exact in any order; only the
+/// float steps could differ).
+pub mod term {
+    /// `dw * dx * isum`: the symmetric formats (and Q6_K, Q3_K, IQ4_XS with their scales folded
+    /// into `isum`).
+    #[inline(always)]
+    pub fn scaled(dw: f32, dx: f32, isum: i32) -> f32 {
+        dw * dx * isum as f32
+    }
+
+    /// `dw * dx * isum + m * sx`: Q4_1 and Q5_1, `sx` the activation block's `d * sum(q)`.
+    #[inline(always)]
+    pub fn with_min(dw: f32, dx: f32, isum: i32, m: f32, sx: f32) -> f32 {
+        dw * dx * isum as f32 + m * sx
+    }
+
+    /// `dx * (d * scaled - dmin * mins)`: Q4_K, Q5_K and Q2_K.
+    #[inline(always)]
+    pub fn k_min(dx: f32, d: f32, scaled: i32, dmin: f32, mins: i32) -> f32 {
+        dx * (d * scaled as f32 - dmin * mins as f32)
+    }
+}
+
 /// 16-bit float weights (F16, BF16) as their formats' scalar references use them: each value
-/// expanded exactly by `expand`, products summed in order.
+/// expanded exactly by `expand`, products summed in [`float_order`].
 pub(crate) mod half_ref {
     pub fn dot(w: &[u16], x: &[f32], expand: fn(u16) -> f32) -> f32 {
-        w.iter().zip(x).map(|(&h, &v)| expand(h) * v).sum()
+        let n = w.len().min(x.len());
+        super::float_order::dot(n, |i| expand(w[i]), x)
     }
 
     pub fn axpy(a: f32, x: &[u16], y: &mut [f32], expand: fn(u16) -> f32) {

@@ -75,7 +75,7 @@ impl QuantBlock for BlockMXFP4 {
                 isum += MXFP4_TABLE[(wb.qs[j] & 0x0F) as usize] as i32 * xb.qs[j] as i32;
                 isum += MXFP4_TABLE[(wb.qs[j] >> 4) as usize] as i32 * xb.qs[j + QK / 2] as i32;
             }
-            sum += xb.d * e8m0_half(wb.e) * isum as f32;
+            sum += super::term::scaled(e8m0_half(wb.e), xb.d, isum);
         }
         sum
     }

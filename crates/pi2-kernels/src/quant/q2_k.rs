@@ -83,7 +83,7 @@ impl QuantBlock for BlockQ2K {
                 scaled += (wb.scales[sb] & 0x0F) as i32 * isum;
                 mins += (wb.scales[sb] >> 4) as i32 * xb.bsums[sb] as i32;
             }
-            sum += xb.d * (f16_to_f32(wb.d) * scaled as f32 - f16_to_f32(wb.dmin) * mins as f32);
+            sum += super::term::k_min(xb.d, f16_to_f32(wb.d), scaled, f16_to_f32(wb.dmin), mins);
         }
         sum
     }
@@ -112,7 +112,7 @@ impl QuantBlock for BlockQ3K {
                     .sum();
                 scaled += sc * isum;
             }
-            sum += xb.d * f16_to_f32(wb.d) * scaled as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, scaled);
         }
         sum
     }

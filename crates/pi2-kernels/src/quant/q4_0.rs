@@ -57,7 +57,7 @@ impl QuantBlock for BlockQ4_0 {
                 isum += ((wb.qs[j] & 0x0F) as i32 - 8) * xb.qs[j] as i32;
                 isum += ((wb.qs[j] >> 4) as i32 - 8) * xb.qs[j + QK / 2] as i32;
             }
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, isum);
         }
         sum
     }

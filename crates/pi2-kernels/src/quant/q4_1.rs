@@ -55,7 +55,7 @@ impl QuantBlock for BlockQ4_1 {
                 isum += (wb.qs[j] & 0x0F) as i32 * xb.qs[j] as i32;
                 isum += (wb.qs[j] >> 4) as i32 * xb.qs[j + QK / 2] as i32;
             }
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32 + f16_to_f32(wb.m) * xb.s;
+            sum += super::term::with_min(f16_to_f32(wb.d), xb.d, isum, f16_to_f32(wb.m), xb.s);
         }
         sum
     }

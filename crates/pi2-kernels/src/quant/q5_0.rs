@@ -90,7 +90,7 @@ impl QuantBlock for BlockQ5_0 {
                 .zip(&xb.qs)
                 .map(|(&q, &y)| (q as i32 - 16) * y as i32)
                 .sum();
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, isum);
         }
         sum
     }

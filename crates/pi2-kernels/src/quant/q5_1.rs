@@ -63,7 +63,7 @@ impl QuantBlock for BlockQ5_1 {
                 .zip(&xb.qs)
                 .map(|(&q, &y)| q as i32 * y as i32)
                 .sum();
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32 + f16_to_f32(wb.m) * xb.s;
+            sum += super::term::with_min(f16_to_f32(wb.d), xb.d, isum, f16_to_f32(wb.m), xb.s);
         }
         sum
     }

@@ -55,7 +55,7 @@ impl QuantBlock for BlockQ5K {
                 scaled += sc as i32 * isum;
                 mins += m as i32 * (xb.bsums[2 * sb] as i32 + xb.bsums[2 * sb + 1] as i32);
             }
-            sum += xb.d * (f16_to_f32(wb.d) * scaled as f32 - f16_to_f32(wb.dmin) * mins as f32);
+            sum += super::term::k_min(xb.d, f16_to_f32(wb.d), scaled, f16_to_f32(wb.dmin), mins);
         }
         sum
     }

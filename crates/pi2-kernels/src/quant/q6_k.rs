@@ -50,7 +50,7 @@ impl QuantBlock for BlockQ6K {
                     .sum();
                 scaled += wb.scales[sb] as i32 * isum;
             }
-            sum += xb.d * f16_to_f32(wb.d) * scaled as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, scaled);
         }
         sum
     }

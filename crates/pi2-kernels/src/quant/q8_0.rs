@@ -49,7 +49,7 @@ impl QuantBlock for BlockQ8_0 {
                 .zip(&xb.qs)
                 .map(|(&a, &b)| a as i32 * b as i32)
                 .sum();
-            sum += f16_to_f32(wb.d) * xb.d * isum as f32;
+            sum += super::term::scaled(f16_to_f32(wb.d), xb.d, isum);
         }
         sum
     }

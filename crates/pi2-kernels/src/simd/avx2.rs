@@ -11,12 +11,12 @@
 
 use super::avx2_x8::rows8;
 use super::x86::{
-    f16_scalar, hsum_ps, iq4nl_values, mxfp4_values, nibbles, Avx512Vnni, AvxVnni, ByteDot,
-    Flavour, Maddubs, PREFETCH,
+    f16_scalar, hsum_epi32, hsum_ps, hsums4, iq4nl_values, mxfp4_values, nibbles, Avx512Vnni,
+    AvxVnni, ByteDot, Flavour, Maddubs, PREFETCH,
 };
 use super::{KernelSet, RowKernels};
 use crate::quant::{
-    BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0,
+    term, BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0,
 };
 use std::arch::x86_64::*;
 
@@ -48,7 +48,6 @@ pub(super) fn kernel_set(tier: super::Tier) -> KernelSet {
         q5_k: super::avx2_k::rows(),
         q6_k: super::avx2_k::rows(),
         x8: x8_kernels(flavour),
-        rows_alike: false,
     }
 }
 
@@ -103,10 +102,19 @@ pub(super) trait Block32: Copy {
     /// Exact integer dot product with the activation block, as 8 i32 lanes.
     unsafe fn idot<D: ByteDot>(&self, y: __m256i, shared: Self::Shared) -> __m256i;
     unsafe fn scale(&self) -> f32;
-    /// The min term (Q4_1: `m * s_x`), 0 for symmetric formats.
-    unsafe fn min_term(&self, x: &BlockQ8) -> f32;
-    /// The block as `scale * q + offset` with `q` the 32 signed bytes, for axpy.
-    unsafe fn values(&self) -> (__m256i, f32, f32);
+    /// The min (Q4_1, Q5_1: `w = q * d + m`), `None` for symmetric formats.
+    unsafe fn min(&self) -> Option<f32>;
+    /// The block as `q * scale` (plus the min) with `q` the 32 signed bytes, for axpy.
+    unsafe fn values(&self) -> (__m256i, f32);
+    /// This block's share of a row's dot product from its exact integer sum with `x`: the
+    /// formula of `crate::quant::term` every tier uses.
+    #[inline(always)]
+    unsafe fn term(&self, x: &BlockQ8, isum: i32) -> f32 {
+        match self.min() {
+            Some(m) => term::with_min(self.scale(), x.d, isum, m, x.s),
+            None => term::scaled(self.scale(), x.d, isum),
+        }
+    }
 }
 
 impl Block32 for BlockQ4_0 {
@@ -126,13 +134,13 @@ impl Block32 for BlockQ4_0 {
         f16_scalar(self.d)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
+    unsafe fn min(&self) -> Option<f32> {
+        None
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> (__m256i, f32) {
         let q = _mm256_sub_epi8(nibbles(&self.qs), _mm256_set1_epi8(8));
-        (q, f16_scalar(self.d), 0.0)
+        (q, f16_scalar(self.d))
     }
 }
 
@@ -149,12 +157,12 @@ impl Block32 for BlockQ4_1 {
         f16_scalar(self.d)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, x: &BlockQ8) -> f32 {
-        f16_scalar(self.m) * x.s
+    unsafe fn min(&self) -> Option<f32> {
+        Some(f16_scalar(self.m))
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
-        (nibbles(&self.qs), f16_scalar(self.d), f16_scalar(self.m))
+    unsafe fn values(&self) -> (__m256i, f32) {
+        (nibbles(&self.qs), f16_scalar(self.d))
     }
 }
 
@@ -181,12 +189,12 @@ impl Block32 for BlockIQ4NL {
         f16_scalar(self.d)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
+    unsafe fn min(&self) -> Option<f32> {
+        None
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
-        (iq4nl_values(&self.qs), f16_scalar(self.d), 0.0)
+    unsafe fn values(&self) -> (__m256i, f32) {
+        (iq4nl_values(&self.qs), f16_scalar(self.d))
     }
 }
 
@@ -205,12 +213,12 @@ impl Block32 for BlockMXFP4 {
         crate::quant::mxfp4::e8m0_half(self.e)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
+    unsafe fn min(&self) -> Option<f32> {
+        None
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
-        (mxfp4_values(&self.qs), self.scale(), 0.0)
+    unsafe fn values(&self) -> (__m256i, f32) {
+        (mxfp4_values(&self.qs), self.scale())
     }
 }
 
@@ -253,13 +261,13 @@ impl Block32 for BlockQ5_0 {
         f16_scalar(self.d)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
+    unsafe fn min(&self) -> Option<f32> {
+        None
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> (__m256i, f32) {
         let q = _mm256_sub_epi8(fives(self.qh, &self.qs), _mm256_set1_epi8(16));
-        (q, f16_scalar(self.d), 0.0)
+        (q, f16_scalar(self.d))
     }
 }
 
@@ -276,16 +284,12 @@ impl Block32 for BlockQ5_1 {
         f16_scalar(self.d)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, x: &BlockQ8) -> f32 {
-        f16_scalar(self.m) * x.s
+    unsafe fn min(&self) -> Option<f32> {
+        Some(f16_scalar(self.m))
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
-        (
-            fives(self.qh, &self.qs),
-            f16_scalar(self.d),
-            f16_scalar(self.m),
-        )
+    unsafe fn values(&self) -> (__m256i, f32) {
+        (fives(self.qh, &self.qs), f16_scalar(self.d))
     }
 }
 
@@ -302,36 +306,39 @@ impl Block32 for BlockQ8_0 {
         f16_scalar(self.d)
     }
     #[inline(always)]
-    unsafe fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
+    unsafe fn min(&self) -> Option<f32> {
+        None
     }
     #[inline(always)]
-    unsafe fn values(&self) -> (__m256i, f32, f32) {
+    unsafe fn values(&self) -> (__m256i, f32) {
         let q = _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i);
-        (q, f16_scalar(self.d), 0.0)
+        (q, f16_scalar(self.d))
     }
 }
 
-/// `y += a * row`: each block's 32 bytes widen to four 8-lane f32 vectors.
+/// `y += a * row`: each block's 32 bytes widen to four 8-lane f32 vectors, dequantized as the
+/// format's `dequantize` does (`q * d`, plus the min), then `y + a * w` (no fused multiply-add:
+/// the reference's rounding on every tier).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
     assert!(y.len() >= w.len() * 32, "axpy: output shorter than the row");
+    let av = _mm256_set1_ps(a);
     for (bi, b) in w.iter().enumerate() {
-        let (q, d, off) = b.values();
-        let (ad, aoff) = (_mm256_set1_ps(a * d), _mm256_set1_ps(a * off));
+        let (q, d) = b.values();
+        let (dv, min) = (_mm256_set1_ps(d), b.min().map(|m| _mm256_set1_ps(m)));
         let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
         let parts = [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)];
         let yp = y.as_mut_ptr().add(bi * 32);
         for (k, part) in parts.into_iter().enumerate() {
-            let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+            let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)), dv);
+            if let Some(m) = min {
+                v = _mm256_add_ps(v, m);
+            }
             let p = yp.add(k * 8);
-            _mm256_storeu_ps(
-                p,
-                _mm256_fmadd_ps(v, ad, _mm256_add_ps(_mm256_loadu_ps(p), aoff)),
-            );
+            _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(av, v)));
         }
     }
 }
@@ -367,7 +374,9 @@ unsafe fn tile_avx512vnni<B: Block32, const R: usize, const T: usize>(
 }
 
 /// `R` rows of blocks against `T` activation rows: each weight block is unpacked once per tile
-/// and each activation block loaded once, with `R x T` independent accumulators.
+/// and each activation block loaded once. Each (row, token) block's integer sum is made exact
+/// (lanes added as integers) and added to its output as the block's `term`, in block order: the
+/// scalar reference's value, bit for bit.
 ///
 /// # Safety
 /// Called from an entry point that enables AVX2, FMA, F16C and what `D` needs. Only the common
@@ -383,8 +392,7 @@ unsafe fn tile<B: Block32, D: ByteDot, const R: usize, const T: usize>(
         .chain(x.iter().map(|r| r.len()))
         .min()
         .unwrap_or(0);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut mins = [[0.0f32; T]; R];
+    let mut out = [[0.0f32; T]; R];
     for i in 0..n {
         let mut y = [_mm256_setzero_si256(); T];
         let mut shared = [B::shared::<D>(_mm256_setzero_si256()); T];
@@ -392,31 +400,69 @@ unsafe fn tile<B: Block32, D: ByteDot, const R: usize, const T: usize>(
             y[t] = _mm256_loadu_si256(x[t].get_unchecked(i).qs.as_ptr() as *const __m256i);
             shared[t] = B::shared::<D>(y[t]);
         }
+        let mut lanes = [[_mm256_setzero_si256(); T]; R];
         for r in 0..R {
             let wb = w[r].get_unchecked(i);
             // The hardware prefetcher alone leaves decode latency-bound on weights streamed
             // from DRAM; ask for the lines PREFETCH bytes ahead (past the row end is harmless).
             _mm_prefetch::<_MM_HINT_T0>((wb as *const B as *const i8).wrapping_add(PREFETCH));
-            let ws = wb.scale();
             for t in 0..T {
-                let xb = x[t].get_unchecked(i);
-                let d = _mm256_set1_ps(ws * xb.d);
-                acc[r][t] = _mm256_fmadd_ps(
-                    d,
-                    _mm256_cvtepi32_ps(wb.idot::<D>(y[t], shared[t])),
-                    acc[r][t],
-                );
-                mins[r][t] += wb.min_term(xb);
+                lanes[r][t] = wb.idot::<D>(y[t], shared[t]);
+            }
+        }
+        let isum = exact_sums(lanes);
+        for r in 0..R {
+            let wb = w[r].get_unchecked(i);
+            for t in 0..T {
+                out[r][t] += wb.term(x[t].get_unchecked(i), isum[r][t]);
             }
         }
     }
-    let mut out = [[0.0; T]; R];
-    for r in 0..R {
+    out
+}
+
+/// The integer sum of each vector's eight lanes (exact: integer adds in any order), four rows
+/// at a time through `hadd` when there are four.
+#[inline(always)]
+unsafe fn exact_sums<const R: usize, const T: usize>(v: [[__m256i; T]; R]) -> [[i32; T]; R] {
+    let mut out = [[0i32; T]; R];
+    if R == 4 {
         for t in 0..T {
-            out[r][t] = hsum_ps(acc[r][t]) + mins[r][t];
+            let four: [__m256i; 4] = std::array::from_fn(|r| v[r % R][t]);
+            let mut sums = [0i32; 4];
+            _mm_storeu_si128(sums.as_mut_ptr() as *mut __m128i, hsums4(four));
+            for r in 0..R {
+                out[r][t] = sums[r % 4];
+            }
+        }
+    } else {
+        for r in 0..R {
+            for t in 0..T {
+                out[r][t] = hsum_epi32(v[r][t]);
+            }
         }
     }
     out
+}
+
+/// A float dot product in the canonical order (`crate::quant::float_order`): lanes 0..8 of each
+/// 16-element chunk in `a0`, 8..16 in `a1`, multiply then add; `a0 + a1` then `hsum_ps` is the
+/// reference's lane fold.
+///
+/// # Safety
+/// The CPU must support AVX2 (and what `load` needs); `load(i)` reads 8 values at element `i`.
+#[inline(always)]
+unsafe fn dot_canonical(n: usize, load: impl Fn(usize) -> __m256, x: &[f32]) -> f32 {
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        let p0 = _mm256_mul_ps(load(i), _mm256_loadu_ps(x.as_ptr().add(i)));
+        let p1 = _mm256_mul_ps(load(i + 8), _mm256_loadu_ps(x.as_ptr().add(i + 8)));
+        a0 = _mm256_add_ps(a0, p0);
+        a1 = _mm256_add_ps(a1, p1);
+        i += 16;
+    }
+    hsum_ps(_mm256_add_ps(a0, a1))
 }
 
 /// # Safety
@@ -424,25 +470,9 @@ unsafe fn tile<B: Block32, D: ByteDot, const R: usize, const T: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 16 <= n {
-        a0 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(w.as_ptr().add(i)),
-            _mm256_loadu_ps(x.as_ptr().add(i)),
-            a0,
-        );
-        a1 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(w.as_ptr().add(i + 8)),
-            _mm256_loadu_ps(x.as_ptr().add(i + 8)),
-            a1,
-        );
-        i += 16;
-    }
-    let mut s = hsum_ps(_mm256_add_ps(a0, a1));
-    while i < n {
+    let mut s = dot_canonical(n, |i| _mm256_loadu_ps(w.as_ptr().add(i)), x);
+    for i in n / 16 * 16..n {
         s += w[i] * x[i];
-        i += 1;
     }
     s
 }
@@ -452,17 +482,10 @@ pub(super) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 8 <= n {
-        let h = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(x.as_ptr().add(i)), acc);
-        i += 8;
-    }
-    let mut s = hsum_ps(acc);
-    while i < n {
+    let load = |i: usize| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i) as *const __m128i));
+    let mut s = dot_canonical(n, load, x);
+    for i in n / 16 * 16..n {
         s += f16_scalar(w[i]) * x[i];
-        i += 1;
     }
     s
 }
@@ -482,22 +505,30 @@ unsafe fn load_bf16x8(p: *const u16) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    let mut acc = _mm256_setzero_ps();
+    let mut s = dot_canonical(n, |i| load_bf16x8(w.as_ptr().add(i)), x);
+    for i in n / 16 * 16..n {
+        s += crate::quant::bf16::bf16_to_f32(w[i]) * x[i];
+    }
+    s
+}
+
+/// `y += a * x` over 8-lane chunks, `load(i)` giving `x[i..i + 8]` as f32: multiply then add,
+/// the reference's rounding.
+///
+/// # Safety
+/// The CPU must support AVX2 (and what `load` needs); `y` holds at least `n` values.
+#[inline(always)]
+unsafe fn axpy_chunks(a: f32, n: usize, load: impl Fn(usize) -> __m256, y: &mut [f32]) {
+    let av = _mm256_set1_ps(a);
     let mut i = 0;
     while i + 8 <= n {
-        acc = _mm256_fmadd_ps(
-            load_bf16x8(w.as_ptr().add(i)),
-            _mm256_loadu_ps(x.as_ptr().add(i)),
-            acc,
+        let yp = y.as_mut_ptr().add(i);
+        _mm256_storeu_ps(
+            yp,
+            _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(av, load(i))),
         );
         i += 8;
     }
-    let mut s = hsum_ps(acc);
-    while i < n {
-        s += crate::quant::bf16::bf16_to_f32(w[i]) * x[i];
-        i += 1;
-    }
-    s
 }
 
 /// # Safety
@@ -505,19 +536,9 @@ pub(super) unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn axpy_bf16(a: f32, x: &[u16], y: &mut [f32]) {
     let n = x.len().min(y.len());
-    let av = _mm256_set1_ps(a);
-    let mut i = 0;
-    while i + 8 <= n {
-        let yp = y.as_mut_ptr().add(i);
-        _mm256_storeu_ps(
-            yp,
-            _mm256_fmadd_ps(av, load_bf16x8(x.as_ptr().add(i)), _mm256_loadu_ps(yp)),
-        );
-        i += 8;
-    }
-    while i < n {
+    axpy_chunks(a, n, |i| load_bf16x8(x.as_ptr().add(i)), y);
+    for i in n / 8 * 8..n {
         y[i] += a * crate::quant::bf16::bf16_to_f32(x[i]);
-        i += 1;
     }
 }
 
@@ -526,19 +547,9 @@ pub(super) unsafe fn axpy_bf16(a: f32, x: &[u16], y: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn axpy_f16(a: f32, x: &[u16], y: &mut [f32]) {
     let n = x.len().min(y.len());
-    let av = _mm256_set1_ps(a);
-    let mut i = 0;
-    while i + 8 <= n {
-        let h = _mm_loadu_si128(x.as_ptr().add(i) as *const __m128i);
-        let yp = y.as_mut_ptr().add(i);
-        _mm256_storeu_ps(
-            yp,
-            _mm256_fmadd_ps(av, _mm256_cvtph_ps(h), _mm256_loadu_ps(yp)),
-        );
-        i += 8;
-    }
-    while i < n {
+    let load = |i: usize| _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+    axpy_chunks(a, n, load, y);
+    for i in n / 8 * 8..n {
         y[i] += a * f16_scalar(x[i]);
-        i += 1;
     }
 }

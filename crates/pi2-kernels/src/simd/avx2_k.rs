@@ -10,18 +10,18 @@
 //! out only after `Tier::is_supported`). Slices are read within their bounds; raw pointers
 //! point into blocks the caller passed, at offsets the block layout defines.
 
-use super::x86::{f16_scalar, hsum_ps, iq4nl_values};
-use super::RowKernels;
+use super::x86::{hsum_epi32, iq4nl_values};
+use super::{KTerm, RowKernels};
 use crate::quant::{
     scale_min_k4, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
     QuantBlock,
 };
 use std::arch::x86_64::*;
 
-/// One weight block against one activation block: scaled integer sums in 8 i32 lanes, the
-/// float factor they take (`d`), and the float term to subtract (mins or offset, times its scale).
-pub(super) trait KBlock: QuantBlock<Act = BlockQ8K> + Copy {
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32);
+/// One weight block against one activation block: scaled integer sums in 8 i32 lanes and the
+/// integer [`KTerm`] takes beside them (mins or offset).
+pub(super) trait KBlock: QuantBlock<Act = BlockQ8K> + KTerm + Copy {
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32);
 }
 
 /// The row kernels of a k-quant type: `dot4`/`dot4x2` are row-by-row (k-quant rows are long
@@ -38,14 +38,12 @@ pub(super) fn rows<B: KBlock>() -> RowKernels<B> {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0.0f32;
+    let mut sum = 0.0f32;
     for (wb, xb) in w.iter().zip(x) {
-        let (sums, d, sub) = wb.block(xb);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * xb.d), acc);
-        offset += xb.d * sub;
+        let (sums, extra) = wb.block(xb);
+        sum += wb.k_term(xb, hsum_epi32(sums), extra);
     }
-    hsum_ps(acc) - offset
+    sum
 }
 
 #[inline(always)]
@@ -104,7 +102,7 @@ unsafe fn two_bit_sums(
 /// Q2_K: 4-bit scales and mins; the mins go through the activation sums.
 impl KBlock for BlockQ2K {
     #[inline(always)]
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32) {
         let sums = two_bit_sums(
             &self.qs,
             x,
@@ -114,11 +112,7 @@ impl KBlock for BlockQ2K {
         let mins: i32 = (0..16)
             .map(|sb| (self.scales[sb] >> 4) as i32 * x.bsums[sb] as i32)
             .sum();
-        (
-            sums,
-            f16_scalar(self.d),
-            f16_scalar(self.dmin) * mins as f32,
-        )
+        (sums, mins)
     }
 }
 
@@ -126,7 +120,7 @@ impl KBlock for BlockQ2K {
 /// and the `-4` comes out through the activation sums.
 impl KBlock for BlockQ3K {
     #[inline(always)]
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32) {
         let s = self.sub_scales();
         let hm = load(&self.hmask);
         let sums = two_bit_sums(
@@ -139,8 +133,7 @@ impl KBlock for BlockQ3K {
             |sb| s[sb] as i16,
         );
         let offset: i32 = (0..16).map(|sb| s[sb] * x.bsums[sb] as i32).sum();
-        let d = f16_scalar(self.d);
-        (sums, d, d * 4.0 * offset as f32)
+        (sums, offset)
     }
 }
 
@@ -149,7 +142,7 @@ impl KBlock for BlockQ3K {
 /// activations (as for Q8_0).
 impl KBlock for BlockIQ4XS {
     #[inline(always)]
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32) {
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
             let qs: &[u8; 16] = self.qs[16 * ib..16 * ib + 16].try_into().unwrap_unchecked();
@@ -159,7 +152,7 @@ impl KBlock for BlockIQ4XS {
             let sc = _mm256_set1_epi16(self.scale(ib) as i16);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
         }
-        (acc, f16_scalar(self.d), 0.0)
+        (acc, 0)
     }
 }
 
@@ -169,10 +162,8 @@ unsafe fn k4_like(
     qs: &[u8; 128],
     qh: Option<&[u8; 32]>,
     scales: &[u8; 12],
-    d: u16,
-    dmin: u16,
     x: &BlockQ8K,
-) -> (__m256i, f32, f32) {
+) -> (__m256i, i32) {
     let low4 = _mm256_set1_epi8(0x0F);
     let hbits = qh.map(|h| load(h));
     let mut acc = _mm256_setzero_si256();
@@ -194,20 +185,20 @@ unsafe fn k4_like(
         let b = &x.bsums[4 * j..4 * j + 4];
         mins += m0 as i32 * (b[0] as i32 + b[1] as i32) + m1 as i32 * (b[2] as i32 + b[3] as i32);
     }
-    (acc, f16_scalar(d), f16_scalar(dmin) * mins as f32)
+    (acc, mins)
 }
 
 impl KBlock for BlockQ4K {
     #[inline(always)]
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
-        k4_like(&self.qs, None, &self.scales, self.d, self.dmin, x)
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32) {
+        k4_like(&self.qs, None, &self.scales, x)
     }
 }
 
 impl KBlock for BlockQ5K {
     #[inline(always)]
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
-        k4_like(&self.qs, Some(&self.qh), &self.scales, self.d, self.dmin, x)
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32) {
+        k4_like(&self.qs, Some(&self.qh), &self.scales, x)
     }
 }
 
@@ -215,7 +206,7 @@ impl KBlock for BlockQ6K {
     /// Two halves of 128; in each, four quarters of 32 (low/high nibbles of `ql`, 2-bit pairs of
     /// `qh`), each quarter two sub-blocks of 16 with their own int8 scale.
     #[inline(always)]
-    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, f32, f32) {
+    unsafe fn block(&self, x: &BlockQ8K) -> (__m256i, i32) {
         let low4 = _mm256_set1_epi8(0x0F);
         let mut acc = _mm256_setzero_si256();
         for half in 0..2 {
@@ -244,7 +235,6 @@ impl KBlock for BlockQ6K {
             .zip(&x.bsums)
             .map(|(&s, &b)| s as i32 * b as i32)
             .sum();
-        let d = f16_scalar(self.d);
-        (acc, d, d * (32 * offset) as f32)
+        (acc, offset)
     }
 }

@@ -144,11 +144,13 @@ unsafe fn rows8_body<G: X8, D: ByteDot, const T: usize>(
             if G::OFFSET != 0 {
                 i = _mm256_sub_epi32(i, _mm256_set1_epi32(G::OFFSET * *sums[t].get_unchecked(b)));
             }
+            // `crate::quant::term`'s steps, lane by lane: the reference's rounding.
             let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), d, acc[t]);
+            let mut term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i));
             if let Some(mw) = mw {
-                acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb.s), acc[t]);
+                term = _mm256_add_ps(term, _mm256_mul_ps(mw, _mm256_set1_ps(xb.s)));
             }
+            acc[t] = _mm256_add_ps(acc[t], term);
         }
     }
     acc

@@ -183,8 +183,9 @@ unsafe fn rows8k_body<D: ByteDot, const T: usize>(
         if ty == QuantType::Q6_K {
             let isum = k6_sums::<D, T>(grp, &l, xb);
             for t in 0..T {
+                // `crate::quant::term::scaled`, lane by lane.
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(xb[t].d));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), d, acc[t]);
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[t])));
             }
             continue;
         }
@@ -197,11 +198,11 @@ unsafe fn rows8k_body<D: ByteDot, const T: usize>(
             grp.add(l.dmin.unwrap_or(0)) as *const __m128i
         ));
         for t in 0..T {
-            let dx = _mm256_set1_ps(xb[t].d);
-            let d = _mm256_mul_ps(dw, dx);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), d, acc[t]);
-            let m = _mm256_mul_ps(dmin, dx);
-            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[t]), m, acc[t]);
+            // `crate::quant::term::k_min`, lane by lane: dx * (d * sums - dmin * mins).
+            let scaled = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(isum[t]));
+            let mins = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum[t]));
+            let term = _mm256_mul_ps(_mm256_set1_ps(xb[t].d), _mm256_sub_ps(scaled, mins));
+            acc[t] = _mm256_add_ps(acc[t], term);
         }
     }
     acc

@@ -10,7 +10,7 @@
 //! point into blocks the caller passed, at offsets the block layout defines.
 
 use super::avx2::{self, Block32};
-use super::x86::{Flavour, Maddubs, PREFETCH};
+use super::x86::{hsum_epi32, Flavour, Maddubs, PREFETCH};
 use super::{KernelSet, RowKernels, Tier};
 use crate::quant::{
     BlockIQ4NL, BlockMXFP4, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8, BlockQ8_0,
@@ -47,7 +47,6 @@ pub(super) fn kernel_set(tier: Tier) -> KernelSet {
         q6_k: super::avx2_k::rows(),
         // The interleaved kernels are 256-bit: eight rows of 32-bit lanes.
         x8: avx2::x8_kernels(flavour),
-        rows_alike: false,
     }
 }
 
@@ -204,7 +203,8 @@ impl Pair for BlockIQ4NL {
     }
 }
 
-/// `R` rows against `T` activation rows, two blocks per step.
+/// `R` rows against `T` activation rows, two blocks per step. Each block's integer sum is made
+/// exact and added as its `term`, in block order: the scalar reference's value, bit for bit.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL, AVX2, FMA and F16C.
@@ -219,10 +219,7 @@ unsafe fn tile<B: Pair, const R: usize, const T: usize>(
         .chain(x.iter().map(|r| r.len()))
         .min()
         .unwrap_or(0);
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let mut mins = [[0.0f32; T]; R];
-    // Lanes 0-3 and 8-11 belong to block i, 4-7 and 12-15 to block j.
-    let pick = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    let mut out = [[0.0f32; T]; R];
     let mut i = 0;
     while i + 2 <= n {
         let mut y = [_mm512_setzero_si512(); T];
@@ -231,28 +228,28 @@ unsafe fn tile<B: Pair, const R: usize, const T: usize>(
             y[t] = act_pair(x[t].get_unchecked(i), x[t].get_unchecked(i + 1));
             shared[t] = B::shared2(y[t]);
         }
+        let mut halves = [[_mm256_setzero_si256(); R]; T];
         for r in 0..R {
             let (wi, wj) = (w[r].get_unchecked(i), w[r].get_unchecked(i + 1));
             _mm_prefetch::<_MM_HINT_T0>((wi as *const B as *const i8).wrapping_add(PREFETCH));
-            let (si, sj) = (wi.scale(), wj.scale());
             for t in 0..T {
-                let (xi, xj) = (x[t].get_unchecked(i), x[t].get_unchecked(i + 1));
-                let d = _mm512_permutexvar_ps(
-                    pick,
-                    _mm512_castps128_ps512(_mm_setr_ps(si * xi.d, sj * xj.d, 0.0, 0.0)),
-                );
-                let p = _mm512_cvtepi32_ps(B::idot2(wi, wj, y[t], shared[t]));
-                acc[r][t] = _mm512_fmadd_ps(d, p, acc[r][t]);
-                mins[r][t] += wi.min_term(xi) + wj.min_term(xj);
+                // Lanes 0-3 and 8-11 belong to block i, 4-7 and 12-15 to block j: folded to
+                // 8 lanes, block i's partial sums are lanes 0-3 and block j's 4-7.
+                let p = B::idot2(wi, wj, y[t], shared[t]);
+                halves[t][r] =
+                    _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64(p, 1));
+            }
+        }
+        for (t, h) in halves.into_iter().enumerate() {
+            let sums = pair_sums(h);
+            let (xi, xj) = (x[t].get_unchecked(i), x[t].get_unchecked(i + 1));
+            for r in 0..R {
+                let (wi, wj) = (w[r].get_unchecked(i), w[r].get_unchecked(i + 1));
+                out[r][t] += wi.term(xi, sums[r].0);
+                out[r][t] += wj.term(xj, sums[r].1);
             }
         }
         i += 2;
-    }
-    let mut out = [[0.0; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = _mm512_reduce_add_ps(acc[r][t]) + mins[r][t];
-        }
     }
     if i < n {
         // odd last block: the AVX2 block code
@@ -262,9 +259,34 @@ unsafe fn tile<B: Pair, const R: usize, const T: usize>(
             let sh = B::shared::<Maddubs>(yv);
             for r in 0..R {
                 let wb = w[r].get_unchecked(i);
-                let p = _mm256_cvtepi32_ps(wb.idot::<Maddubs>(yv, sh));
-                out[r][t] += super::x86::hsum_ps(p) * wb.scale() * xb.d + wb.min_term(xb);
+                out[r][t] += wb.term(xb, hsum_epi32(wb.idot::<Maddubs>(yv, sh)));
             }
+        }
+    }
+    out
+}
+
+/// Each row's (block i, block j) sums from its 8 lanes (i in 0-3, j in 4-7): four rows through
+/// `hadd` at once, exact.
+#[inline(always)]
+unsafe fn pair_sums<const R: usize>(h: [__m256i; R]) -> [(i32, i32); R] {
+    let mut out = [(0, 0); R];
+    if R == 4 {
+        let a = _mm256_hadd_epi32(h[0], h[1 % R]);
+        let b = _mm256_hadd_epi32(h[2 % R], h[3 % R]);
+        let mut sums = [0i32; 8];
+        _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, _mm256_hadd_epi32(a, b));
+        for r in 0..R {
+            out[r] = (sums[r % 4], sums[4 + r % 4]);
+        }
+    } else {
+        for r in 0..R {
+            let (lo, hi) = (
+                _mm256_castsi256_si128(h[r]),
+                _mm256_extracti128_si256(h[r], 1),
+            );
+            let s = _mm_hadd_epi32(_mm_hadd_epi32(lo, hi), _mm_setzero_si128());
+            out[r] = (_mm_extract_epi32(s, 0), _mm_extract_epi32(s, 1));
         }
     }
     out

@@ -181,6 +181,55 @@ impl<B: QuantBlock> RowKernels<B> {
     }
 }
 
+/// How a k-quant block's exact integer sums become its share of a row's dot product, one
+/// definition for every tier's kernels: `sums` is the sub-block-scaled sum of the block's quants
+/// (unsigned for Q6_K and Q3_K) times the activations, `extra` the integer kept beside it (the
+/// mins' sum, or the offset's that turns the unsigned quants signed).
+pub(crate) trait KTerm {
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, extra: i32) -> f32;
+}
+
+impl KTerm for BlockQ2K {
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
+        let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
+        quant::term::k_min(x.d, d, sums, dmin, mins)
+    }
+}
+
+impl KTerm for BlockQ4K {
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
+        let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
+        quant::term::k_min(x.d, d, sums, dmin, mins)
+    }
+}
+
+impl KTerm for BlockQ5K {
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
+        let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
+        quant::term::k_min(x.d, d, sums, dmin, mins)
+    }
+}
+
+impl KTerm for BlockQ3K {
+    /// `q - 4 * !hbit` taken as `u - 4`: the offset's sum times 4 comes out.
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, offset: i32) -> f32 {
+        quant::term::scaled(quant::f16_to_f32(self.d), x.d, sums - 4 * offset)
+    }
+}
+
+impl KTerm for BlockQ6K {
+    /// Quants stored `q + 32`: the offset's sum times 32 comes out.
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, offset: i32) -> f32 {
+        quant::term::scaled(quant::f16_to_f32(self.d), x.d, sums - 32 * offset)
+    }
+}
+
+impl KTerm for BlockIQ4XS {
+    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, _: i32) -> f32 {
+        quant::term::scaled(quant::f16_to_f32(self.d), x.d, sums)
+    }
+}
+
 /// Scalar reference of [`RowKernels::axpy`]: dequantize block by block into a stack buffer.
 pub fn axpy_ref<B: QuantBlock>(w: &[B], a: f32, y: &mut [f32]) {
     let mut buf = [0.0f32; quant::QK_K];
@@ -193,8 +242,9 @@ pub fn axpy_ref<B: QuantBlock>(w: &[B], a: f32, y: &mut [f32]) {
     }
 }
 
-/// Row dot products for one tier. Every entry computes the same value as the scalar reference up
-/// to float summation order.
+/// Row dot products for one tier. Every entry computes the scalar reference's value bit for bit
+/// (exact integer sums per block, `quant::term`'s float steps, `quant::float_order`), so a file
+/// gives the same answer on every CPU, and a token computed in a batch the same as alone.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSet {
     pub tier: Tier,
@@ -221,10 +271,6 @@ pub struct KernelSet {
     pub mxfp4: RowKernels<BlockMXFP4>,
     /// Kernels over row-interleaved copies (`PackedMat`) of the 32-element formats.
     pub x8: X8Kernels,
-    /// Every token row of a multiplication computed as a one-row multiplication computes it,
-    /// bit for bit (rows of a checked draft then equal their one-token steps); otherwise
-    /// pairs of rows share weight loads and round differently.
-    pub rows_alike: bool,
 }
 
 /// The interleaved-group kernels of one tier, one per packable format.
@@ -308,7 +354,6 @@ impl KernelSet {
             q3_k: RowKernels::reference(),
             mxfp4: RowKernels::reference(),
             x8: X8Kernels::reference(),
-            rows_alike: false,
         }
     }
 

@@ -39,7 +39,6 @@ pub(super) fn kernel_set(dot: bool) -> KernelSet {
         q5_k: super::neon_k::rows(dot),
         q6_k: super::neon_k::rows(dot),
         x8: super::neon_x8::x8_kernels(dot),
-        rows_alike: false,
     }
 }
 
@@ -66,10 +65,18 @@ fn tiles<B: Block32 + crate::quant::QuantBlock<Act = BlockQ8>>(dot: bool) -> Row
 trait Block32: Copy {
     unsafe fn halves(&self) -> (int8x16_t, int8x16_t);
     fn scale(&self) -> f32;
-    fn min_term(&self, x: &BlockQ8) -> f32;
-    /// What `halves` leaves out of each value (`value = scale * q + offset`): Q4_1's min.
-    fn offset(&self) -> f32 {
-        0.0
+    /// The min (Q4_1, Q5_1: `w = q * d + m`), `None` for symmetric formats.
+    fn min(&self) -> Option<f32> {
+        None
+    }
+    /// This block's share of a row's dot product from its exact integer sum with `x`: the
+    /// formula of `crate::quant::term` every tier uses.
+    #[inline(always)]
+    fn term(&self, x: &BlockQ8, isum: i32) -> f32 {
+        match self.min() {
+            Some(m) => quant::term::with_min(self.scale(), x.d, isum, m, x.s),
+            None => quant::term::scaled(self.scale(), x.d, isum),
+        }
     }
 }
 
@@ -86,9 +93,6 @@ impl Block32 for BlockQ4_0 {
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
     }
-    fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
-    }
 }
 
 impl Block32 for BlockIQ4NL {
@@ -104,9 +108,6 @@ impl Block32 for BlockIQ4NL {
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
     }
-    fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
-    }
 }
 
 impl Block32 for BlockQ4_1 {
@@ -121,11 +122,8 @@ impl Block32 for BlockQ4_1 {
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
     }
-    fn min_term(&self, x: &BlockQ8) -> f32 {
-        quant::f16_to_f32(self.m) * x.s
-    }
-    fn offset(&self) -> f32 {
-        quant::f16_to_f32(self.m)
+    fn min(&self) -> Option<f32> {
+        Some(quant::f16_to_f32(self.m))
     }
 }
 
@@ -165,9 +163,6 @@ impl Block32 for BlockQ5_0 {
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
     }
-    fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
-    }
 }
 
 impl Block32 for BlockQ5_1 {
@@ -179,11 +174,8 @@ impl Block32 for BlockQ5_1 {
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
     }
-    fn min_term(&self, x: &BlockQ8) -> f32 {
-        quant::f16_to_f32(self.m) * x.s
-    }
-    fn offset(&self) -> f32 {
-        quant::f16_to_f32(self.m)
+    fn min(&self) -> Option<f32> {
+        Some(quant::f16_to_f32(self.m))
     }
 }
 
@@ -198,18 +190,17 @@ impl Block32 for BlockQ8_0 {
     fn scale(&self) -> f32 {
         quant::f16_to_f32(self.d)
     }
-    fn min_term(&self, _: &BlockQ8) -> f32 {
-        0.0
-    }
 }
 
-/// `y += a * row`: each half widens i8 -> i16 -> i32 -> f32 and is fused into `y`.
+/// `y += a * row`: each half widens i8 -> i16 -> i32 -> f32, is dequantized as the format's
+/// `dequantize` does (`q * d`, plus the min) and added as `y + a * w` (no fused multiply-add:
+/// the reference's rounding on every tier).
 unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
     assert!(y.len() >= w.len() * 32, "axpy: output shorter than the row");
+    let av = vdupq_n_f32(a);
     for (bi, b) in w.iter().enumerate() {
         let (h0, h1) = b.halves();
-        let ad = a * b.scale();
-        let aoff = vdupq_n_f32(a * b.offset());
+        let (d, min) = (b.scale(), b.min().map(|m| vdupq_n_f32(m)));
         let yp = y.as_mut_ptr().add(bi * 32);
         for (k, h) in [h0, h1].into_iter().enumerate() {
             let w16 = [vmovl_s8(vget_low_s8(h)), vmovl_high_s8(h)];
@@ -219,15 +210,20 @@ unsafe fn axpy<B: Block32>(w: &[B], a: f32, y: &mut [f32]) {
                     .enumerate()
                 {
                     let p = yp.add(k * 16 + j * 8 + i * 4);
-                    let acc = vaddq_f32(vld1q_f32(p), aoff);
-                    vst1q_f32(p, vfmaq_n_f32(acc, vcvtq_f32_s32(v32), ad));
+                    let mut v = vmulq_n_f32(vcvtq_f32_s32(v32), d);
+                    if let Some(m) = min {
+                        v = vaddq_f32(v, m);
+                    }
+                    vst1q_f32(p, vaddq_f32(vld1q_f32(p), vmulq_f32(av, v)));
                 }
             }
         }
     }
 }
 
-/// `R` rows against `T` activation rows; each weight block is unpacked once per tile.
+/// `R` rows against `T` activation rows; each weight block is unpacked once per tile. Each
+/// (row, token) block's integer sum is made exact and added as the block's `term`, in block
+/// order: the scalar reference's value, bit for bit.
 #[inline(always)]
 unsafe fn tile_body<B: Block32, const R: usize, const T: usize, const DOT: bool>(
     w: [&[B]; R],
@@ -239,8 +235,7 @@ unsafe fn tile_body<B: Block32, const R: usize, const T: usize, const DOT: bool>
         .chain(x.iter().map(|r| r.len()))
         .min()
         .unwrap_or(0);
-    let mut acc = [[vdupq_n_f32(0.0); T]; R];
-    let mut mins = [[0.0f32; T]; R];
+    let mut out = [[0.0f32; T]; R];
     for i in 0..n {
         let mut y = [(vdupq_n_s8(0), vdupq_n_s8(0)); T];
         for t in 0..T {
@@ -250,19 +245,11 @@ unsafe fn tile_body<B: Block32, const R: usize, const T: usize, const DOT: bool>
         for r in 0..R {
             let wb = w[r].get_unchecked(i);
             let (a0, a1) = wb.halves();
-            let ws = wb.scale();
             for t in 0..T {
                 let xb = x[t].get_unchecked(i);
                 let s = idot::<DOT>(idot::<DOT>(vdupq_n_s32(0), a0, y[t].0), a1, y[t].1);
-                acc[r][t] = vfmaq_n_f32(acc[r][t], vcvtq_f32_s32(s), ws * xb.d);
-                mins[r][t] += wb.min_term(xb);
+                out[r][t] += wb.term(xb, vaddvq_s32(s));
             }
-        }
-    }
-    let mut out = [[0.0; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = vaddvq_f32(acc[r][t]) + mins[r][t];
         }
     }
     out
@@ -297,30 +284,36 @@ unsafe fn load_bf16x4(p: *const u16) -> float32x4_t {
     vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p)))
 }
 
+/// A float dot product in the canonical order (`crate::quant::float_order`): lanes 0..16 of each
+/// 16-element chunk in four registers, multiply then add, folded as the reference folds them.
+///
+/// # Safety
+/// NEON; `load(i)` reads 4 values at element `i`.
+#[inline(always)]
+unsafe fn dot_canonical(n: usize, load: impl Fn(usize) -> float32x4_t, x: &[f32]) -> f32 {
+    let mut a = [vdupq_n_f32(0.0); 4];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (k, acc) in a.iter_mut().enumerate() {
+            let p = vmulq_f32(load(i + 4 * k), vld1q_f32(x.as_ptr().add(i + 4 * k)));
+            *acc = vaddq_f32(*acc, p);
+        }
+        i += 16;
+    }
+    // lane j + lane j + 8, then j + j + 4, then (0 + 2) + (1 + 3)
+    let u = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+    let v = vadd_f32(vget_low_f32(u), vget_high_f32(u));
+    vget_lane_f32::<0>(v) + vget_lane_f32::<1>(v)
+}
+
 /// # Safety
 /// NEON is part of every aarch64 target Rust supports.
 #[target_feature(enable = "neon")]
 unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    let (mut a0, mut a1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    let mut i = 0;
-    while i + 8 <= n {
-        a0 = vfmaq_f32(
-            a0,
-            load_bf16x4(w.as_ptr().add(i)),
-            vld1q_f32(x.as_ptr().add(i)),
-        );
-        a1 = vfmaq_f32(
-            a1,
-            load_bf16x4(w.as_ptr().add(i + 4)),
-            vld1q_f32(x.as_ptr().add(i + 4)),
-        );
-        i += 8;
-    }
-    let mut s = vaddvq_f32(vaddq_f32(a0, a1));
-    while i < n {
+    let mut s = dot_canonical(n, |i| load_bf16x4(w.as_ptr().add(i)), x);
+    for i in n / 16 * 16..n {
         s += quant::bf16::bf16_to_f32(w[i]) * x[i];
-        i += 1;
     }
     s
 }
@@ -334,10 +327,8 @@ unsafe fn axpy_bf16(a: f32, x: &[u16], y: &mut [f32]) {
     let mut i = 0;
     while i + 4 <= n {
         let yp = y.as_mut_ptr().add(i);
-        vst1q_f32(
-            yp,
-            vfmaq_f32(vld1q_f32(yp), av, load_bf16x4(x.as_ptr().add(i))),
-        );
+        let p = vmulq_f32(av, load_bf16x4(x.as_ptr().add(i)));
+        vst1q_f32(yp, vaddq_f32(vld1q_f32(yp), p));
         i += 4;
     }
     while i < n {
@@ -351,25 +342,9 @@ unsafe fn axpy_bf16(a: f32, x: &[u16], y: &mut [f32]) {
 #[target_feature(enable = "neon")]
 unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    let (mut a0, mut a1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    let mut i = 0;
-    while i + 8 <= n {
-        a0 = vfmaq_f32(
-            a0,
-            vld1q_f32(w.as_ptr().add(i)),
-            vld1q_f32(x.as_ptr().add(i)),
-        );
-        a1 = vfmaq_f32(
-            a1,
-            vld1q_f32(w.as_ptr().add(i + 4)),
-            vld1q_f32(x.as_ptr().add(i + 4)),
-        );
-        i += 8;
-    }
-    let mut s = vaddvq_f32(vaddq_f32(a0, a1));
-    while i < n {
+    let mut s = dot_canonical(n, |i| vld1q_f32(w.as_ptr().add(i)), x);
+    for i in n / 16 * 16..n {
         s += w[i] * x[i];
-        i += 1;
     }
     s
 }

@@ -12,17 +12,17 @@
 //! layout defines.
 
 use super::arm::idot;
-use super::RowKernels;
+use super::{KTerm, RowKernels};
 use crate::quant::{
-    f16_to_f32, iq4_nl::IQ4NL_TABLE, scale_min_k4, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K,
-    BlockQ5K, BlockQ6K, BlockQ8K, QuantBlock,
+    iq4_nl::IQ4NL_TABLE, scale_min_k4, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K,
+    BlockQ6K, BlockQ8K, QuantBlock,
 };
 use std::arch::aarch64::*;
 
-/// One weight block against one activation block: the scaled integer sum, its float factor
-/// (`d`), and the float term to subtract (mins or offset, times its scale).
-pub(super) trait KBlock: QuantBlock<Act = BlockQ8K> + Copy {
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32);
+/// One weight block against one activation block: the scaled integer sum and the integer
+/// [`KTerm`] takes beside it (mins or offset).
+pub(super) trait KBlock: QuantBlock<Act = BlockQ8K> + KTerm + Copy {
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32);
 }
 
 pub(super) fn rows<B: KBlock>(dot: bool) -> RowKernels<B> {
@@ -47,8 +47,8 @@ pub(super) fn rows<B: KBlock>(dot: bool) -> RowKernels<B> {
 unsafe fn dot_body<B: KBlock, const DOT: bool>(w: &[B], x: &[BlockQ8K]) -> f32 {
     let mut sum = 0.0f32;
     for (wb, xb) in w.iter().zip(x) {
-        let (isum, d, sub) = wb.block::<DOT>(xb);
-        sum += xb.d * (d * isum as f32 - sub);
+        let (sums, extra) = wb.block::<DOT>(xb);
+        sum += wb.k_term(xb, sums, extra);
     }
     sum
 }
@@ -93,10 +93,8 @@ unsafe fn k4_like<const DOT: bool>(
     qs: &[u8; 128],
     qh: Option<&[u8; 32]>,
     scales: &[u8; 12],
-    d: u16,
-    dmin: u16,
     x: &BlockQ8K,
-) -> (i32, f32, f32) {
+) -> (i32, i32) {
     let low4 = vdupq_n_u8(0x0F);
     let h = qh.map(|h| (vld1q_u8(h.as_ptr()), vld1q_u8(h.as_ptr().add(16))));
     let mut acc = vdupq_n_s32(0);
@@ -131,11 +129,7 @@ unsafe fn k4_like<const DOT: bool>(
         let b = &x.bsums[4 * j..4 * j + 4];
         mins += m0 as i32 * (b[0] as i32 + b[1] as i32) + m1 as i32 * (b[2] as i32 + b[3] as i32);
     }
-    (
-        vaddvq_s32(acc),
-        f16_to_f32(d),
-        f16_to_f32(dmin) * mins as f32,
-    )
+    (vaddvq_s32(acc), mins)
 }
 
 /// Q2_K and Q3_K's shared 2-bit layout (see `avx2_k.rs`): `third(h, j, p)` is Q3_K's third
@@ -164,7 +158,7 @@ unsafe fn two_bit_sums<const DOT: bool>(
 
 impl KBlock for BlockQ2K {
     #[inline(always)]
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32) {
         let sums = two_bit_sums::<DOT>(
             &self.qs,
             x,
@@ -174,17 +168,13 @@ impl KBlock for BlockQ2K {
         let mins: i32 = (0..16)
             .map(|sb| (self.scales[sb] >> 4) as i32 * x.bsums[sb] as i32)
             .sum();
-        (
-            sums,
-            f16_to_f32(self.d),
-            f16_to_f32(self.dmin) * mins as f32,
-        )
+        (sums, mins)
     }
 }
 
 impl KBlock for BlockQ3K {
     #[inline(always)]
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32) {
         let s = self.sub_scales();
         let hm = [
             vld1q_u8(self.hmask.as_ptr()),
@@ -203,8 +193,7 @@ impl KBlock for BlockQ3K {
             |sb| s[sb],
         );
         let offset: i32 = (0..16).map(|sb| s[sb] * x.bsums[sb] as i32).sum();
-        let d = f16_to_f32(self.d);
-        (sums, d, d * 4.0 * offset as f32)
+        (sums, offset)
     }
 }
 
@@ -212,7 +201,7 @@ impl KBlock for BlockQ3K {
 /// scale.
 impl KBlock for BlockIQ4XS {
     #[inline(always)]
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32) {
         let table = vld1q_s8(IQ4NL_TABLE.as_ptr());
         let mut acc = vdupq_n_s32(0);
         for ib in 0..8 {
@@ -226,21 +215,21 @@ impl KBlock for BlockIQ4XS {
             );
             acc = vmlaq_n_s32(acc, s, self.scale(ib));
         }
-        (vaddvq_s32(acc), f16_to_f32(self.d), 0.0)
+        (vaddvq_s32(acc), 0)
     }
 }
 
 impl KBlock for BlockQ4K {
     #[inline(always)]
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
-        k4_like::<DOT>(&self.qs, None, &self.scales, self.d, self.dmin, x)
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32) {
+        k4_like::<DOT>(&self.qs, None, &self.scales, x)
     }
 }
 
 impl KBlock for BlockQ5K {
     #[inline(always)]
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
-        k4_like::<DOT>(&self.qs, Some(&self.qh), &self.scales, self.d, self.dmin, x)
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32) {
+        k4_like::<DOT>(&self.qs, Some(&self.qh), &self.scales, x)
     }
 }
 
@@ -248,7 +237,7 @@ impl KBlock for BlockQ6K {
     /// Two halves of 128; in each, four quarters of 32 (low/high nibbles of `ql`, 2-bit pairs of
     /// `qh`); a 16-byte vector is exactly one sub-block with its own int8 scale.
     #[inline(always)]
-    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, f32, f32) {
+    unsafe fn block<const DOT: bool>(&self, x: &BlockQ8K) -> (i32, i32) {
         let low4 = vdupq_n_u8(0x0F);
         let mut acc = vdupq_n_s32(0);
         for half in 0..2 {
@@ -283,7 +272,6 @@ impl KBlock for BlockQ6K {
             .zip(&x.bsums)
             .map(|(&s, &b)| s as i32 * b as i32)
             .sum();
-        let d = f16_to_f32(self.d);
-        (vaddvq_s32(acc), d, d * (32 * offset) as f32)
+        (vaddvq_s32(acc), offset)
     }
 }

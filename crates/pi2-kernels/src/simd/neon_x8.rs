@@ -108,12 +108,14 @@ unsafe fn rows8_body<const DOT: bool, const T: usize>(
             let xb = x[t].get_unchecked(b);
             let o = vdupq_n_s32(off * *sums[t].get_unchecked(b));
             for (h, d) in [dw.0, dw.1].into_iter().enumerate() {
+                // `crate::quant::term`'s steps, lane by lane: the reference's rounding.
                 let i = vsubq_s32(isum[t][h], o);
-                acc[t][h] = vfmaq_f32(acc[t][h], vcvtq_f32_s32(i), vmulq_n_f32(d, xb.d));
+                let mut term = vmulq_f32(vmulq_n_f32(d, xb.d), vcvtq_f32_s32(i));
                 if let Some(m) = mw {
                     let m = if h == 0 { m.0 } else { m.1 };
-                    acc[t][h] = vfmaq_n_f32(acc[t][h], m, xb.s);
+                    term = vaddq_f32(term, vmulq_n_f32(m, xb.s));
                 }
+                acc[t][h] = vaddq_f32(acc[t][h], term);
             }
         }
     }

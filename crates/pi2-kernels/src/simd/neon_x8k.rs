@@ -183,8 +183,9 @@ unsafe fn rows8k_body<const DOT: bool, const T: usize>(
             let isum = k6_sums::<DOT, T>(grp, &l, xb);
             for t in 0..T {
                 for h in 0..2 {
+                    // `crate::quant::term::scaled`, lane by lane.
                     let d = vmulq_n_f32(dw[h], xb[t].d);
-                    acc[t][h] = vfmaq_f32(acc[t][h], vcvtq_f32_s32(isum[t][h]), d);
+                    acc[t][h] = vaddq_f32(acc[t][h], vmulq_f32(d, vcvtq_f32_s32(isum[t][h])));
                 }
             }
             continue;
@@ -198,10 +199,11 @@ unsafe fn rows8k_body<const DOT: bool, const T: usize>(
         let dmin = [dmin.0, dmin.1];
         for t in 0..T {
             for h in 0..2 {
-                let d = vmulq_n_f32(dw[h], xb[t].d);
-                acc[t][h] = vfmaq_f32(acc[t][h], vcvtq_f32_s32(sums[t].0[h]), d);
-                let m = vmulq_n_f32(dmin[h], xb[t].d);
-                acc[t][h] = vfmsq_f32(acc[t][h], vcvtq_f32_s32(sums[t].1[h]), m);
+                // `crate::quant::term::k_min`, lane by lane: dx * (d * sums - dmin * mins).
+                let scaled = vmulq_f32(dw[h], vcvtq_f32_s32(sums[t].0[h]));
+                let mins = vmulq_f32(dmin[h], vcvtq_f32_s32(sums[t].1[h]));
+                let term = vmulq_n_f32(vsubq_f32(scaled, mins), xb[t].d);
+                acc[t][h] = vaddq_f32(acc[t][h], term);
             }
         }
     }

@@ -20,6 +20,24 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The sum of the eight i32 lanes (exact).
+#[inline(always)]
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Lane `k` is the sum of the eight i32 lanes of `v[k]` (exact).
+#[inline(always)]
+pub(super) unsafe fn hsums4(v: [__m256i; 4]) -> __m128i {
+    let a = _mm256_hadd_epi32(v[0], v[1]);
+    let b = _mm256_hadd_epi32(v[2], v[3]);
+    let c = _mm256_hadd_epi32(a, b);
+    _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1))
+}
+
 /// f16 -> f32 through F16C. Written as `vmovd` + `vcvtph2ps` in asm because LLVM otherwise
 /// loads the bits with `vpinsrw` into a register holding a live accumulator, a false dependency
 /// that chains every loop iteration to the previous one (measured: 2.5x slower Q4_1 matvec).
