@@ -5,9 +5,12 @@
 //! the cost of one copy made at start-up; the mapped pages of each packed tensor are then
 //! released, so the process holds the weights once.
 //!
+//! Stacked experts pack in memory too (llama.cpp repacks them likewise): an expert is a range
+//! of whole row groups of the copy.
+//!
 //! Matrices the engine reads row by row stay in the mapping: the token embedding, a sparse
-//! FFN's neuron rows, transposed down rows, stacked experts, and everything of an offloaded
-//! model (its budget accounts for the mapped tensors).
+//! FFN's neuron rows, transposed down rows, and everything of an offloaded model (its budget
+//! accounts for the mapped tensors).
 
 use pi2_kernels::{MatRef, PackedMat};
 use pi2_model::{GgufFile, Model, TensorView};
@@ -56,12 +59,23 @@ impl PackedWeights {
         }
         let attn_copies = pack_all(attn_tvs);
         let ffn = if ffn {
-            let tvs = w
+            // A layer of experts packs only where each expert's rows are whole groups.
+            let whole = |n: usize| n.is_multiple_of(pi2_kernels::packed::GROUP_ROWS);
+            let stacked_fits = whole(c.n_ff) && whole(c.n_embd);
+            let tvs: Vec<Option<&TensorView>> = w
                 .layers
                 .iter()
-                .flat_map(|l| [&l.gate, &l.up, l.down_dense.as_ref().unwrap_or(&l.down)])
+                .flat_map(|l| {
+                    let fits = l.router.is_none() || stacked_fits;
+                    [&l.gate, &l.up, l.down_dense.as_ref().unwrap_or(&l.down)]
+                        .map(|t| fits.then_some(t))
+                })
                 .collect();
-            let mut it = pack_all(tvs).into_iter();
+            let tvs = tvs
+                .into_par_iter()
+                .map(|tv| tv.and_then(|tv| pack(f, tv)))
+                .collect::<Vec<_>>();
+            let mut it = tvs.into_iter();
             (0..w.layers.len())
                 .map(|_| std::array::from_fn(|_| it.next().flatten()))
                 .collect()

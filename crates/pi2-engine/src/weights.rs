@@ -184,11 +184,10 @@ impl<'m> Resident<'m> {
     /// converted model's layers run dense from the source's down matrix (where the file keeps
     /// it).
     pub(crate) fn new(model: &'m Model, repack: bool, sparse: bool, dense: bool) -> Self {
-        let plain = model
-            .weights
-            .layers
-            .iter()
-            .all(|l| l.router.is_none() && !l.down_transposed);
+        // Stacked experts pack too: an expert's rows are whole groups of the interleaved copy
+        // (checked per layer where the copies are made), and its products are the same bit for
+        // bit in either layout.
+        let plain = model.weights.layers.iter().all(|l| !l.down_transposed);
         let dense = match dense {
             true => dense_layers(model).unwrap_or_default(),
             false => Vec::new(),
@@ -282,24 +281,24 @@ impl Store for Resident<'_> {
         let ne = c.n_expert.max(1);
         let (li, e) = (unit / ne, unit % ne);
         let l = &self.model.weights.layers[li];
+        let [gate, up, mut down] = match &self.packed {
+            Some(p) => p.ffn(li, [&l.gate, &l.up, &l.down], f),
+            None => [&l.gate, &l.up, &l.down].map(|t| t.mat(f)),
+        };
         if l.router.is_some() {
-            // One expert's rows of the stacked tensors.
+            // One expert's rows of the stacked tensors (whole groups of a packed copy).
             let (ff, d) = (c.n_ff, c.n_embd);
             let down_rows = match l.down_transposed {
                 true => e * ff..(e + 1) * ff,
                 false => e * d..(e + 1) * d,
             };
             return Ok(FfnMats {
-                gate: l.gate.mat(f).rows(e * ff..(e + 1) * ff),
-                up: l.up.mat(f).rows(e * ff..(e + 1) * ff),
-                down: l.down.mat(f).rows(down_rows),
+                gate: gate.rows(e * ff..(e + 1) * ff),
+                up: up.rows(e * ff..(e + 1) * ff),
+                down: down.rows(down_rows),
                 down_transposed: l.down_transposed,
             });
         }
-        let [gate, up, mut down] = match &self.packed {
-            Some(p) => p.ffn(li, [&l.gate, &l.up, &l.down], f),
-            None => [&l.gate, &l.up, &l.down].map(|t| t.mat(f)),
-        };
         if l.down_dense.is_some() {
             // The packed down of a converted layer is the source's matrix (its dense path's);
             // a batch asking for the FFN's matrices gets the file's transposed rows.

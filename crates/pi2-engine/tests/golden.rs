@@ -298,7 +298,7 @@ fn perplexity_prefix(r: &Reference) {
         eprintln!("chunk {}: ppl {:.4} (llama.cpp {want:.4})", s.chunk, s.ppl);
     }
     // The running estimate over all tokens scored so far (1020 after 4 chunks); one early chunk
-    // of 255 tokens moves by ~0.5% with the kernel tier's rounding alone.
+    // of 255 tokens moves by ~0.5% with rounding alone (pi2's summation order against llama.cpp's).
     assert_eq!(steps.len(), chunks);
     let last = steps.last().unwrap();
     let want = running[chunks - 1].as_f64().unwrap();

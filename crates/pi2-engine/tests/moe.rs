@@ -34,9 +34,9 @@ fn cfg() -> EngineConfig {
         threads: 2,
         n_ctx: 64,
         cluster: 8,
-        // Offloaded tensors keep the file's row layout; so does the in-memory reference, as
-        // the interleaved copies' kernels sum in another order (not bit for bit).
-        repack: false,
+        // The in-memory reference packs what it can (experts too); offloaded tensors keep the
+        // file's row layout: the same values bit for bit.
+        repack: true,
         ..EngineConfig::default()
     }
 }
@@ -52,6 +52,45 @@ fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
         out.push(e.forward(&[t], Logits::Last)?.to_vec());
     }
     Ok(out)
+}
+
+/// Stacked experts of a plain quantized file are packed in memory (as llama.cpp repacks them),
+/// and every logit is the file's row layout's, bit for bit.
+#[test]
+fn packed_experts_equal_the_row_layout_bit_for_bit() {
+    for ty in [QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K] {
+        let mut sp = spec(ty, FfnAct::Silu);
+        (sp.n_embd, sp.n_ff) = (256, 256);
+        let m = Model::from_file(GgufFile::from_bytes(&build(&sp).to_bytes()).unwrap()).unwrap();
+        let mut rows = Engine::new(
+            &m,
+            &EngineConfig {
+                repack: false,
+                ..cfg()
+            },
+        )
+        .unwrap();
+        let want = run(&mut rows).unwrap();
+        let mut packed = Engine::new(&m, &cfg()).unwrap();
+        let got = run(&mut packed).unwrap();
+        // Every expert matrix is copied: gate, up and down of every layer at least.
+        let c = &m.config;
+        let expert_bytes =
+            3 * c.n_layer * c.n_expert * c.n_ff * c.n_embd * ty.block_bytes() / ty.block_len();
+        if pi2_kernels::KernelSet::best().x8.fast {
+            assert!(
+                packed.packed_bytes() >= expert_bytes,
+                "{ty}: experts not packed"
+            );
+        }
+        for (step, (w, g)) in want.iter().zip(&got).enumerate() {
+            let same = w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{ty}: step {step} differs between packed and row experts"
+            );
+        }
+    }
 }
 
 #[test]
