@@ -12,7 +12,7 @@ use crate::offload::{ExpertStream, Offload, Offloaded, Streamed};
 use crate::pipeline::StepBuffers;
 use crate::scratch::Scratch;
 use crate::sparse::{SparseFfn, SparseStats};
-use crate::weights::{Resident, Store};
+use crate::weights::{FfnCopies, Resident, Store};
 use pi2_kernels::{KernelSet, Tier};
 use pi2_model::{Model, TokenId};
 use pi2_sparse::FfnObserver;
@@ -271,12 +271,13 @@ impl<'m> Engine<'m> {
                 }
                 Box::new(Offloaded::new(model, o, dense))
             }
-            (None, None) => Box::new(Resident::new(
-                model,
-                cfg.repack,
-                parts.sparse.is_some(),
-                dense,
-            )),
+            (None, None) => {
+                let ffn = match parts.sparse {
+                    Some(_) => FfnCopies::Mapped,
+                    None => FfnCopies::Whole,
+                };
+                Box::new(Resident::new(model, cfg.repack, ffn, dense))
+            }
         };
         let (inv_freq, inv_freq_local) = rope_frequencies(model, n_ctx);
         Ok(Self {

@@ -178,12 +178,21 @@ pub(crate) struct Resident<'m> {
     packed: Option<PackedWeights>,
 }
 
+/// Which FFN matrices a resident store copies into the interleaved layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FfnCopies {
+    /// None: the FFN is computed neuron by neuron (a sparse model), or its experts stream from
+    /// the file and only the rest is resident.
+    Mapped,
+    /// The matrices the model multiplies whole: dense layers and stacked experts.
+    Whole,
+}
+
 impl<'m> Resident<'m> {
-    /// `repack`: make the interleaved copies (only where the kernel tier has them);
-    /// `sparse`: the FFN is computed neuron by neuron, so it stays in the mapping; `dense`: a
-    /// converted model's layers run dense from the source's down matrix (where the file keeps
-    /// it).
-    pub(crate) fn new(model: &'m Model, repack: bool, sparse: bool, dense: bool) -> Self {
+    /// `repack`: make the interleaved copies (only where the kernel tier has them); `ffn`:
+    /// whether the FFN's matrices are among them; `dense`: a converted model's layers run dense
+    /// from the source's down matrix (where the file keeps it).
+    pub(crate) fn new(model: &'m Model, repack: bool, ffn: FfnCopies, dense: bool) -> Self {
         // Stacked experts pack too: an expert's rows are whole groups of the interleaved copy
         // (checked per layer where the copies are made), and its products are the same bit for
         // bit in either layout.
@@ -195,7 +204,7 @@ impl<'m> Resident<'m> {
         Self {
             model,
             repack,
-            pack_ffn: (!sparse && plain) || !dense.is_empty(),
+            pack_ffn: (ffn == FfnCopies::Whole && plain) || !dense.is_empty(),
             dense,
             packed: None,
         }

@@ -55,13 +55,17 @@ fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
 }
 
 /// Stacked experts of a plain quantized file are packed in memory (as llama.cpp repacks them),
-/// and every logit is the file's row layout's, bit for bit.
+/// and every logit is the file's row layout's, bit for bit; experts streamed under a budget are
+/// never copied (only attention and the head are), and give the same logits.
 #[test]
 fn packed_experts_equal_the_row_layout_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
     for ty in [QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K] {
         let mut sp = spec(ty, FfnAct::Silu);
         (sp.n_embd, sp.n_ff) = (256, 256);
-        let m = Model::from_file(GgufFile::from_bytes(&build(&sp).to_bytes()).unwrap()).unwrap();
+        let path = dir.path().join(format!("{ty}.gguf"));
+        std::fs::write(&path, build(&sp).to_bytes()).unwrap();
+        let m = Model::load(&path).unwrap();
         let mut rows = Engine::new(
             &m,
             &EngineConfig {
@@ -73,21 +77,49 @@ fn packed_experts_equal_the_row_layout_bit_for_bit() {
         let want = run(&mut rows).unwrap();
         let mut packed = Engine::new(&m, &cfg()).unwrap();
         let got = run(&mut packed).unwrap();
-        // Every expert matrix is copied: gate, up and down of every layer at least.
         let c = &m.config;
         let expert_bytes =
             3 * c.n_layer * c.n_expert * c.n_ff * c.n_embd * ty.block_bytes() / ty.block_len();
-        if pi2_kernels::KernelSet::best().x8.fast {
-            assert!(
-                packed.packed_bytes() >= expert_bytes,
-                "{ty}: experts not packed"
-            );
-        }
         for (step, (w, g)) in want.iter().zip(&got).enumerate() {
             let same = w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(
                 same,
                 "{ty}: step {step} differs between packed and row experts"
+            );
+        }
+        let (kv, scratch) = (
+            pi2_engine::kv_bytes_start(&m, &cfg(), PROMPT.len()) as u64,
+            pi2_engine::scratch_bytes(&m, &cfg(), PROMPT.len()) as u64,
+        );
+        let need = pi2_engine::expert_budget(&m, kv + scratch);
+        let stream = pi2_engine::ExpertStream::new(
+            &m,
+            &path,
+            kv,
+            scratch,
+            &OffloadConfig {
+                budget: need.minimum + need.slot,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let parts = pi2_engine::EngineParts {
+            experts: Some(stream),
+            ..Default::default()
+        };
+        let mut streamed = Engine::with_parts(&m, &cfg(), parts).unwrap();
+        assert_eq!(
+            run(&mut streamed).unwrap(),
+            want,
+            "{ty}: streamed experts differ"
+        );
+        // In memory every expert matrix is copied beside attention and the head; streamed,
+        // only those (the copies are made on the first pass).
+        if pi2_kernels::KernelSet::best().x8.fast {
+            let experts_copied = packed.packed_bytes() - streamed.packed_bytes();
+            assert!(
+                experts_copied >= expert_bytes,
+                "{ty}: {experts_copied} bytes of experts copied"
             );
         }
     }

@@ -13,7 +13,7 @@
 //! where an expert came from: the same bytes, the same order, the same sums as in memory.
 
 use super::{open_engine, OffloadConfig};
-use crate::weights::{FfnMats, Resident, SparseCall, Store, Table};
+use crate::weights::{FfnCopies, FfnMats, Resident, SparseCall, Store, Table};
 use crate::EngineError;
 use pi2_cache::{Budget, EvictionPolicy, Lru, Region, Slot, SlotCache};
 use pi2_io::{Reader, Request};
@@ -498,7 +498,7 @@ impl<'m> Streamed<'m> {
     pub(crate) fn new(model: &'m Model, stream: ExpertStream, repack: bool) -> Self {
         Self {
             model,
-            resident: Resident::new(model, repack, false, false),
+            resident: Resident::new(model, repack, FfnCopies::Mapped, false),
             stream,
         }
     }
