@@ -164,9 +164,21 @@ pub struct Frequent {
     tick: u64,
     /// Uses since counts last halved.
     since_aging: u64,
+    /// Counts to start from instead of zeros (taken by `init` when their length fits).
+    prior: Vec<u32>,
 }
 
 impl Frequent {
+    /// A policy that starts from the counts of an earlier run (`prior[key]`: a routing kept
+    /// between runs), so what was popular then is kept from the first use on rather than after
+    /// the counts form. Counts of another length than the cache's keys are ignored.
+    pub fn with_prior(prior: Vec<u32>) -> Self {
+        Self {
+            prior,
+            ..Self::default()
+        }
+    }
+
     fn count(&mut self, key: u32) {
         self.counts[key as usize] = self.counts[key as usize].saturating_add(1);
         self.since_aging += 1;
@@ -182,7 +194,10 @@ impl EvictionPolicy for Frequent {
         "frequent"
     }
     fn init(&mut self, n_slots: usize, n_keys: usize) {
-        self.counts = vec![0; n_keys];
+        self.counts = match std::mem::take(&mut self.prior) {
+            prior if prior.len() == n_keys => prior,
+            _ => vec![0; n_keys],
+        };
         self.key = vec![NIL; n_slots];
         self.last = vec![0; n_slots];
     }

@@ -453,4 +453,35 @@ mod tests {
         assert_eq!(boxed.name(), "frequent");
         assert_eq!(hits(boxed), 98);
     }
+
+    /// Counts kept from an earlier run keep its hot key from the first pass on; a prior of
+    /// another length is ignored.
+    #[test]
+    fn frequent_starts_from_a_prior() {
+        fn hits(policy: crate::Frequent) -> u64 {
+            let mut c = SlotCache::new(1000, 1000, 8, 4, policy).unwrap();
+            for round in 0..3u32 {
+                for k in [
+                    0,
+                    1 + round * 4,
+                    2 + round * 4,
+                    3 + round * 4,
+                    4 + round * 4,
+                ] {
+                    c.begin_step();
+                    if c.lookup(k).is_none() {
+                        c.insert(k).unwrap();
+                    }
+                }
+            }
+            c.stats().total().hits
+        }
+        // Fresh, key 0 ties the one-off keys at first and is evicted as the least recent; it
+        // stays only once its count has formed (the third pass).
+        assert_eq!(hits(crate::Frequent::default()), 1);
+        let mut prior = vec![0; 1000];
+        prior[0] = 5;
+        assert_eq!(hits(crate::Frequent::with_prior(prior)), 2);
+        assert_eq!(hits(crate::Frequent::with_prior(vec![5; 10])), 1);
+    }
 }

@@ -296,3 +296,49 @@ fn converted_experts_run_sparse_and_offloaded_bit_for_bit() {
         }
     }
 }
+
+/// A streamed mixture keeps how often each expert was chosen for the next run: the next stream
+/// starts its cache from it, and computes the same logits.
+#[test]
+fn a_routing_is_kept_between_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sp = spec(QuantType::Q4_0, FfnAct::Silu);
+    (sp.n_embd, sp.n_ff) = (256, 256);
+    let path = dir.path().join("moe.gguf");
+    std::fs::write(&path, build(&sp).to_bytes()).unwrap();
+    let m = Model::load(&path).unwrap();
+    let (kv, scratch) = (
+        pi2_engine::kv_bytes_start(&m, &cfg(), PROMPT.len()) as u64,
+        pi2_engine::scratch_bytes(&m, &cfg(), PROMPT.len()) as u64,
+    );
+    let need = pi2_engine::expert_budget(&m, kv + scratch);
+    let memory = dir.path().join("routing/moe.bin");
+    let stream = || {
+        pi2_engine::ExpertStream::new(
+            &m,
+            &path,
+            kv,
+            scratch,
+            &OffloadConfig {
+                budget: need.minimum + need.slot,
+                routing_memory: Some(memory.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut runs = Vec::new();
+    for run_i in 0..2 {
+        let x = stream();
+        assert_eq!(x.remembers_routing(), run_i > 0, "run {run_i}");
+        let parts = pi2_engine::EngineParts {
+            experts: Some(x),
+            ..Default::default()
+        };
+        let mut e = Engine::with_parts(&m, &cfg(), parts).unwrap();
+        runs.push(run(&mut e).unwrap());
+        drop(e);
+        assert!(memory.exists(), "run {run_i} kept no routing");
+    }
+    assert_eq!(runs[0], runs[1]);
+}

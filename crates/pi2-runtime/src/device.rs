@@ -24,6 +24,27 @@ pub fn cache_dir() -> PathBuf {
     base.join("pi2")
 }
 
+/// Where the routing of the mixture at `path` is kept between runs: a name from the file's
+/// canonical path, size and modification time, so that a changed file starts afresh.
+pub fn routing_file(path: &Path) -> Option<PathBuf> {
+    let meta = std::fs::metadata(path).ok()?;
+    let canon = std::fs::canonicalize(path).ok()?;
+    let mtime = meta
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    let mut h = Sha256::new();
+    h.update(canon.as_os_str().as_encoded_bytes());
+    h.update(meta.len().to_le_bytes());
+    h.update(mtime.as_nanos().to_le_bytes());
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some(cache_dir().join("routing").join(format!("{hex}.bin")))
+}
+
 /// The CPU's name as the OS reports it.
 pub fn cpu_name() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

@@ -191,6 +191,9 @@ pub struct OffloadOptions {
     pub prefetch_experts: bool,
     /// A plain mixture of experts under a budget: which experts a full cache keeps.
     pub expert_cache: pi2_engine::ExpertCache,
+    /// A plain mixture of experts under a budget: start the cache from the routing an earlier
+    /// run kept, and keep this run's for the next (in pi2's cache directory).
+    pub remember_routing: bool,
 }
 
 impl Default for OffloadOptions {
@@ -206,6 +209,7 @@ impl Default for OffloadOptions {
             process_bytes: None,
             prefetch_experts: true,
             expert_cache: Default::default(),
+            remember_routing: true,
         }
     }
 }
@@ -296,6 +300,10 @@ impl OffloadOptions {
             dense_layers: None,
             prefetch_experts: self.prefetch_experts,
             expert_cache: self.expert_cache,
+            routing_memory: self
+                .remember_routing
+                .then(|| crate::device::routing_file(path))
+                .flatten(),
         })
     }
 }

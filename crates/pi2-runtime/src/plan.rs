@@ -527,6 +527,7 @@ pub fn apply(
             },
             prefetch_experts: true,
             expert_cache: Default::default(),
+            routing_memory: None,
             faults: None,
             emulate: plan
                 .device

@@ -113,6 +113,7 @@ pub fn experts_json(x: &pi2_engine::ExpertStream, tokens: usize, decode_secs: f6
         "expert_bytes": x.expert_bytes(),
         "cache_slots": x.slots(),
         "cache_policy": x.cache_policy(),
+        "routing_remembered": x.remembers_routing(),
         "engine": x.engine().0,
         "io_depth": x.engine().1,
         "direct": x.direct().0,

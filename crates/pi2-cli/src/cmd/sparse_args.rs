@@ -112,6 +112,11 @@ pub struct OffloadArgs {
     /// (the most recently chosen)
     #[arg(long, default_value = "frequent")]
     pub expert_cache: pi2_engine::ExpertCache,
+    /// A mixture of experts streamed from its file: neither start from the routing an earlier
+    /// run kept (how often each expert was chosen, in pi2's cache directory) nor keep this
+    /// run's; the cache's counts start from zero
+    #[arg(long)]
+    pub forget_routing: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -135,6 +140,7 @@ impl OffloadArgs {
             process_bytes: None,
             prefetch_experts: !self.no_prefetch,
             expert_cache: self.expert_cache,
+            remember_routing: !self.forget_routing,
         }
     }
 

@@ -12,6 +12,7 @@
 //! several waves, each chosen expert read once per batch. What is computed never depends on
 //! where an expert came from: the same bytes, the same order, the same sums as in memory.
 
+use super::routing_memory::RoutingMemory;
 use super::{open_engine, OffloadConfig};
 use crate::weights::{FfnCopies, FfnMats, Resident, SparseCall, Store, Table};
 use crate::EngineError;
@@ -155,6 +156,9 @@ pub struct ExpertStream {
     direct: bool,
     fallback: Option<String>,
     prefetch: bool,
+    /// How often each unit was computed this run, and the routing kept between runs.
+    chosen: Vec<u32>,
+    memory: Option<RoutingMemory>,
 }
 
 impl ExpertStream {
@@ -195,12 +199,15 @@ impl ExpertStream {
         if slots < c.n_expert_used.max(1) {
             return Err(over(pi2_cache::CacheError::Empty).into());
         }
+        let memory = (cfg.routing_memory.as_deref())
+            .map(|p| RoutingMemory::open(p, model.file.file_size(), keys));
         let cache = SlotCache::new(
             keys,
             c.n_expert,
             need.expert as usize,
             slots,
-            cfg.expert_cache.policy(),
+            cfg.expert_cache
+                .policy(memory.as_ref().and_then(RoutingMemory::seed)),
         )?;
         let cold = per_slot * slots as u64 + KEY_COST * keys as u64;
         budget
@@ -235,7 +242,14 @@ impl ExpertStream {
             direct: opened.direct,
             fallback: opened.fallback,
             prefetch: cfg.prefetch_experts,
+            chosen: vec![0; keys],
+            memory,
         })
+    }
+
+    /// Whether the cache started from a routing kept by an earlier run.
+    pub fn remembers_routing(&self) -> bool {
+        self.memory.as_ref().is_some_and(|m| m.seed().is_some())
     }
 
     pub fn stats(&self) -> &ExpertStats {
@@ -485,6 +499,20 @@ impl ExpertStream {
     }
 }
 
+impl Drop for ExpertStream {
+    /// Keeps this run's routing for the next one (a cache file: a failure to write it only
+    /// loses the head start).
+    fn drop(&mut self) {
+        if let Some(m) = self
+            .memory
+            .as_ref()
+            .filter(|_| self.chosen.iter().any(|&c| c > 0))
+        {
+            let _ = m.save(&self.chosen);
+        }
+    }
+}
+
 /// A plain model whose experts stream: everything else from the resident store.
 pub(crate) struct Streamed<'m> {
     model: &'m Model,
@@ -543,6 +571,8 @@ impl Store for Streamed<'_> {
             (l.up.ty, ff, l.up.cols),
             (l.down.ty, down_rows, l.down.cols),
         ];
+        let count = &mut self.stream.chosen[unit];
+        *count = count.saturating_add(1);
         let [gate, up, down] = self.stream.mats(unit, shapes)?;
         Ok(FfnMats {
             gate,

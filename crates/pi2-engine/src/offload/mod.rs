@@ -26,6 +26,7 @@ mod experts;
 mod layout;
 mod moving;
 mod residency;
+mod routing_memory;
 mod store;
 mod streaming;
 mod vocab;
@@ -85,6 +86,10 @@ pub struct OffloadConfig {
     pub prefetch_experts: bool,
     /// Which streamed experts the cache keeps when it is full.
     pub expert_cache: ExpertCache,
+    /// A plain mixture's streamed experts: a file where how often each expert was chosen is kept
+    /// between runs (read when the stream opens, saved when it closes), so a `frequent` cache
+    /// keeps the popular experts from the first token. `None`: each run starts from zero.
+    pub routing_memory: Option<std::path::PathBuf>,
 }
 
 /// Which experts a full expert cache keeps.
@@ -99,11 +104,13 @@ pub enum ExpertCache {
 }
 
 impl ExpertCache {
-    /// The cache's eviction policy.
-    pub fn policy(self) -> Box<dyn pi2_cache::EvictionPolicy> {
+    /// The cache's eviction policy; `frequent` starts from `prior` counts where given.
+    pub fn policy(self, prior: Option<Vec<u32>>) -> Box<dyn pi2_cache::EvictionPolicy> {
         match self {
             ExpertCache::Recent => Box::new(pi2_cache::Lru::default()),
-            ExpertCache::Frequent => Box::new(pi2_cache::Frequent::default()),
+            ExpertCache::Frequent => {
+                Box::new(pi2_cache::Frequent::with_prior(prior.unwrap_or_default()))
+            }
         }
     }
 }
@@ -136,6 +143,7 @@ impl Default for OffloadConfig {
             dense_layers: None,
             prefetch_experts: true,
             expert_cache: ExpertCache::default(),
+            routing_memory: None,
         }
     }
 }
