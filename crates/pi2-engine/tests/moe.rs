@@ -54,6 +54,32 @@ fn run(e: &mut Engine<'_>) -> Result<Vec<Vec<f32>>, pi2_engine::EngineError> {
     Ok(out)
 }
 
+/// An engine streaming `m`'s experts from `path` with a cache of one token's experts and one
+/// more, keeping its routing in `routing_memory`.
+fn streamed_engine<'m>(
+    m: &'m Model,
+    path: &Path,
+    routing_memory: Option<std::path::PathBuf>,
+) -> Engine<'m> {
+    let (kv, scratch) = (
+        pi2_engine::kv_bytes_start(m, &cfg(), PROMPT.len()) as u64,
+        pi2_engine::scratch_bytes(m, &cfg(), PROMPT.len()) as u64,
+    );
+    let need = pi2_engine::expert_budget(m, kv + scratch);
+    let budget = need.minimum + need.slot;
+    let cfg_x = OffloadConfig {
+        budget,
+        routing_memory,
+        ..Default::default()
+    };
+    let stream = pi2_engine::ExpertStream::new(m, path, kv, scratch, &cfg_x).unwrap();
+    let parts = pi2_engine::EngineParts {
+        experts: Some(stream),
+        ..Default::default()
+    };
+    Engine::with_parts(m, &cfg(), parts).unwrap()
+}
+
 /// Stacked experts of a plain quantized file are packed in memory (as llama.cpp repacks them),
 /// and every logit is the file's row layout's, bit for bit; experts streamed under a budget are
 /// never copied (only attention and the head are), and give the same logits.
@@ -87,27 +113,7 @@ fn packed_experts_equal_the_row_layout_bit_for_bit() {
                 "{ty}: step {step} differs between packed and row experts"
             );
         }
-        let (kv, scratch) = (
-            pi2_engine::kv_bytes_start(&m, &cfg(), PROMPT.len()) as u64,
-            pi2_engine::scratch_bytes(&m, &cfg(), PROMPT.len()) as u64,
-        );
-        let need = pi2_engine::expert_budget(&m, kv + scratch);
-        let stream = pi2_engine::ExpertStream::new(
-            &m,
-            &path,
-            kv,
-            scratch,
-            &OffloadConfig {
-                budget: need.minimum + need.slot,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let parts = pi2_engine::EngineParts {
-            experts: Some(stream),
-            ..Default::default()
-        };
-        let mut streamed = Engine::with_parts(&m, &cfg(), parts).unwrap();
+        let mut streamed = streamed_engine(&m, &path, None);
         assert_eq!(
             run(&mut streamed).unwrap(),
             want,
@@ -307,35 +313,12 @@ fn a_routing_is_kept_between_runs() {
     let path = dir.path().join("moe.gguf");
     std::fs::write(&path, build(&sp).to_bytes()).unwrap();
     let m = Model::load(&path).unwrap();
-    let (kv, scratch) = (
-        pi2_engine::kv_bytes_start(&m, &cfg(), PROMPT.len()) as u64,
-        pi2_engine::scratch_bytes(&m, &cfg(), PROMPT.len()) as u64,
-    );
-    let need = pi2_engine::expert_budget(&m, kv + scratch);
     let memory = dir.path().join("routing/moe.bin");
-    let stream = || {
-        pi2_engine::ExpertStream::new(
-            &m,
-            &path,
-            kv,
-            scratch,
-            &OffloadConfig {
-                budget: need.minimum + need.slot,
-                routing_memory: Some(memory.clone()),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
     let mut runs = Vec::new();
     for run_i in 0..2 {
-        let x = stream();
+        let mut e = streamed_engine(&m, &path, Some(memory.clone()));
+        let x = e.experts().unwrap();
         assert_eq!(x.remembers_routing(), run_i > 0, "run {run_i}");
-        let parts = pi2_engine::EngineParts {
-            experts: Some(x),
-            ..Default::default()
-        };
-        let mut e = Engine::with_parts(&m, &cfg(), parts).unwrap();
         runs.push(run(&mut e).unwrap());
         drop(e);
         assert!(memory.exists(), "run {run_i} kept no routing");

@@ -189,26 +189,18 @@ pub(crate) trait KTerm {
     fn k_term(&self, x: &quant::BlockQ8K, sums: i32, extra: i32) -> f32;
 }
 
-impl KTerm for BlockQ2K {
-    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
-        let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
-        quant::term::k_min(x.d, d, sums, dmin, mins)
-    }
+/// Q2_K, Q4_K and Q5_K: a scale and a min per sub-block, `dx * (d * sums - dmin * mins)`.
+macro_rules! k_min_term {
+    ($($block:ty),*) => {$(
+        impl KTerm for $block {
+            fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
+                let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
+                quant::term::k_min(x.d, d, sums, dmin, mins)
+            }
+        }
+    )*};
 }
-
-impl KTerm for BlockQ4K {
-    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
-        let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
-        quant::term::k_min(x.d, d, sums, dmin, mins)
-    }
-}
-
-impl KTerm for BlockQ5K {
-    fn k_term(&self, x: &quant::BlockQ8K, sums: i32, mins: i32) -> f32 {
-        let (d, dmin) = (quant::f16_to_f32(self.d), quant::f16_to_f32(self.dmin));
-        quant::term::k_min(x.d, d, sums, dmin, mins)
-    }
-}
+k_min_term!(BlockQ2K, BlockQ4K, BlockQ5K);
 
 impl KTerm for BlockQ3K {
     /// `q - 4 * !hbit` taken as `u - 4`: the offset's sum times 4 comes out.
