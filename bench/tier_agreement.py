@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How closely pi2's kernel tiers agree on quantized files (issue 51, part 5).
 
-    python3 bench/tier_agreement.py [--models smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m] [--chunks 4]
+    python3 bench/tier_agreement.py [--models smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m] [--chunks 4]
 
 For each model, pi2's perplexity over the first `--chunks` chunks of 512 tokens of
 testdata/corpus/kjv_genesis.txt with every kernel tier this CPU runs, and on the best tier
@@ -40,7 +40,7 @@ def ppl(model, chunks, extra):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m")
+    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m")
     ap.add_argument("--chunks", type=int, default=4)
     a = ap.parse_args()
     results = []
