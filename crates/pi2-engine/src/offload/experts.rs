@@ -249,7 +249,7 @@ impl ExpertStream {
 
     /// Whether the cache started from a routing kept by an earlier run.
     pub fn remembers_routing(&self) -> bool {
-        self.memory.as_ref().is_some_and(|m| m.seed().is_some())
+        self.memory.as_ref().is_some_and(RoutingMemory::has_counts)
     }
 
     pub fn stats(&self) -> &ExpertStats {

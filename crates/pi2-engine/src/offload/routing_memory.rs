@@ -35,6 +35,11 @@ impl RoutingMemory {
         }
     }
 
+    /// Whether an earlier run's counts were read (any expert chosen).
+    pub(crate) fn has_counts(&self) -> bool {
+        self.kept.iter().any(|&c| c > 0)
+    }
+
     /// The counts a cache starts from, scaled to at most [`SEED_MAX`] (each chosen expert at
     /// least 1), or `None` without usable counts.
     pub(crate) fn seed(&self) -> Option<Vec<u32>> {
